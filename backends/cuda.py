@@ -1,0 +1,108 @@
+"""CUDA backend: NVIDIA GPUs through Triton's NVIDIA driver; timing with torch.cuda events."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from xkernels.backend import Backend, DeviceProperties, Figure
+from xkernels.hookspecs import hookimpl
+
+# Vendor datasheet figures (SXM parts, dense, no sparsity); labelled "datasheet" wherever shown.
+DATASHEET: dict[str, dict[str, Figure]] = {
+    "H100": {
+        "hbm_bandwidth": Figure(3350, "GB/s", "datasheet", "H100 SXM5 80GB HBM3"),
+        "bf16_tflops": Figure(989, "TFLOP/s", "datasheet", "dense bf16/fp16"),
+        "tf32_tflops": Figure(495, "TFLOP/s", "datasheet", "dense tf32"),
+    },
+    "H200": {
+        "hbm_bandwidth": Figure(4800, "GB/s", "datasheet", "H200 SXM 141GB HBM3e"),
+        "bf16_tflops": Figure(989, "TFLOP/s", "datasheet", "dense bf16/fp16"),
+        "tf32_tflops": Figure(495, "TFLOP/s", "datasheet", "dense tf32"),
+    },
+    "A100": {
+        "hbm_bandwidth": Figure(2039, "GB/s", "datasheet", "A100 SXM4 80GB"),
+        "bf16_tflops": Figure(312, "TFLOP/s", "datasheet", "dense bf16/fp16"),
+        "tf32_tflops": Figure(156, "TFLOP/s", "datasheet", "dense tf32"),
+    },
+}
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    dev = torch.device(device)
+    return dev.index if dev.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_properties(index: int) -> Any:
+    return torch.cuda.get_device_properties(index)
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    device_type = "cuda"
+    runs_triton = True
+    alignment = 16  # 128-bit loads (ld.global.v4)
+    priority = 20
+
+    @functools.cache  # noqa: B019 - one backend object per process
+    def unavailable_reason(self) -> str | None:
+        if not torch.cuda.is_available():
+            return (f"torch {torch.__version__} sees no CUDA device "
+                    f"(torch.version.cuda={torch.version.cuda})")
+        try:
+            import triton
+            from triton.runtime import driver
+        except ImportError as exc:
+            return f"Triton is not importable ({exc}); install it: pip install 'xkernels[triton]'"
+        try:
+            target = driver.active.get_current_target()
+        except Exception as exc:  # no usable driver
+            return f"Triton {triton.__version__} has no active GPU driver: {exc}"
+        if target.backend != "cuda":
+            return f"Triton {triton.__version__}'s active driver targets {target.backend!r}, not cuda"
+        return None
+
+    def synchronize(self, device: Any = None) -> None:
+        torch.cuda.synchronize(device)
+
+    def Event(self, enable_timing: bool = True) -> Any:  # noqa: N802
+        return torch.cuda.Event(enable_timing=enable_timing)
+
+    def _props(self, index: int) -> DeviceProperties:
+        from xkernels import peaks
+
+        p = _device_properties(index)
+        sheet = next((v for k, v in DATASHEET.items() if k in p.name), {})
+        return DeviceProperties(
+            backend=self.name,
+            name=p.name,
+            arch=f"sm{p.major}{p.minor}",
+            compute_units=p.multi_processor_count,
+            compute_unit_kind="SM",
+            memory_bytes=p.total_memory,
+            max_programs_per_launch=2**31 - 1,
+            copy_bandwidth=peaks.cached_figure(self.name, p.name, "copy_bandwidth"),
+            matmul_peak=peaks.cached_figure(self.name, p.name, "matmul_peak"),
+            datasheet=dict(sheet),
+            extra={"l2_bytes": getattr(p, "L2_cache_size", None), "capability": f"{p.major}.{p.minor}"},
+        )
+
+    def properties(self, device: Any = None) -> DeviceProperties:
+        self.require_available()
+        return self._props(_index(device))
+
+    def arch(self, device: Any = None) -> str:
+        major, minor = torch.cuda.get_device_capability(_index(device))
+        return f"sm{major}{minor}"
+
+
+@hookimpl
+def xkernels_add_backends() -> list[Backend]:
+    return [CudaBackend()]

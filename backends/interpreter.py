@@ -1,0 +1,153 @@
+"""Interpreter backends: the ops' own Triton kernel sources run on CPU tensors by Triton's
+interpreter, inside a normal process (TRITON_INTERPRET need not be set before import).
+
+* ``interpreter``: every tile gets its own program, as on CUDA; its own small tuning tables.
+* ``interpreter-npu``: the npu backend's geometry and tables: the grid is capped at an Ascend
+  SoC's core counts (``XKERNELS_NPU_SOC``, default Ascend910B3, from the datasheet table) and
+  every kernel runs its persistent loop, with the npu tuning entries.
+
+How: the module that defines a kernel is executed a second time with Triton's interpret switch
+on, so that the kernel and every ``@triton.jit`` helper it calls become interpreted functions.
+Kernels must therefore call only their own module's helpers and ``tl`` builtins (write
+``(a + b - 1) // b``, not ``tl.cdiv``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import sys
+import threading
+from types import ModuleType
+from typing import Any
+
+from xkernels.backend import Backend, DeviceProperties, Unit
+from xkernels.hookspecs import hookimpl
+
+from . import npu
+
+_lock = threading.Lock()
+_modules: dict[str, ModuleType] = {}
+
+
+def _interpreted_module(modname: str) -> ModuleType:
+    """A copy of module ``modname`` whose ``@triton.jit`` functions are interpreted."""
+    with _lock:
+        mod = _modules.get(modname)
+        if mod is not None:
+            return mod
+        import triton
+
+        spec = importlib.util.find_spec(modname)
+        if spec is None or spec.origin is None:
+            raise ImportError(f"cannot find the source of kernel module {modname!r}")
+        knobs = getattr(triton, "knobs", None)  # Triton >= 3.4; older ones read the env var
+        old_env = os.environ.get("TRITON_INTERPRET")
+        old_knob = knobs.runtime.interpret if knobs is not None else None
+        os.environ["TRITON_INTERPRET"] = "1"
+        if knobs is not None:
+            knobs.runtime.interpret = True
+        try:
+            copy_spec = importlib.util.spec_from_file_location(f"{modname}__interpreted", spec.origin)
+            assert copy_spec is not None and copy_spec.loader is not None
+            mod = importlib.util.module_from_spec(copy_spec)
+            sys.modules[copy_spec.name] = mod
+            copy_spec.loader.exec_module(mod)
+        finally:
+            if old_env is None:
+                os.environ.pop("TRITON_INTERPRET", None)
+            else:
+                os.environ["TRITON_INTERPRET"] = old_env
+            if knobs is not None:
+                knobs.runtime.interpret = old_knob
+        _modules[modname] = mod
+        return mod
+
+
+class InterpreterBackend(Backend):
+    name = "interpreter"
+    device_type = "cpu"
+    runs_triton = True
+    alignment = 16  # checks the same rules as cuda
+    default_for_device = False  # cpu tensors go to "cpu" unless this is asked for
+    launch_options = ()  # the interpreter takes no num_warps/num_stages
+    priority = -10
+
+    @functools.cache  # noqa: B019
+    def unavailable_reason(self) -> str | None:
+        try:
+            import triton
+            from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
+        except ImportError as exc:
+            return f"Triton is not importable ({exc}); install it: pip install 'xkernels[triton]'"
+        del triton
+        return None
+
+    def kernel(self, jit_fn: Any) -> Any:
+        """The interpreted twin of ``jit_fn`` (same source, same module)."""
+        mod = _interpreted_module(jit_fn.fn.__module__)
+        return getattr(mod, jit_fn.fn.__name__)
+
+    def properties(self, device: Any = None) -> DeviceProperties:
+        import platform
+
+        return DeviceProperties(
+            backend=self.name,
+            name=f"Triton interpreter on {platform.machine()}",
+            arch=self.arch(),
+            compute_units=os.cpu_count(),
+            compute_unit_kind="CPU core",
+            memory_bytes=None,
+            max_programs_per_launch=self.max_programs(),
+        )
+
+    def arch(self, device: Any = None) -> str:
+        return "interpreter"
+
+
+class InterpreterNpuBackend(InterpreterBackend):
+    name = "interpreter-npu"
+    tuning_name = "npu"
+    alignment = npu.NpuBackend.alignment
+    cube_alignment = npu.NpuBackend.cube_alignment
+
+    @property
+    def soc(self) -> str:
+        return os.environ.get("XKERNELS_NPU_SOC", "Ascend910B3")
+
+    def _cores(self) -> tuple[int, int]:
+        sheet = npu.DATASHEET.get(self.soc)
+        if sheet is None:
+            raise ValueError(f"XKERNELS_NPU_SOC={self.soc!r} has no datasheet entry; "
+                             f"known: {', '.join(npu.DATASHEET)}")
+        return int(sheet["cube_cores"].value), int(sheet["vector_cores"].value)
+
+    def max_programs(self, unit: Unit = "vector", device: Any = None) -> int:
+        cube, vector = self._cores()
+        return min(cube if unit == "cube" else vector, npu.MAX_GRID)
+
+    def arch(self, device: Any = None) -> str:
+        return self.soc
+
+    def arch_fallbacks(self, arch: str) -> list[str]:
+        return npu.NpuBackend().arch_fallbacks(arch)
+
+    def properties(self, device: Any = None) -> DeviceProperties:
+        cube, vector = self._cores()
+        return DeviceProperties(
+            backend=self.name,
+            name=f"Triton interpreter emulating {self.soc}'s launch geometry",
+            arch=self.soc,
+            compute_units=cube,
+            compute_unit_kind="AI core (emulated)",
+            vector_units=vector,
+            memory_bytes=None,
+            max_programs_per_launch=npu.MAX_GRID,
+            datasheet=dict(npu.DATASHEET.get(self.soc, {})),
+        )
+
+
+@hookimpl
+def xkernels_add_backends() -> list[Backend]:
+    return [InterpreterBackend(), InterpreterNpuBackend()]

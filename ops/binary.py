@@ -1,0 +1,252 @@
+"""Host side of the element-wise binary ops (``add``, ``broadcast``): layout analysis, kernel
+variant and config choice, launch. The Triton source is ``binary_kernels.py``.
+
+Layout analysis collapses the broadcast result's dims jointly over out, x and y (adjacent dims
+merge when every operand's strides allow it; size-1 dims drop). Then:
+
+* ``flat``: one dim, every tensor operand contiguous over it (same-shape contiguous add);
+* ``tiled``: up to four dims with any strides; an operand whose row strides are all zero
+  (a bias of length ``x.shape[-1]``) is loaded once per tile as a row;
+* more than four non-collapsible dims: the operands are made contiguous first (rare).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from xkernels import tuning
+from xkernels.backend import Backend
+from xkernels.ops import checks
+from xkernels.ops.op import Op, Plan
+
+INT32_MAX = 2**31 - 1
+MAX_DIMS = 4
+
+FLAT_DEFAULT = {"BLOCK": 2048, "SUB": None, "num_warps": 4}
+TILED_DEFAULT = {"BLOCK_M": 8, "BLOCK_N": 256, "SUB_M": None, "num_warps": 4}
+
+
+@dataclass
+class BinaryCall:
+    x: torch.Tensor | Any  # tensor or Python number
+    y: torch.Tensor | Any
+    alpha: Any
+    out: torch.Tensor | None
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    kernel_ok: bool
+    fallback_reason: str = ""
+
+
+def _as_scalar(v: Any) -> Any:
+    """Python numbers, and 0-d tensors on the CPU joining a device tensor, pass by value."""
+    if isinstance(v, torch.Tensor):
+        return v.item()
+    return v
+
+
+def _meta(v: Any, device: torch.device) -> Any:
+    if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.device != device):
+        return (tuple(v.shape), v.stride(), v.dtype)
+    return ("scalar", type(_as_scalar(v)).__name__)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
+    """Merge adjacent dims where every operand's strides allow it; drop size-1 dims."""
+    dims = [(s, [st[i] for st in strides]) for i, s in enumerate(shape) if s != 1]
+    if not dims:
+        return [1], [[1] * len(strides)]
+    out_sizes = [dims[0][0]]
+    out_strides = [list(dims[0][1])]
+    for size, sts in dims[1:]:
+        prev = out_strides[-1]
+        if all(p == s * size for p, s in zip(prev, sts)):
+            out_sizes[-1] *= size
+            out_strides[-1] = list(sts)
+        else:
+            out_sizes.append(size)
+            out_strides.append(list(sts))
+    return out_sizes, [list(col) for col in zip(*out_strides)]
+
+
+def _max_offset(sizes: list[int], strides: list[int]) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
+
+
+class BinaryPlan(Plan):
+    def __init__(self, backend: Backend, call: BinaryCall, op_name: str) -> None:
+        from xkernels.ops import binary_kernels as K
+
+        shape = tuple(call.shape)
+        tensors = {}
+        modes = {}
+        for name in ("x", "y"):
+            v = getattr(call, name)
+            if isinstance(v, torch.Tensor) and not (v.dim() == 0 and v.device != call.device):
+                tensors[name] = v.expand(shape).stride() if shape else ()
+            else:
+                modes[name] = 2
+        out_strides = _contiguous_strides(shape) if call.out is None else call.out.stride()
+        names = ["out", *tensors]
+        sizes, strides = _collapse(shape, [tuple(out_strides), *[tuple(tensors[n]) for n in tensors]])
+        by_name = dict(zip(names, strides))
+        self.materialize = len(sizes) > MAX_DIMS
+        if self.materialize:  # more than 4 non-collapsible dims: copy operands to contiguous
+            sizes, by_name = [_prod(shape)], {n: [1] for n in names}
+        numel = _prod(sizes)
+        flat = len(sizes) == 1 and all(st == [1] for st in by_name.values())
+        index64 = any(_max_offset(sizes, st) + 2**16 > INT32_MAX for st in by_name.values())
+        dtype_name = str(call.dtype).removeprefix("torch.")
+        self.compute = _tl_dtype(call.dtype)
+        self.backend = backend
+        self.names = names
+        arch = backend.arch(call.device)
+        if flat:
+            key = {"variant": "flat", "dtype": dtype_name, "numel": numel, "n": numel, "rows": 1}
+            choice = tuning.lookup(op_name, backend, arch, key, FLAT_DEFAULT)
+            cfg = dict(choice.config)
+            block = min(int(cfg["BLOCK"]), max(16, _next_pow2(numel)))
+            sub = min(int(cfg.get("SUB") or block), block)
+            n_blocks = (numel + block - 1) // block
+            programs = backend.programs(n_blocks, "vector", call.device)
+            self.kernel = backend.kernel(K.binary_flat_kernel)
+            self.grid = (programs,)
+            self.tail = (numel, None, n_blocks, programs)  # alpha filled per call
+            self.constexprs = dict(BLOCK=block, SUB=sub, X_MODE=modes.get("x", 0), Y_MODE=modes.get("y", 0),
+                                   COMPUTE=self.compute, HAS_ALPHA=None, EVEN=numel % block == 0,
+                                   PERSISTENT=programs < n_blocks, INDEX_64=index64)
+            self.variant, tiles = "flat", n_blocks
+            shown = {"BLOCK": block, "SUB": sub}
+        else:
+            sizes = [1] * (MAX_DIMS - len(sizes)) + sizes
+            for n in names:
+                by_name[n] = [0] * (MAX_DIMS - len(by_name[n])) + by_name[n]
+            rows, n_cols = _prod(sizes[:3]), sizes[3]
+            for n in tensors:
+                if all(s == 0 for s in by_name[n][:3]):
+                    modes[n] = 1
+            key = {"variant": "tiled", "dtype": dtype_name, "numel": numel, "n": n_cols, "rows": rows,
+                   "row_operand": any(m == 1 for m in modes.values())}
+            choice = tuning.lookup(op_name, backend, arch, key, TILED_DEFAULT)
+            cfg = dict(choice.config)
+            bn_cfg, bm_cfg = int(cfg["BLOCK_N"]), int(cfg["BLOCK_M"])
+            block_n = min(bn_cfg, max(16, _next_pow2(n_cols)))
+            scale = bn_cfg // block_n
+            block_m = max(1, min(bm_cfg * scale, _next_pow2(rows)))
+            sub_m = max(1, min(int(cfg.get("SUB_M") or bm_cfg) * scale, block_m))
+            tiles_n = (n_cols + block_n - 1) // block_n
+            tiles = ((rows + block_m - 1) // block_m) * tiles_n
+            programs = backend.programs(tiles, "vector", call.device)
+            self.kernel = backend.kernel(K.binary_tiled_kernel)
+            self.grid = (programs,)
+            zero = [0, 0, 0, 0]
+            self.tail = (rows, n_cols, tiles_n, tiles, programs, sizes[1], sizes[2],
+                         *by_name.get("x", zero), *by_name.get("y", zero), *by_name["out"])
+            self.constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, SUB_M=sub_m,
+                                   X_MODE=modes.get("x", 0), Y_MODE=modes.get("y", 0), COMPUTE=self.compute,
+                                   HAS_ALPHA=None, PERSISTENT=programs < tiles, INDEX_64=index64)
+            self.variant = "tiled" + (" (row operand loaded once per tile)" if key["row_operand"] else "")
+            shown = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SUB_M": sub_m}
+        self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.config = {**shown, **self.options, "INDEX_64": index64}
+        self.source = choice.source
+        self.programs, self.tiles = programs, tiles
+
+    def launch(self, x: Any, y: Any, out: torch.Tensor, alpha: Any) -> None:
+        if self.materialize and not out.is_contiguous():
+            tmp = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            self.launch(x, y, tmp, alpha)
+            out.copy_(tmp)
+            return
+        if self.materialize:
+            shape = out.shape
+            x = x.expand(shape).contiguous() if "x" in self.names else x
+            y = y.expand(shape).contiguous() if "y" in self.names else y
+        has_alpha = alpha != 1
+        xa = x if self.constexprs["X_MODE"] != 2 else _as_scalar(x)
+        ya = y if self.constexprs["Y_MODE"] != 2 else _as_scalar(y)
+        if self.variant == "flat":
+            n, _, n_blocks, programs = self.tail
+            args = (xa, ya, out, n, alpha if has_alpha else 1, n_blocks, programs)
+        else:
+            args = (xa, ya, out, alpha if has_alpha else 1, *self.tail)
+        self.kernel[self.grid](*args, **{**self.constexprs, "HAS_ALPHA": has_alpha}, **self.options)
+
+
+def _prod(xs: Any) -> int:
+    p = 1
+    for v in xs:
+        p *= int(v)
+    return p
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def _tl_dtype(dtype: torch.dtype) -> Any:
+    import triton.language as tl
+
+    if dtype.is_floating_point:
+        return tl.float32
+    return {torch.int32: tl.int32, torch.int64: tl.int64}[dtype]
+
+
+class BinaryOp(Op):
+    """Shared routing of ``add`` and ``broadcast``; subclasses define ``check``."""
+
+    def _call(self, x: Any, y: Any, alpha: Any, out: torch.Tensor | None, shape: torch.Size,
+              device: torch.device) -> BinaryCall:
+        dtype = torch.result_type(x, y)
+        tensors = {n: v for n, v in (("x", x), ("y", y)) if isinstance(v, torch.Tensor)}
+        checks.check_out(self.name, out, shape, dtype, device, tensors)
+        if alpha != 1:
+            if not checks.is_number(alpha) or isinstance(alpha, complex) and not dtype.is_complex:
+                raise TypeError(f"xkernels.ops.{self.name}: 'alpha' must be a real number, got {checks.describe(alpha)}")
+            if not (dtype.is_floating_point or dtype.is_complex) and (isinstance(alpha, float) and not alpha.is_integer()):
+                raise TypeError(f"xkernels.ops.{self.name}: 'alpha' {alpha!r} is not an integer but the result "
+                                f"dtype is {dtype}")
+        kinds = [t.dtype for t in tensors.values()]
+        kernel_ok = dtype in checks.ELEMENTWISE_KERNEL_DTYPES and all(
+            d in checks.ELEMENTWISE_KERNEL_DTYPES for d in kinds)
+        reason = "" if kernel_ok else (f"dtype {dtype} (inputs {', '.join(map(str, kinds))}) has no Triton kernel; "
+                                       f"PyTorch computes it")
+        return BinaryCall(x, y, alpha, out, shape, dtype, device, kernel_ok, reason)
+
+    def torch_impl(self, call: BinaryCall) -> torch.Tensor:
+        x, y = call.x, call.y
+        if not isinstance(x, torch.Tensor):  # torch.add wants a tensor first
+            x = torch.tensor(x, dtype=call.dtype, device=call.device)
+        result = torch.add(x, y, alpha=call.alpha) if call.alpha != 1 else torch.add(x, y)
+        if call.out is None:
+            return result
+        call.out.copy_(result)
+        return call.out
+
+    def plan_key(self, call: BinaryCall, backend: Backend) -> Any:
+        out_meta = None if call.out is None else call.out.stride()
+        return (backend.name, call.device, _meta(call.x, call.device), _meta(call.y, call.device),
+                call.dtype, out_meta, tuple(call.shape))
+
+    def make_plan(self, call: BinaryCall, backend: Backend) -> Plan:
+        return BinaryPlan(backend, call, self.name)
+
+    def run_plan(self, plan: Plan, call: BinaryCall) -> torch.Tensor:
+        out = call.out if call.out is not None else torch.empty(call.shape, dtype=call.dtype, device=call.device)
+        if out.numel() == 0:
+            return out
+        assert isinstance(plan, BinaryPlan)
+        plan.launch(call.x, call.y, out, call.alpha)
+        return out

@@ -1,0 +1,34 @@
+"""``broadcast(x, bias, *, out=None)``: ``x + bias`` with ``bias`` broadcast to ``x.shape``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xkernels.ops import checks
+from xkernels.ops.binary import BinaryCall, BinaryOp
+
+
+class Broadcast(BinaryOp):
+    """x + bias where bias broadcasts to x's shape and the result never grows beyond it.
+
+    Typical biases: length ``x.shape[-1]`` (the fast path: one row loaded per tile), per-channel
+    ``(C, 1, 1)`` over NCHW, attention masks ``[B, 1, 1, S]`` over ``[B, H, S, S]``, ``(1, D)``,
+    a single element. The result dtype follows PyTorch's promotion of ``x + bias``.
+    """
+
+    name = "broadcast"
+
+    def check(self, x: Any, bias: Any, *, out: torch.Tensor | None = None) -> BinaryCall:
+        checks.require_tensor("broadcast", "x", x)
+        checks.require_tensor("broadcast", "bias", bias)
+        device = checks.common_device("broadcast", {"x": x, "bias": bias})
+        shape = checks.broadcast_shape("broadcast", {"x": x.shape, "bias": bias.shape})
+        if shape != x.shape:
+            raise ValueError(f"xkernels.ops.broadcast: 'bias' of shape {tuple(bias.shape)} would grow 'x' of "
+                             f"shape {tuple(x.shape)} to {tuple(shape)}; bias must broadcast to x's shape")
+        return self._call(x, bias, 1, out, shape, device)
+
+
+broadcast = Broadcast()

@@ -1,0 +1,139 @@
+"""The op front door shared by every op: validate, pick the backend, then route the call.
+
+Routing for a validated call on backend ``b``:
+
+1. a plugin's :class:`xkernels.OpImpl` for (op, ``b.name``), if one is registered;
+2. the op's portable Triton kernel, if ``b.runs_triton`` and the dtypes are kernel dtypes;
+3. PyTorch (the cpu backend, and documented fallback dtypes such as float64 and complex).
+
+``op.explain(*args, **kwargs)`` answers which of these runs, with which kernel variant and
+config, and why, without running anything.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xkernels import dispatch
+from xkernels.backend import Backend
+from xkernels.registry import registry
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What one call would do."""
+
+    op: str
+    backend: str
+    route: str  # "plugin override" | "triton kernel" | "torch"
+    reason: str
+    variant: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    config_source: str | None = None
+    programs: int | None = None
+    tiles: int | None = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.op} on backend {self.backend!r}: {self.route} ({self.reason})"]
+        if self.variant:
+            lines.append(f"  kernel variant: {self.variant}")
+        if self.tiles is not None:
+            persist = " (persistent loop)" if self.programs is not None and self.programs < self.tiles else ""
+            lines.append(f"  launch: {self.programs} programs for {self.tiles} tiles{persist}")
+        if self.config:
+            cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
+            lines.append(f"  config: {cfg}")
+            lines.append(f"  from: {self.config_source}")
+        return "\n".join(lines)
+
+
+class Plan:
+    """A prepared kernel launch for one call signature (cached; the per-call path)."""
+
+    variant: str
+    config: dict[str, Any]
+    source: str
+    programs: int
+    tiles: int
+
+    def run(self, *args: Any) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class Op:
+    """Base class of the public ops. Subclasses implement ``check``, ``torch_impl``, ``plan``."""
+
+    name: str = ""
+    plan_cache_size = 512
+
+    def __init__(self) -> None:
+        self._plans: OrderedDict[Any, Plan] = OrderedDict()
+        self._ready: set[str] = set()
+
+    # -- subclass interface -------------------------------------------------------------------
+    def check(self, *args: Any, **kwargs: Any) -> Any:
+        """Validate arguments; return a call record with ``.device`` and ``.kernel_ok``."""
+        raise NotImplementedError
+
+    def torch_impl(self, call: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def plan_key(self, call: Any, backend: Backend) -> Any:
+        raise NotImplementedError
+
+    def make_plan(self, call: Any, backend: Backend) -> Plan:
+        raise NotImplementedError
+
+    def run_plan(self, plan: Plan, call: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- routing ------------------------------------------------------------------------------
+    def _backend(self, call: Any) -> Backend:
+        backend = dispatch.select(call.device)
+        if backend.name not in self._ready:
+            backend.require_available()
+            self._ready.add(backend.name)
+        return backend
+
+    def plan(self, call: Any, backend: Backend) -> Plan:
+        key = self.plan_key(call, backend)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self.make_plan(call, backend)
+            self._plans[key] = plan
+            if len(self._plans) > self.plan_cache_size:
+                self._plans.popitem(last=False)
+        return plan
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        call = self.check(*args, **kwargs)
+        backend = self._backend(call)
+        impl = registry.op_impl(self.name, backend.name)
+        if impl is not None:
+            return impl.fn(*args, **kwargs)
+        if not backend.runs_triton or not call.kernel_ok:
+            return self.torch_impl(call)
+        return self.run_plan(self.plan(call, backend), call)
+
+    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
+        """Which backend, route, kernel variant and config a call with these arguments uses."""
+        call = self.check(*args, **kwargs)
+        backend = dispatch.select(call.device)
+        how = "by override" if dispatch.override_name() else f"tensors are on {call.device.type}"
+        impl = registry.op_impl(self.name, backend.name)
+        if impl is not None:
+            mod = getattr(impl.fn, "__module__", "?")
+            return Explanation(self.name, backend.name, "plugin override",
+                               f"{how}; {mod}.{getattr(impl.fn, '__qualname__', impl.fn)} is registered "
+                               f"for ({self.name!r}, {backend.name!r}) {impl.note}".strip())
+        if not backend.runs_triton:
+            return Explanation(self.name, backend.name, "torch", f"{how}; backend {backend.name!r} runs PyTorch")
+        if not call.kernel_ok:
+            return Explanation(self.name, backend.name, "torch", f"{how}; {call.fallback_reason}")
+        plan = self.make_plan(call, backend)
+        return Explanation(self.name, backend.name, "triton kernel", how, plan.variant, dict(plan.config),
+                           plan.source, plan.programs, plan.tiles)

@@ -1,0 +1,51 @@
+"""xkernels: write a Triton operator once, run it on NVIDIA GPUs, Ascend NPUs and CPUs.
+
+    import xkernels
+    xkernels.list_backends()                # ['cpu', 'cuda', 'interpreter', 'interpreter-npu', 'npu']
+    xkernels.ops.broadcast(x, bias)         # runs on the backend of x's device
+    with xkernels.use_backend("interpreter"):
+        xkernels.ops.add(x, y)              # the Triton kernel, interpreted on CPU tensors
+"""
+
+from xkernels._torch_guard import guard as _guard
+
+_guard()
+
+from xkernels.backend import (  # noqa: E402
+    Backend,
+    BackendUnavailableError,
+    DeviceProperties,
+    Figure,
+    HostEvent,
+    UnknownBackendError,
+)
+from xkernels.dispatch import get_backend, list_backends, use_backend  # noqa: E402
+from xkernels.hookspecs import hookimpl  # noqa: E402
+from xkernels.registry import OpImpl, TuningDir, registry  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendUnavailableError",
+    "DeviceProperties",
+    "Figure",
+    "HostEvent",
+    "OpImpl",
+    "TuningDir",
+    "UnknownBackendError",
+    "get_backend",
+    "hookimpl",
+    "list_backends",
+    "ops",
+    "registry",
+    "use_backend",
+]
+
+
+def __getattr__(name: str):
+    if name == "ops":  # imported on first use: keeps `import xkernels` light
+        import importlib
+
+        return importlib.import_module("xkernels.ops")
+    raise AttributeError(f"module 'xkernels' has no attribute {name!r}")

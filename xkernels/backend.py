@@ -1,0 +1,208 @@
+"""The backend contract: what every device backend gives the ops and the harnesses.
+
+A backend answers five questions about a device:
+
+* identity: ``name``, the torch ``device_type`` it serves, ``is_available()`` and why not;
+* synchronisation and timing: ``synchronize()``, ``Event(enable_timing=True)`` with
+  ``record()`` and ``elapsed_time(end)`` in milliseconds, as ``torch.cuda.Event`` works;
+* memory alignment: ``alignment`` in bytes, ``is_aligned(tensor)``, ``tile_multiple(dtype)``;
+* device properties: :class:`DeviceProperties` (figures marked measured or datasheet);
+* launch geometry: ``programs(n_tiles, unit)``, i.e. how many Triton programs to launch for a
+  given number of tiles, and ``tuning_dirs``, where its tuning tables live.
+
+Subclass :class:`Backend` and override what differs; see ``backends/`` for four examples.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+Unit = Literal["vector", "cube"]
+"""Which hardware unit a kernel feeds: element-wise ("vector") or matrix ("cube")."""
+
+def _ops_tuning_root() -> Path:
+    """The directory of the built-in tuning tables, in an editable or a wheel install."""
+    import xkernels.ops
+
+    return Path(xkernels.ops.__file__).resolve().parent / "tuning"
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend was asked for work but cannot run here; the message says why."""
+
+
+class UnknownBackendError(ValueError):
+    """A backend name that no registered plugin provides; the message lists the known ones."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A number with its provenance: ``"measured"`` on this device, or ``"datasheet"``."""
+
+    value: float
+    unit: str
+    source: Literal["measured", "datasheet"]
+    note: str = ""
+
+    def __str__(self) -> str:
+        extra = f", {self.note}" if self.note else ""
+        return f"{self.value:g} {self.unit} ({self.source}{extra})"
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What a backend knows about one device. ``None`` means unknown, never a guess."""
+
+    backend: str
+    name: str
+    arch: str
+    compute_units: int | None
+    compute_unit_kind: str
+    memory_bytes: int | None
+    max_programs_per_launch: int
+    vector_units: int | None = None
+    copy_bandwidth: Figure | None = None
+    matmul_peak: Figure | None = None
+    datasheet: dict[str, Figure] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        def conv(v: Any) -> Any:
+            if isinstance(v, Figure):
+                return {"value": v.value, "unit": v.unit, "source": v.source, "note": v.note}
+            if isinstance(v, dict):
+                return {k: conv(x) for k, x in v.items()}
+            return v
+
+        return {k: conv(v) for k, v in self.__dict__.items()}
+
+
+class HostEvent:
+    """A ``time.perf_counter`` event with the ``torch.cuda.Event`` interface, for host devices."""
+
+    def __init__(self, enable_timing: bool = True) -> None:
+        self.enable_timing = enable_timing
+        self._t: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self._t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        """Host work is synchronous: nothing to wait for."""
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        """Milliseconds from this event to ``end``."""
+        if self._t is None or end._t is None:
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return (end._t - self._t) * 1e3
+
+
+class Backend:
+    """Base class of every backend. Subclasses set the class attributes and override methods."""
+
+    #: Registry name, e.g. ``"cuda"``; what ``use_backend()`` and ``XKERNELS_BACKEND`` take.
+    name: str = ""
+    #: The torch device type whose tensors this backend serves (``"cuda"``, ``"npu"``, ``"cpu"``).
+    device_type: str = ""
+    #: Whether ops run their portable Triton kernels here (False: the PyTorch fallback).
+    runs_triton: bool = False
+    #: Bytes a pointer/stride must be a multiple of for full-width vector access.
+    alignment: int = 16
+    #: Bytes for operands of the matrix unit (Ascend cube: 512); defaults to ``alignment``.
+    cube_alignment: int | None = None
+    #: Triton launch options the backend honours (taken from a tuning config when present).
+    launch_options: tuple[str, ...] = ("num_warps", "num_stages")
+    #: Whether the device is the default choice for tensors of ``device_type``.
+    default_for_device: bool = True
+    #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).
+    priority: int = 0
+
+    # -- identity ------------------------------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        """``None`` when the backend can run here, else a one-line human reason."""
+        return None
+
+    def is_available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def require_available(self) -> None:
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(f"xkernels backend {self.name!r} is not available: {reason}")
+
+    # -- synchronisation and timing -------------------------------------------------------------
+    def synchronize(self, device: torch.device | int | str | None = None) -> None:
+        """Wait until all work queued on ``device`` has finished."""
+
+    def Event(self, enable_timing: bool = True) -> Any:  # noqa: N802 - mirrors torch.cuda.Event
+        """A timing event: ``e.record()``, ``start.elapsed_time(end)`` in milliseconds."""
+        return HostEvent(enable_timing=enable_timing)
+
+    # -- memory alignment -----------------------------------------------------------------------
+    def alignment_for(self, unit: Unit = "vector") -> int:
+        if unit == "cube":
+            return self.cube_alignment or self.alignment
+        return self.alignment
+
+    def is_aligned(self, tensor: torch.Tensor, unit: Unit = "vector") -> bool:
+        """Whether ``tensor``'s pointer and every non-unit stride (in bytes) meet the alignment."""
+        align = self.alignment_for(unit)
+        if tensor.numel() == 0:
+            return True
+        if tensor.data_ptr() % align:
+            return False
+        esize = tensor.element_size()
+        for size, stride in zip(tensor.shape, tensor.stride()):
+            if size > 1 and stride not in (0, 1) and (stride * esize) % align:
+                return False
+        return True
+
+    def tile_multiple(self, dtype: torch.dtype, unit: Unit = "vector") -> int:
+        """Elements per aligned chunk: tile widths should be multiples of this."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return max(1, self.alignment_for(unit) // itemsize)
+
+    # -- device properties ----------------------------------------------------------------------
+    def properties(self, device: torch.device | int | str | None = None) -> DeviceProperties:
+        raise NotImplementedError
+
+    def arch(self, device: torch.device | int | str | None = None) -> str:
+        """Architecture key of the tuning tables (``"sm90"``, ``"Ascend910B3"``, ...)."""
+        return self.properties(device).arch
+
+    def arch_fallbacks(self, arch: str) -> list[str]:
+        """Table keys tried for ``arch`` before the backend's default entry (most specific first)."""
+        return [arch]
+
+    # -- launch geometry ------------------------------------------------------------------------
+    def max_programs(self, unit: Unit = "vector", device: Any = None) -> int:
+        """Most programs one launch should use; a kernel loops over the rest (persistent)."""
+        return 2**31 - 1
+
+    def programs(self, n_tiles: int, unit: Unit = "vector", device: Any = None) -> int:
+        """Programs to launch for ``n_tiles`` tiles. Fewer than ``n_tiles`` means persistent."""
+        return max(1, min(n_tiles, self.max_programs(unit, device)))
+
+    def kernel(self, jit_fn: Any) -> Any:
+        """The launchable form of a ``@triton.jit`` kernel on this backend (identity by default)."""
+        return jit_fn
+
+    # -- tuning ---------------------------------------------------------------------------------
+    #: Name of the table set under ``ops/tuning/`` this backend reads (defaults to ``name``).
+    tuning_name: str | None = None
+
+    @property
+    def tuning_dirs(self) -> tuple[Path, ...]:
+        """Directories holding ``<op>.json`` tuning tables for this backend, searched in order."""
+        return (_ops_tuning_root() / (self.tuning_name or self.name),)
+
+    def __repr__(self) -> str:
+        return f"<xkernels backend {self.name!r} device_type={self.device_type!r}>"

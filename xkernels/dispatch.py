@@ -1,0 +1,103 @@
+"""Which backend runs a call: the tensors' device, unless overridden.
+
+Order of precedence, highest first:
+
+1. ``with xkernels.use_backend("name"):`` (context-local: each thread and asyncio task has its own);
+2. the ``XKERNELS_BACKEND`` environment variable, read at call time;
+3. the tensors' device type: the registered backend with that ``device_type`` that is marked
+   ``default_for_device`` (cuda tensors run on "cuda", npu on "npu", cpu on "cpu").
+
+An override must serve the tensors' device type (e.g. "interpreter" serves cpu tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator
+
+import torch
+
+from xkernels.backend import Backend
+from xkernels.registry import registry
+
+ENV_VAR = "XKERNELS_BACKEND"
+
+_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("xkernels_backend", default=None)
+_by_device_type: dict[str, Backend] = {}
+registry.listeners.append(_by_device_type.clear)
+
+
+def list_backends() -> list[str]:
+    """Names of every registered backend, available here or not."""
+    return sorted(registry.backends())
+
+
+def get_backend(name_or_device: str | torch.device | Backend | None = None) -> Backend:
+    """The backend for a name (``"cuda"``), a device (``"cuda:1"``, ``torch.device``) or ``None``.
+
+    ``None`` means the current override, else the best backend available here.
+    """
+    if isinstance(name_or_device, Backend):
+        return name_or_device
+    if name_or_device is None:
+        name = _override.get() or os.environ.get(ENV_VAR) or None
+        return registry.backend(name) if name else best_available()
+    if isinstance(name_or_device, torch.device):
+        return backend_for_device_type(name_or_device.type)
+    names = registry.backends()
+    if name_or_device in names:
+        return names[name_or_device]
+    try:
+        dev = torch.device(name_or_device)
+    except (RuntimeError, TypeError):
+        return registry.backend(name_or_device)  # raises UnknownBackendError listing the names
+    return backend_for_device_type(dev.type)
+
+
+def backend_for_device_type(device_type: str) -> Backend:
+    b = _by_device_type.get(device_type)
+    if b is not None:
+        return b
+    for cand in registry.backends().values():
+        if cand.device_type == device_type and cand.default_for_device:
+            _by_device_type[device_type] = cand
+            return cand
+    known = sorted({b.device_type for b in registry.backends().values()})
+    raise ValueError(f"no xkernels backend serves torch device type {device_type!r}; "
+                     f"served device types: {', '.join(known)}")
+
+
+def best_available() -> Backend:
+    """The available backend of highest ``priority`` (cpu on a machine with nothing else)."""
+    cands = [b for b in registry.backends().values() if b.default_for_device and b.is_available()]
+    return max(cands, key=lambda b: b.priority)
+
+
+@contextlib.contextmanager
+def use_backend(name: str | Backend) -> Iterator[Backend]:
+    """Run the ops in this block on backend ``name`` (context-local, safe across threads)."""
+    backend = name if isinstance(name, Backend) else registry.backend(name)
+    token = _override.set(backend.name)
+    try:
+        yield backend
+    finally:
+        _override.reset(token)
+
+
+def override_name() -> str | None:
+    """The backend name forced by ``use_backend`` or ``XKERNELS_BACKEND``, if any."""
+    return _override.get() or os.environ.get(ENV_VAR) or None
+
+
+def select(device: torch.device) -> Backend:
+    """The backend that runs an op whose tensors live on ``device`` (the per-call hot path)."""
+    name = _override.get() or os.environ.get(ENV_VAR)
+    if not name:
+        return _by_device_type.get(device.type) or backend_for_device_type(device.type)
+    backend = registry.backend(name)
+    if backend.device_type != device.type:
+        raise ValueError(f"xkernels backend {backend.name!r} runs on {backend.device_type!r} tensors, "
+                         f"but the tensors are on {device}")
+    return backend

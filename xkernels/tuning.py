@@ -1,0 +1,100 @@
+"""Tuning tables: data files mapping shape/dtype buckets to kernel configs, per op and backend.
+
+A table is ``<dir>/<op>.json`` in one of the backend's tuning directories::
+
+    {
+      "op": "broadcast", "backend": "cuda",
+      "source": "how the numbers were obtained (sweep command, device, date)",
+      "archs": {
+        "sm90":    [ {"when": {"variant": "tiled", "dtype": ["bfloat16"], "numel_min": 16777216},
+                      "config": {"BLOCK_M": 8, "BLOCK_N": 1024, "num_warps": 8}}, ... ],
+        "default": [ ... ]
+      }
+    }
+
+Lookup for a call: for each directory (plugin-added first), for each arch key in
+``backend.arch_fallbacks(arch)`` (``"Ascend910B3"`` then ``"Ascend910B"``) and finally
+``"default"``, the first rule whose ``when`` matches wins; if nothing matches, the op's built-in
+default config is used. ``when`` keys: a list (membership), ``<field>_min`` / ``<field>_max``
+(inclusive bounds), anything else (equality). The matched config is merged over the op default,
+so a rule only lists what it changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from xkernels.backend import Backend
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A config and where it came from, for ``explain()``."""
+
+    config: dict[str, Any]
+    source: str
+
+
+@functools.lru_cache(maxsize=256)
+def _load(path: Path, mtime: float) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    archs = data.get("archs")
+    if not isinstance(archs, dict):
+        raise ValueError(f"tuning table {path} has no 'archs' mapping")
+    for arch, rules in archs.items():
+        for i, rule in enumerate(rules):
+            if not isinstance(rule.get("config"), dict):
+                raise ValueError(f"tuning table {path}: archs[{arch!r}][{i}] has no 'config' object")
+    return data
+
+
+def load_table(path: Path) -> dict[str, Any] | None:
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return None
+    return _load(path, mtime)
+
+
+def matches(when: dict[str, Any], key: dict[str, Any]) -> bool:
+    for cond, want in when.items():
+        if cond.endswith("_min"):
+            if key.get(cond[:-4], 0) < want:
+                return False
+        elif cond.endswith("_max"):
+            if key.get(cond[:-4], 0) > want:
+                return False
+        elif isinstance(want, list):
+            if key.get(cond) not in want:
+                return False
+        elif key.get(cond) != want:
+            return False
+    return True
+
+
+def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any],
+           default: dict[str, Any]) -> Choice:
+    """The config for one call of ``op`` with bucket ``key`` on ``backend``/``arch``."""
+    from xkernels.registry import registry
+
+    arch_keys = [*backend.arch_fallbacks(arch), "default"]
+    for directory in registry.tuning_dirs(backend):
+        path = Path(directory) / f"{op}.json"
+        table = load_table(path)
+        if table is None:
+            continue
+        for arch_key in arch_keys:
+            for i, rule in enumerate(table["archs"].get(arch_key, ())):
+                if matches(rule.get("when", {}), key):
+                    return Choice({**default, **rule["config"]}, f"{path.name} [{arch_key}] rule {i} ({path.parent})")
+    return Choice(dict(default), f"built-in default of op {op!r} (no table rule matched)")
+
+
+def table_paths(op: str, backend: Backend) -> list[Path]:
+    from xkernels.registry import registry
+
+    return [Path(d) / f"{op}.json" for d in registry.tuning_dirs(backend) if (Path(d) / f"{op}.json").exists()]
