@@ -98,6 +98,10 @@ class CudaBackend(Backend):
         self.require_available()
         return self._props(_index(device))
 
+    def fp32_matmul_precision(self) -> str:
+        # torch.backends.cuda.matmul.allow_tf32 mirrors torch.set_float32_matmul_precision
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
     def arch(self, device: Any = None) -> str:
         major, minor = torch.cuda.get_device_capability(_index(device))
         return f"sm{major}{minor}"

@@ -72,6 +72,7 @@ class InterpreterBackend(Backend):
     alignment = 16  # checks the same rules as cuda
     default_for_device = False  # cpu tensors go to "cpu" unless this is asked for
     launch_options = ()  # the interpreter takes no num_warps/num_stages
+    native_bf16_dot = False  # its tl.dot multiplies bfloat16's raw uint16 storage
     priority = -10
 
     @functools.cache  # noqa: B019

@@ -13,9 +13,10 @@ from typing import Any
 
 from xkernels.ops.add import add
 from xkernels.ops.broadcast import broadcast
+from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
 
-__all__ = ["Explanation", "Op", "add", "broadcast", "explain"]
+__all__ = ["Explanation", "Op", "add", "broadcast", "explain", "linear", "matmul"]
 
 
 def explain(op: Op, *args: Any, **kwargs: Any) -> Explanation:

@@ -120,6 +120,8 @@ class Backend:
     cube_alignment: int | None = None
     #: Triton launch options the backend honours (taken from a tuning config when present).
     launch_options: tuple[str, ...] = ("num_warps", "num_stages")
+    #: Whether ``tl.dot`` takes bfloat16 operands as they are (False: the kernel upcasts first).
+    native_bf16_dot: bool = True
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).
@@ -181,6 +183,10 @@ class Backend:
     def arch_fallbacks(self, arch: str) -> list[str]:
         """Table keys tried for ``arch`` before the backend's default entry (most specific first)."""
         return [arch]
+
+    def fp32_matmul_precision(self) -> str:
+        """Triton ``input_precision`` for float32 ``tl.dot``, matching torch's setting here."""
+        return "ieee"
 
     # -- launch geometry ------------------------------------------------------------------------
     def max_programs(self, unit: Unit = "vector", device: Any = None) -> int:

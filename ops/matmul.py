@@ -1,0 +1,288 @@
+"""``matmul(a, b, *, out=None)`` with ``torch.matmul`` semantics, and ``linear(x, weight, bias=None,
+activation=None)`` = ``F.linear`` followed by the activation, fused into the matmul epilogue.
+
+Both run ``matmul_kernels.matmul_kernel``. Layout handling on the host:
+
+* 1-D operands are promoted (``(K,)`` → ``(1, K)`` / ``(K, 1)``) and the extra dim dropped after;
+* batch dims broadcast; a 2-D ``b`` under a batched contiguous ``a`` folds the batch into M;
+* up to two batch dims run as they are (stride 0 where broadcast); more are collapsed or, when
+  they cannot be, made contiguous first;
+* float32 follows torch's TF32 setting for the device (``torch.backends.cuda.matmul.allow_tf32``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from xkernels import tuning
+from xkernels.backend import Backend
+from xkernels.ops import checks
+from xkernels.ops.binary import INT32_MAX, _collapse, _max_offset, _next_pow2, _prod
+from xkernels.ops.op import Op, Plan
+
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4}
+MATMUL_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+
+
+@dataclass
+class MatmulCall:
+    a: torch.Tensor  # (..., M, K) after 1-D promotion
+    b: torch.Tensor  # (..., K, N)
+    bias: torch.Tensor | None
+    activation: str | None
+    slope: float
+    out: torch.Tensor | None
+    batch: torch.Size
+    out_shape: torch.Size  # the user-visible result shape
+    dtype: torch.dtype
+    device: torch.device
+    kernel_ok: bool
+    fallback_reason: str = ""
+
+
+def _check_pair(op: str, a: Any, b: Any, names: tuple[str, str]) -> None:
+    checks.require_tensor(op, names[0], a)
+    checks.require_tensor(op, names[1], b)
+    for n, t in zip(names, (a, b)):
+        if t.dim() == 0:
+            raise ValueError(f"xkernels.ops.{op}: '{n}' must have at least 1 dimension, got a 0-d tensor")
+    if a.dtype != b.dtype:
+        raise TypeError(f"xkernels.ops.{op}: '{names[0]}' and '{names[1]}' must have one dtype, "
+                        f"got {a.dtype} and {b.dtype}")
+    if not (a.dtype.is_floating_point or a.dtype.is_complex):
+        raise TypeError(f"xkernels.ops.{op}: dtype {a.dtype} is not supported; use a floating-point dtype")
+
+
+def _kernel_reason(dtype: torch.dtype) -> str:
+    if dtype in checks.MATMUL_KERNEL_DTYPES:
+        return ""
+    return f"dtype {dtype} has no Triton matmul kernel; PyTorch computes it"
+
+
+def _precision(backend: Backend, dtype: torch.dtype) -> str:
+    if dtype != torch.float32:
+        return "ieee"
+    return backend.fp32_matmul_precision()
+
+
+class MatmulPlan(Plan):
+    def __init__(self, op: str, backend: Backend, call: MatmulCall, c_strides: tuple[int, ...]) -> None:
+        from xkernels.ops import matmul_kernels as K
+
+        a, b = call.a, call.b
+        M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = tuple(call.batch)
+        a_st = a.expand(*batch, M, Kd).stride()[: len(batch)] if batch else ()
+        b_st = b.expand(*batch, Kd, N).stride()[: len(batch)] if batch else ()
+        c_st = c_strides[: len(batch)]
+        sizes, (sa, sb, sc) = _collapse(batch, [a_st, b_st, c_st]) if batch else ([1], [[0], [0], [0]])
+        self.materialize = len(sizes) > 2
+        if self.materialize:
+            sizes = [_prod(batch)]
+            sa, sb, sc = [M * Kd], [Kd * N], [M * N]
+        sizes = [1] * (2 - len(sizes)) + sizes
+        sa, sb, sc = ([0] * (2 - len(s)) + list(s) for s in (sa, sb, sc))
+        n_batch = _prod(sizes)
+        dtype_name = str(call.dtype).removeprefix("torch.")
+        key = {"dtype": dtype_name, "m": M, "n": N, "k": Kd, "batch": n_batch}
+        choice = tuning.lookup(op, backend, backend.arch(call.device), key, MATMUL_DEFAULT)
+        cfg = dict(choice.config)
+        bm = max(16, min(int(cfg["BLOCK_M"]), _next_pow2(M)))
+        bn = max(16, min(int(cfg["BLOCK_N"]), _next_pow2(N)))
+        bk = max(16, min(int(cfg["BLOCK_K"]), _next_pow2(max(Kd, 1))))
+        tiles_m, tiles_n = (M + bm - 1) // bm, (N + bn - 1) // bn
+        tiles = n_batch * tiles_m * tiles_n
+        programs = backend.programs(tiles, "cube", call.device)
+        a_full = [sa[0], sa[1], *a.stride()[-2:]]
+        b_full = [sb[0], sb[1], *b.stride()[-2:]]
+        c_full = [sc[0], sc[1], *c_strides[-2:]]
+        spans = [_max_offset([*sizes, M, Kd], a_full), _max_offset([*sizes, Kd, N], b_full),
+                 _max_offset([*sizes, M, N], c_full)]
+        index64 = max(spans) + 2**16 > INT32_MAX
+        self.kernel = backend.kernel(K.matmul_kernel)
+        self.grid = (programs,)
+        self.dims = (M, N, Kd, sizes[1], tiles_m, tiles_n, tiles, programs)
+        self.strides = (*a_full, *b_full, *c_full)
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg["GROUP_M"]),
+                               PRECISION=_precision(backend, call.dtype), HAS_BIAS=call.bias is not None,
+                               ACT=ACTIVATIONS[call.activation], EVEN_K=Kd % bk == 0,
+                               PERSISTENT=programs < tiles, INDEX_64=index64,
+                               UPCAST=call.dtype == torch.bfloat16 and not backend.native_bf16_dot)
+        self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.variant = "matmul" + (f" + bias" if call.bias is not None else "") + (
+            f" + {call.activation}" if call.activation else "")
+        self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg["GROUP_M"],
+                       "PRECISION": self.constexprs["PRECISION"], **self.options, "INDEX_64": index64}
+        self.source = choice.source
+        self.programs, self.tiles = programs, tiles
+
+    def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+               slope: float, batch: tuple[int, ...]) -> None:
+        if self.materialize:
+            M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
+            a = a.expand(*batch, M, Kd).contiguous()
+            b = b.expand(*batch, Kd, N).contiguous()
+        bias_arg = bias if bias is not None else c
+        s_bias = bias.stride(0) if bias is not None else 0
+        self.kernel[self.grid](a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope),
+                               **self.constexprs, **self.options)
+
+
+class _MatmulBase(Op):
+    def torch_impl(self, call: MatmulCall) -> torch.Tensor:
+        raise NotImplementedError
+
+    def plan_key(self, call: MatmulCall, backend: Backend) -> Any:
+        return (backend.name, call.device, call.dtype, tuple(call.a.shape), call.a.stride(),
+                tuple(call.b.shape), call.b.stride(), None if call.bias is None else call.bias.stride(),
+                call.activation, _precision(backend, call.dtype), tuple(call.batch),
+                call.out is not None and call.out.is_contiguous())
+
+    def make_plan(self, call: MatmulCall, backend: Backend) -> Plan:
+        M, N = call.a.shape[-2], call.b.shape[-1]
+        c_strides = _contig(tuple(call.batch) + (M, N))
+        return MatmulPlan(self.name, backend, call, c_strides)
+
+    def run_plan(self, plan: Plan, call: MatmulCall) -> torch.Tensor:
+        assert isinstance(plan, MatmulPlan)
+        M, N = call.a.shape[-2], call.b.shape[-1]
+        full = tuple(call.batch) + (M, N)
+        direct = call.out is not None and call.out.is_contiguous()
+        c = call.out.view(full) if direct else torch.empty(full, dtype=call.dtype, device=call.device)
+        if c.numel():
+            plan.launch(call.a, call.b, c, call.bias, call.slope, tuple(call.batch))
+        result = c.view(call.out_shape)
+        if call.out is None or direct:
+            return call.out if direct else result
+        call.out.copy_(result)
+        return call.out
+
+
+def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+class Matmul(_MatmulBase):
+    """``torch.matmul``: 1-D, 2-D and batched with broadcast batch dims; K = 0 gives zeros.
+
+    float16, bfloat16 and float32 run the Triton kernel; float64 and complex are computed by
+    PyTorch; integer and bool dtypes are a TypeError (as on CUDA in PyTorch).
+    """
+
+    name = "matmul"
+
+    def check(self, a: Any, b: Any, *, out: torch.Tensor | None = None) -> MatmulCall:
+        _check_pair("matmul", a, b, ("a", "b"))
+        device = checks.common_device("matmul", {"a": a, "b": b})
+        if a.device != b.device:
+            raise ValueError(f"xkernels.ops.matmul: tensors must be on one device, got 'a' on {a.device}, "
+                             f"'b' on {b.device}")
+        a2 = a.unsqueeze(0) if a.dim() == 1 else a
+        b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+        if a2.shape[-1] != b2.shape[-2]:
+            raise ValueError(f"xkernels.ops.matmul: inner dimensions differ: 'a' {tuple(a.shape)} @ "
+                             f"'b' {tuple(b.shape)} (K {a2.shape[-1]} vs {b2.shape[-2]})")
+        batch = checks.broadcast_shape("matmul", {"a batch": a2.shape[:-2], "b batch": b2.shape[:-2]})
+        M, N = a2.shape[-2], b2.shape[-1]
+        # fold the batch of a into M when b has none and a's batch + M dims are one stride run
+        if b.dim() <= 2 and a2.dim() > 2 and _foldable(a2):
+            a2 = a2.reshape(-1, a2.shape[-1])
+            batch = torch.Size()
+        shape = list(checks.broadcast_shape("matmul", {"a batch": a.shape[:-2] if a.dim() > 1 else (),
+                                                       "b batch": b.shape[:-2] if b.dim() > 1 else ()}))
+        if a.dim() > 1:
+            shape.append(M)
+        if b.dim() > 1:
+            shape.append(N)
+        out_shape = torch.Size(shape)
+        checks.check_out("matmul", out, out_shape, a.dtype, device, {"a": a, "b": b})
+        reason = _kernel_reason(a.dtype)
+        return MatmulCall(a2, b2, None, None, 0.0, out, batch, out_shape, a.dtype, device, not reason, reason)
+
+    def torch_impl(self, call: MatmulCall) -> torch.Tensor:
+        result = torch.matmul(call.a, call.b).reshape(call.out_shape)
+        if call.out is None:
+            return result
+        call.out.copy_(result)
+        return call.out
+
+
+def _foldable(a: torch.Tensor) -> bool:
+    """Whether a's batch dims and M form one stride run, so (B..., M, K) views as (B*M, K)."""
+    sizes, strides = list(a.shape[:-1]), list(a.stride()[:-1])
+    for i in range(len(sizes) - 1):
+        if sizes[i] != 1 and strides[i] != strides[i + 1] * sizes[i + 1]:
+            return False
+    return True
+
+
+class Linear(_MatmulBase):
+    """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, silu, leaky_relu),
+    with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's."""
+
+    name = "linear"
+
+    def check(self, x: Any, weight: Any, bias: Any = None, activation: str | None = None, *,
+              negative_slope: float = 0.01, out: torch.Tensor | None = None) -> MatmulCall:
+        _check_pair("linear", x, weight, ("x", "weight"))
+        if weight.dim() != 2:
+            raise ValueError(f"xkernels.ops.linear: 'weight' must be 2-D (out_features, in_features), "
+                             f"got shape {tuple(weight.shape)}")
+        if x.shape[-1] != weight.shape[1]:
+            raise ValueError(f"xkernels.ops.linear: 'x' {tuple(x.shape)} has {x.shape[-1]} features, "
+                             f"'weight' {tuple(weight.shape)} expects {weight.shape[1]}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"xkernels.ops.linear: 'activation' must be one of "
+                             f"{[k for k in ACTIVATIONS if k]} or None, got {activation!r}")
+        named = {"x": x, "weight": weight}
+        if bias is not None:
+            checks.require_tensor("linear", "bias", bias)
+            if tuple(bias.shape) != (weight.shape[0],):
+                raise ValueError(f"xkernels.ops.linear: 'bias' must have shape ({weight.shape[0]},), "
+                                 f"got {tuple(bias.shape)}")
+            if bias.dtype != x.dtype:
+                raise TypeError(f"xkernels.ops.linear: 'bias' dtype {bias.dtype} differs from 'x' dtype {x.dtype}")
+            named["bias"] = bias
+        device = checks.common_device("linear", named)
+        if any(t.device != device for t in named.values()):
+            listing = ", ".join(f"'{n}' on {t.device}" for n, t in named.items())
+            raise ValueError(f"xkernels.ops.linear: tensors must be on one device, got {listing}")
+        out_shape = torch.Size((*x.shape[:-1], weight.shape[0]))
+        checks.check_out("linear", out, out_shape, x.dtype, device, named)
+        a = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        reason = _kernel_reason(x.dtype)
+        return MatmulCall(a, weight.t(), bias, activation, float(negative_slope), out, torch.Size(),
+                          out_shape, x.dtype, device, not reason, reason)
+
+    def torch_impl(self, call: MatmulCall) -> torch.Tensor:
+        result = reference_linear(call.a, call.b.t(), call.bias, call.activation, call.slope).reshape(call.out_shape)
+        if call.out is None:
+            return result
+        call.out.copy_(result)
+        return call.out
+
+
+def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     activation: str | None, negative_slope: float = 0.01) -> torch.Tensor:
+    """The unfused PyTorch composition ``linear`` is defined by (and benchmarked against)."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    if activation == "relu":
+        return torch.relu(y)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y)
+    if activation == "silu":
+        return torch.nn.functional.silu(y)
+    if activation == "leaky_relu":
+        return torch.nn.functional.leaky_relu(y, negative_slope)
+    return y
+
+
+matmul = Matmul()
+linear = Linear()

@@ -1,0 +1,98 @@
+"""Triton source of the matmul kernel behind ``matmul`` and ``linear``.
+
+One source for every backend: C[b] = act(A[b] @ B[b] + bias), fp32 (int32) accumulation, any
+strides, two broadcastable batch dims, grouped tile order for L2 reuse. Backend differences come
+as launch arguments: ``PERSISTENT`` (Ascend launches one program per AI core and each walks
+tiles ``pid, pid + nprog, ...``), the block sizes from the op's tuning table, ``PRECISION``
+("tf32" or "ieee" for fp32 operands, following torch's setting for the device), and
+``UPCAST`` where a backend cannot feed bfloat16 to ``tl.dot`` (the interpreter).
+
+Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _activation(x, slope, ACT: tl.constexpr):
+    if ACT == 1:
+        x = tl.where(x > 0, x, 0.0)
+    elif ACT == 2:
+        x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif ACT == 3:
+        x = x / (1.0 + tl.exp(-x))
+    elif ACT == 4:
+        x = tl.where(x >= 0, x, x * slope)
+    return x
+
+
+@triton.jit
+def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
+             sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+             PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+             INDEX_64: tl.constexpr, UPCAST: tl.constexpr):
+    per_batch = tiles_m * tiles_n
+    bidx = tile // per_batch
+    t = tile % per_batch
+    width = GROUP_M * tiles_n
+    first_m = (t // width) * GROUP_M
+    rest = tiles_m - first_m
+    group_size = tl.where(rest < GROUP_M, rest, GROUP_M)
+    pid_m = first_m + (t % width) % group_size
+    pid_n = (t % width) // group_size
+    b0 = bidx // B1
+    b1 = bidx % B1
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    if INDEX_64:
+        rk = rk.to(tl.int64)
+    a_ptrs = a_ptr + b0 * sa0 + b1 * sa1 + rm[:, None] * sam + rk[None, :] * sak
+    b_ptrs = b_ptr + b0 * sb0 + b1 * sb1 + rk[:, None] * sbk + rn[None, :] * sbn
+    m_ok = rm < M
+    n_ok = rn < N
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
+            b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = (k + rk) < K
+            a = tl.load(a_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:  # the Triton interpreter's dot reads bfloat16 as raw uint16
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * sak
+        b_ptrs += BLOCK_K * sbk
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + rn * s_bias, mask=n_ok, other=0.0)
+        acc = acc + bias.to(tl.float32)[None, :]
+    acc = _activation(acc, slope, ACT)
+    c_ptrs = c_ptr + b0 * sc0 + b1 * sc1 + rm[:, None] * scm + rn[None, :] * scn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, n_tiles, nprog,
+                  sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
+                  PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr, UPCAST: tl.constexpr):
+    """C = act(A @ B + bias) over ``n_tiles`` output tiles (batch x tiles_m x tiles_n)."""
+    pid = tl.program_id(0)
+    if INDEX_64:
+        pid = pid.to(tl.int64)
+    if PERSISTENT:
+        for tile in range(pid, n_tiles, nprog):
+            _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
+                     sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST)
+    else:
+        _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, pid, M, N, K, B1, tiles_m, tiles_n,
+                 sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST)

@@ -1,0 +1,255 @@
+"""Offline Ascend NPU compile check (xkernels.npu_compile), run by ``tox -e npu-compile``.
+
+These tests need triton-ascend (installed as the top-level ``triton``) and bishengir-compile
+(PyPI ascendnpu-ir) in the running environment; anywhere else the whole module is skipped.
+The normal CPU suite does not collect this directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+
+npu_compile = pytest.importorskip("xkernels.npu_compile")
+
+_BISHENGIR, _PROBLEM = npu_compile.check_environment()
+if _PROBLEM:
+    pytest.skip(f"offline NPU compile check unavailable: {_PROBLEM}", allow_module_level=True)
+
+import triton  # noqa: E402  (triton-ascend, checked above)
+import triton.language as tl  # noqa: E402
+
+try:  # the project's own case type, once xkernels.compile_check exists
+    from xkernels.compile_check import CompileCase
+except ImportError:  # a stand-in with the same fields
+
+    @dataclasses.dataclass(frozen=True)
+    class CompileCase:  # type: ignore[no-redef]
+        op: str
+        kernel: Callable
+        signature: dict[str, str]
+        constants: dict[str, object]
+        dtype: str
+        config: str
+        soc: str
+
+
+SOC = "Ascend910B3"
+
+
+# --------------------------------------------------------------------------- test kernels
+# Written like the project's kernels: a persistent grid-stride loop over blocks, an inner
+# sub-block loop, a @triton.jit helper, tl.cdiv, mixed dtypes cast to fp32, and a matmul
+# with an fp32 accumulator and a bias + activation epilogue.
+
+
+@triton.jit
+def _add_block(x_ptr, y_ptr, out_ptr, n, blk, BLOCK: tl.constexpr, SUB: tl.constexpr):
+    for s in range(0, BLOCK, SUB):
+        offs = blk * BLOCK + s + tl.arange(0, SUB)
+        mask = offs < n
+        x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+        y = tl.load(y_ptr + offs, mask=mask).to(tl.float32)
+        tl.store(out_ptr + offs, (x + y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, nprog, BLOCK: tl.constexpr, SUB: tl.constexpr,
+               PERSISTENT: tl.constexpr):
+    n_blocks = tl.cdiv(n, BLOCK)
+    if PERSISTENT:
+        pid = tl.program_id(0).to(tl.int64)
+        for blk in range(pid, n_blocks, nprog):
+            _add_block(x_ptr, y_ptr, out_ptr, n, blk, BLOCK, SUB)
+    else:
+        _add_block(x_ptr, y_ptr, out_ptr, n, tl.program_id(0), BLOCK, SUB)
+
+
+@triton.jit
+def bias_rows_kernel(x_ptr, b_ptr, out_ptr, M, N, stride, BM: tl.constexpr, BN: tl.constexpr):
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    b = tl.load(b_ptr + cols, mask=cols < N).to(tl.float32)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    offs = rows[:, None] * stride + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + offs, (x + b[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _activation(x, ACT: tl.constexpr, slope):
+    if ACT == "relu":
+        x = tl.maximum(x, 0.0)
+    elif ACT == "gelu":
+        x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    elif ACT == "silu":
+        x = x / (1.0 + tl.exp(-x))
+    elif ACT == "leaky_relu":
+        x = tl.where(x >= 0, x, x * slope)
+    return x
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                  stride_cm, stride_cn, slope, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        kk = k * BK + rk
+        a = tl.load(a_ptr + rm[:, None] * stride_am + kk[None, :] * stride_ak,
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        b = tl.load(b_ptr + kk[:, None] * stride_bk + rn[None, :] * stride_bn,
+                    mask=(kk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    acc = _activation(acc, ACT, slope)
+    tl.store(c_ptr + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+_T = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def add_case(dtype="float32", block=8192, sub=2048, persistent=True, soc=SOC, out_dtype=None):
+    t, o = _T[dtype], _T[out_dtype or dtype]
+    return CompileCase(
+        op="add", kernel=add_kernel,
+        signature={"x_ptr": f"*{t}", "y_ptr": f"*{t}", "out_ptr": f"*{o}", "n": "i32", "nprog": "i32",
+                   "BLOCK": "constexpr", "SUB": "constexpr", "PERSISTENT": "constexpr"},
+        constants={"BLOCK": block, "SUB": sub, "PERSISTENT": persistent},
+        dtype=dtype, config=f"BLOCK={block},SUB={sub},PERSISTENT={int(persistent)}", soc=soc)
+
+
+def matmul_case(dtype="bfloat16", bm=128, bn=128, bk=64, act="gelu", bias=True, precision="ieee",
+                soc=SOC, contiguous=True):
+    t = _T[dtype]
+    sig = {"a_ptr": f"*{t}", "b_ptr": f"*{t}", "c_ptr": f"*{t}", "bias_ptr": f"*{t}",
+           **{k: "i32" for k in ("M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
+                                 "stride_cm", "stride_cn")},
+           "slope": "fp32",
+           **{k: "constexpr" for k in ("BM", "BN", "BK", "ACT", "HAS_BIAS", "PRECISION")}}
+    consts = {"BM": bm, "BN": bn, "BK": bk, "ACT": act, "HAS_BIAS": bias, "PRECISION": precision}
+    if contiguous:
+        # Contiguous tensors have inner strides == 1, which Triton's launcher specializes into
+        # constants; list them in constants (keeping their i32 type) to check what will run.
+        consts.update(stride_ak=1, stride_bn=1, stride_cn=1)
+    return CompileCase(op="matmul", kernel=matmul_kernel, signature=sig, constants=consts, dtype=dtype,
+                       config=f"BM={bm},BN={bn},BK={bk},ACT={act}", soc=soc)
+
+
+def check(*cases, jobs=1):
+    return npu_compile.run_cases(list(cases), jobs, bishengir=_BISHENGIR)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_small_configs_pass():
+    cases = [add_case(), add_case(persistent=False), add_case("bfloat16", sub=4096),
+             add_case("float16", out_dtype="bfloat16"), matmul_case(),
+             matmul_case("float16", act="silu"), matmul_case(act="leaky_relu", bias=False),
+             CompileCase(op="bias_rows", kernel=bias_rows_kernel,
+                         signature={"x_ptr": "*fp32", "b_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32",
+                                    "N": "i32", "stride": "i32", "BM": "constexpr", "BN": "constexpr"},
+                         constants={"BM": 32, "BN": 256}, dtype="float32", config="BM=32,BN=256", soc=SOC)]
+    results = check(*cases, jobs=2)
+    assert [(r.op, r.config) for r in results] == [(c.op, c.config) for c in cases]  # input order
+    bad = [r for r in results if not r.ok]
+    assert not bad, npu_compile.format_table(bad)
+    assert all(r.frontend_s > 0 and r.plan_s > 0 for r in results)
+
+
+def test_oversized_flat_add_is_ub_overflow():
+    (r,) = check(add_case(block=32768, sub=32768))
+    assert r.result == "ub-overflow", r
+    assert "256 KiB > 192 KiB" in r.detail
+
+
+def test_16k_add_passes_only_without_multibuffer():
+    (r,) = check(add_case(block=16384, sub=16384))
+    assert r.ok, r
+    assert "enable-auto-multi-buffer=false" in r.detail
+
+
+def test_large_fp32_accumulator_is_cc_overflow():
+    # 256 x 256 fp32 = 256 KiB of accumulator; L0C holds 128 KiB.
+    (r,) = check(matmul_case("float16", bm=256, bn=256, bk=64, act="none", bias=False))
+    assert r.result == "cc-overflow", r
+    assert "256 KiB > 128 KiB" in r.detail
+
+
+def test_runtime_inner_strides_with_epilogue_overflow_ub():
+    # With the inner strides left as runtime i32s, the vector epilogue needs ~640 KiB of UB
+    # even for a 64x64 tile: the reason cases must pass the launcher's ==1 specialization.
+    (r,) = check(matmul_case(bm=64, bn=64, contiguous=False))
+    assert r.result == "ub-overflow", r
+
+
+def test_frontend_rejection_is_reported():
+    (r,) = check(matmul_case("float16", precision="tf32"))
+    assert r.result == "frontend-error", r
+    assert "hf32" in r.detail
+
+
+def test_signature_mismatch_is_frontend_error():
+    case = add_case()
+    sig = dict(case.signature)
+    del sig["nprog"]
+    (r,) = check(dataclasses.replace(case, signature=sig))
+    assert r.result == "frontend-error" and "nprog" in r.detail, r
+
+
+def test_unknown_soc_is_plan_error():
+    (r,) = check(add_case(soc="Ascend999"))
+    assert r.result == "plan-error", r
+
+
+def test_keep_writes_artifacts(tmp_path):
+    (r,) = npu_compile.run_cases([add_case()], 1, keep=tmp_path, bishengir=_BISHENGIR)
+    assert r.ok and r.artifacts
+    names = {p.name for p in tmp_path.rglob("*")}
+    assert {"add_kernel.ttadapter", "add_kernel.ttir", "bishengir.log"} <= names
+
+
+def test_classify_plan_samples():
+    ub = ('loc("k":2:3): error: ub overflow, requires 2097152 bits while 1572864 bits available! '
+          "(possible reason: ...)")
+    assert npu_compile.classify_plan(1, ub, False) == ("ub-overflow", "ub needs 256 KiB > 192 KiB")
+    cc = "error: cc overflow, requires 2097152 bits while 1048576 bits available!"
+    assert npu_compile.classify_plan(1, cc, False)[0] == "cc-overflow"
+    cbuf = "error: cbuf overflow, requires 8388608 bits while 4194304 bits available!"
+    assert npu_compile.classify_plan(1, cbuf, False)[0] == "plan-error"
+    passed = ("[ERROR] Cannot find hivmc under $PATH\n"
+              'loc("k":1:1): error: External hivmc run fails, returning module before running external compiler')
+    assert npu_compile.classify_plan(1, passed, False) == ("ok", "")
+    # "Cannot find hivmc" alone (printed at start-up by every run) is not a pass.
+    assert npu_compile.classify_plan(1, "[ERROR] Cannot find hivmc under $PATH\nerror: boom", False) == (
+        "plan-error", "boom")
+    assert npu_compile.classify_plan(0, "", True) == ("ok", "")
+
+
+def test_cli_help_and_quick_subset():
+    out = subprocess.run([sys.executable, "-m", "xkernels.npu_compile", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "--soc" in out and "--keep" in out
+    cases = [add_case(block=b) for b in (8192, 4096)] + [add_case("bfloat16"), add_case(soc="Ascend910B4")]
+    assert [c.config for c in npu_compile.quick_subset(cases)] == [cases[0].config, cases[2].config,
+                                                                     cases[3].config]
+
+
+def test_project_cases_are_well_formed():
+    """The project's case list names every kernel argument and gives every constexpr a value."""
+    cc = pytest.importorskip("xkernels.compile_check")
+    cases = cc.collect_cases(None, None)
+    assert cases, "collect_cases returned no cases"
+    for c in cases:
+        kernel = npu_compile._unwrap_kernel(c.kernel)
+        npu_compile._full_signature(kernel, dict(c.signature), dict(c.constants))
