@@ -1,0 +1,67 @@
+"""Test configuration: which backends the op suites run on.
+
+``--backends`` (or env ``XKERNELS_TEST_BACKENDS``), comma-separated, default
+``interpreter,interpreter-npu,cpu``. A requested backend that is not available here is an error
+for the whole run (``tox -e cuda`` on a machine without a GPU fails loudly, never skips).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import xkernels
+
+DEFAULT = "interpreter,interpreter-npu,cpu"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--backends", default=os.environ.get("XKERNELS_TEST_BACKENDS", DEFAULT),
+                     help="comma-separated xkernels backends the op suites run on")
+
+
+def _requested(config: pytest.Config) -> list[str]:
+    return [b.strip() for b in config.getoption("--backends").split(",") if b.strip()]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in _requested(config):
+        backend = xkernels.get_backend(name)
+        reason = backend.unavailable_reason()
+        if reason is not None:
+            raise pytest.UsageError(f"requested test backend {name!r} is not available: {reason}")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames:
+        metafunc.parametrize("backend", _requested(metafunc.config), indirect=True)
+
+
+@pytest.fixture
+def backend(request: pytest.FixtureRequest):
+    """The backend under test, forced for the test's duration; tensors go on its device."""
+    b = xkernels.get_backend(request.param)
+    with xkernels.use_backend(b.name):
+        yield b
+
+
+@pytest.fixture
+def device(backend) -> torch.device:
+    return torch.device(backend.device_type)
+
+
+SEED = int(os.environ.get("XKERNELS_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"xkernels test backends: {', '.join(_requested(config))}; seed {SEED} (XKERNELS_TEST_SEED to replay)"
+
+
+@pytest.fixture(autouse=True)
+def _seed(request: pytest.FixtureRequest) -> None:
+    """Fresh random inputs every run; XKERNELS_TEST_SEED replays one."""
+    import zlib
+
+    torch.manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))

@@ -1,0 +1,95 @@
+"""matmul(a, b) with torch.matmul semantics, and linear(...) with its fused epilogue."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import Unchanged, assert_close, poisoned, rand
+
+from xkernels.ops import linear, matmul
+from xkernels.ops.matmul import ACTIVATIONS, reference_linear
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+SHAPES = [
+    ((33, 70), (70, 45)),
+    ((64, 64), (64, 64)),
+    ((70,), (70, 45)),              # 1-D @ 2-D
+    ((33, 70), (70,)),              # 2-D @ 1-D
+    ((70,), (70,)),                 # dot -> 0-d
+    ((2, 3, 17, 40), (40, 9)),      # batched @ 2-D (batch folds into M)
+    ((2, 1, 17, 40), (3, 40, 9)),   # broadcast batch dims
+    ((4, 2, 3, 5, 8), (8, 6)),
+    ((2, 2, 2, 5, 8), (2, 1, 2, 8, 6)),  # three batch dims
+    ((16, 0), (0, 8)),              # K = 0 -> zeros
+    ((0, 8), (8, 5)),
+]
+
+
+def _tol_scale(k: int) -> float:
+    return max(1.0, k ** 0.5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("sa,sb", SHAPES, ids=str)
+def test_shapes(backend, device, dtype, sa, sb):
+    a, b = rand(sa, dtype, device), rand(sb, dtype, device)
+    with Unchanged(a, b):
+        got = matmul(a, b)
+    ref = torch.matmul(a.double().cpu(), b.double().cpu())
+    assert_close(got, ref, dtype, scale=_tol_scale(sa[-1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_layouts_and_out(backend, device, dtype):
+    at = rand((40, 33), dtype, device).t()        # transposed operand
+    bs = rand((80, 90), dtype, device)[::2, ::2]  # step-sliced operand (40, 45)
+    ref = at.double().cpu() @ bs.double().cpu()
+    assert_close(matmul(at, bs), ref, dtype, scale=_tol_scale(40))
+    out = poisoned((33, 45), dtype, device)
+    assert matmul(at, bs, out=out) is out
+    assert_close(out, ref, dtype, scale=_tol_scale(40))
+    out_t = poisoned((45, 33), dtype, device).t()
+    matmul(at, bs, out=out_t)
+    assert_close(out_t, ref, dtype, scale=_tol_scale(40))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("activation", list(ACTIVATIONS), ids=str)
+def test_linear(backend, device, dtype, activation):
+    x, w, b = rand((3, 5, 48), dtype, device), rand((40, 48), dtype, device), rand((40,), dtype, device)
+    with Unchanged(x, w, b):
+        got = linear(x, w, b, activation)
+    ref = reference_linear(x.double().cpu(), w.double().cpu(), b.double().cpu(), activation)
+    assert_close(got, ref, dtype, scale=_tol_scale(48))
+    got = linear(x, w, None, activation, negative_slope=0.2)
+    ref = reference_linear(x.double().cpu(), w.double().cpu(), None, activation, 0.2)
+    assert_close(got, ref, dtype, scale=_tol_scale(48))
+
+
+def test_fallback_dtypes(backend, device):
+    a, b = torch.randn(5, 7, dtype=torch.float64, device=device), torch.randn(7, 3, dtype=torch.float64, device=device)
+    torch.testing.assert_close(matmul(a, b), a @ b)
+
+
+def test_bad_input(backend, device):
+    a, b = rand((4, 6), torch.float32, device), rand((6, 5), torch.float32, device)
+    out = poisoned((4, 5), torch.float32, device)
+    with pytest.raises(ValueError, match=r"inner dimensions differ: 'a' \(4, 6\) @ 'b' \(5, 6\)"):
+        matmul(a, rand((5, 6), torch.float32, device), out=out)
+    with pytest.raises(TypeError, match="'a' and 'b' must have one dtype, got torch.float32 and torch.float16"):
+        matmul(a, b.half(), out=out)
+    with pytest.raises(TypeError, match="dtype torch.int32 is not supported"):
+        matmul(a.int(), b.int())
+    with pytest.raises(ValueError, match="must have at least 1 dimension"):
+        matmul(torch.tensor(1.0, device=device), b)
+    with pytest.raises(TypeError, match="argument 'b' must be a torch.Tensor"):
+        matmul(a, 3.0)
+    with pytest.raises(ValueError, match=r"shapes do not broadcast: 'a batch' \(2,\), 'b batch' \(3,\)"):
+        matmul(rand((2, 4, 6), torch.float32, device), rand((3, 6, 5), torch.float32, device))
+    with pytest.raises(ValueError, match="'activation' must be one of"):
+        linear(a, rand((5, 6), torch.float32, device), None, "tanh")
+    with pytest.raises(ValueError, match=r"'bias' must have shape \(5,\)"):
+        linear(a, rand((5, 6), torch.float32, device), rand((6,), torch.float32, device))
+    with pytest.raises(TypeError, match=r"'out' has dtype torch.float16"):
+        matmul(a, b, out=poisoned((4, 5), torch.float16, device))
+    assert torch.isnan(out).all()
