@@ -1,0 +1,80 @@
+"""The backend contract on every built-in backend: sync, events, alignment, properties, geometry."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import xkernels
+from xkernels.backends.npu import DATASHEET, grid_for, soc_family
+
+
+def test_host_event_times_in_milliseconds():
+    b = xkernels.get_backend("cpu")
+    start, end = b.Event(enable_timing=True), b.Event(enable_timing=True)
+    start.record()
+    time.sleep(0.02)
+    end.record()
+    b.synchronize()
+    assert 15 <= start.elapsed_time(end) <= 500
+
+
+def test_alignment_helpers():
+    cuda, npu = xkernels.get_backend("cuda"), xkernels.get_backend("npu")
+    assert (cuda.alignment, npu.alignment, npu.alignment_for("cube")) == (16, 32, 512)
+    assert cuda.tile_multiple(torch.float16) == 8 and npu.tile_multiple(torch.float32) == 8
+    assert npu.tile_multiple(torch.bfloat16, "cube") == 256
+    x = torch.empty(64, 64)
+    assert cuda.is_aligned(x) and npu.is_aligned(x)
+    assert not cuda.is_aligned(x[:, 1:])           # pointer off by 4 bytes
+    assert not npu.is_aligned(torch.empty(8, 33))  # row stride 132 bytes
+    assert cuda.is_aligned(torch.empty(8, 36))     # row stride 144 bytes
+    for b in (cuda, npu):
+        assert b.alignment & (b.alignment - 1) == 0
+
+
+def test_properties_mark_provenance():
+    p = xkernels.get_backend("cpu").properties()
+    assert p.backend == "cpu" and p.compute_units and p.max_programs_per_launch == 1
+    q = xkernels.get_backend("interpreter-npu").properties()
+    assert q.arch == "Ascend910B3" and (q.compute_units, q.vector_units) == (20, 40)
+    assert all(f.source == "datasheet" for f in q.datasheet.values())
+    assert "copy_bandwidth" in q.as_dict()
+
+
+def test_npu_geometry_rules():
+    assert grid_for(10, 40) == 10 and grid_for(10**6, 40) == 40 and grid_for(10**6, 10**6) == 65535
+    assert soc_family("Ascend910B3") == "Ascend910B"
+    assert set(DATASHEET) >= {"Ascend910B2", "Ascend910B3", "Ascend910B4"}
+    emu = xkernels.get_backend("interpreter-npu")
+    assert emu.programs(1000, "vector") == 40 and emu.programs(1000, "cube") == 20
+    assert emu.programs(3, "cube") == 3
+    assert xkernels.get_backend("interpreter").programs(1000) == 1000
+    assert emu.arch_fallbacks("Ascend910B3") == ["Ascend910B3", "Ascend910B"]
+
+
+def test_interpreter_npu_soc_from_env(monkeypatch):
+    monkeypatch.setenv("XKERNELS_NPU_SOC", "Ascend910B2")
+    assert xkernels.get_backend("interpreter-npu").programs(1000, "vector") == 48
+    monkeypatch.setenv("XKERNELS_NPU_SOC", "Ascend999")
+    with pytest.raises(ValueError, match="XKERNELS_NPU_SOC='Ascend999' has no datasheet entry"):
+        xkernels.get_backend("interpreter-npu").programs(1000)
+
+
+def test_import_survives_a_broken_torch_npu(tmp_path):
+    """A torch_npu that raises at import (as without CANN) must not break import xkernels."""
+    pkg = tmp_path / "torch_npu"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('libhccl.so: cannot open shared object file')\n")
+    code = ("import xkernels; b = xkernels.get_backend('npu'); "
+            "assert not b.is_available(); print(b.unavailable_reason())")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "libhccl.so" in res.stdout

@@ -1,0 +1,100 @@
+"""Registry and selection: entry points, names, errors, use_backend, XKERNELS_BACKEND."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import threading
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import hookspecs
+from xkernels.dispatch import select
+
+
+def test_builtins_come_from_the_entry_point_group():
+    eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="xkernels.backends")}
+    assert {"cpu", "cuda", "npu", "interpreter"} <= set(eps), eps
+    assert set(xkernels.list_backends()) >= {"cpu", "cuda", "npu", "interpreter", "interpreter-npu"}
+
+
+def test_every_hookspec_is_documented():
+    specs = [f for n, f in inspect.getmembers(hookspecs, inspect.isfunction) if n.startswith("xkernels_")]
+    assert len(specs) == 3
+    for f in specs:
+        assert f.__doc__ and len(f.__doc__.split()) > 15, f.__name__
+
+
+def test_get_backend_by_name_and_device():
+    assert xkernels.get_backend("cpu").name == "cpu"
+    assert xkernels.get_backend(torch.device("cpu")).name == "cpu"
+    assert xkernels.get_backend("cuda:1").name == "cuda"
+    assert xkernels.get_backend("npu").name == "npu"
+
+
+def test_unknown_name_lists_known():
+    with pytest.raises(xkernels.UnknownBackendError, match="unknown xkernels backend 'tpu'; known backends: cpu, cuda"):
+        xkernels.get_backend("tpu")
+    with pytest.raises(xkernels.UnknownBackendError):
+        with xkernels.use_backend("nope"):
+            pass
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_unavailable_backends_say_why():
+    cuda, npu = xkernels.get_backend("cuda"), xkernels.get_backend("npu")
+    assert not cuda.is_available() and "CUDA" in cuda.unavailable_reason()
+    assert not npu.is_available() and "torch_npu" in npu.unavailable_reason()
+    with pytest.raises(xkernels.BackendUnavailableError, match="'cuda' is not available: torch .* sees no CUDA"):
+        cuda.properties()
+
+
+def test_use_backend_is_context_local_across_threads():
+    seen: dict[str, str] = {}
+    barrier = threading.Barrier(2)
+
+    def worker(name: str | None) -> None:
+        if name:
+            with xkernels.use_backend(name):
+                barrier.wait()
+                seen[name] = select(torch.device("cpu")).name
+                barrier.wait()
+        else:
+            barrier.wait()
+            seen["none"] = select(torch.device("cpu")).name
+            barrier.wait()
+
+    ts = [threading.Thread(target=worker, args=(n,)) for n in ("interpreter", None)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert seen == {"interpreter": "interpreter", "none": "cpu"}
+
+
+def test_env_var_override(monkeypatch):
+    monkeypatch.setenv("XKERNELS_BACKEND", "interpreter")
+    assert select(torch.device("cpu")).name == "interpreter"
+    assert xkernels.ops.add.explain(torch.ones(3), torch.ones(3)).route == "triton kernel"
+    monkeypatch.setenv("XKERNELS_BACKEND", "cuda")
+    with pytest.raises(ValueError, match="'cuda' runs on 'cuda' tensors, but the tensors are on cpu"):
+        xkernels.ops.add(torch.ones(3), torch.ones(3))
+
+
+def test_runtime_registration_and_duplicate_names():
+    class Dup(xkernels.Backend):
+        name = "cpu"
+        device_type = "cpu"
+
+    class Plugin:
+        @xkernels.hookimpl
+        def xkernels_add_backends(self):
+            return [Dup()]
+
+    p = Plugin()
+    with pytest.raises(ValueError, match="two plugins provide a backend named 'cpu'"):
+        xkernels.registry.register(p)
+    xkernels.registry.unregister(p)
+    assert type(xkernels.get_backend("cpu")).__name__ == "CpuBackend"
