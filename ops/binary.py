@@ -63,7 +63,7 @@ def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[l
     """Merge adjacent dims where every operand's strides allow it; drop size-1 dims."""
     dims = [(s, [st[i] for st in strides]) for i, s in enumerate(shape) if s != 1]
     if not dims:
-        return [1], [[1] * len(strides)]
+        return [1], [[1] for _ in strides]
     out_sizes = [dims[0][0]]
     out_strides = [list(dims[0][1])]
     for size, sts in dims[1:]:
