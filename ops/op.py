@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xkernels import dispatch
+from xkernels import dispatch, tuning
 from xkernels.backend import Backend
 from xkernels.registry import registry
 
@@ -100,6 +100,8 @@ class Op:
         return backend
 
     def plan(self, call: Any, backend: Backend) -> Plan:
+        if tuning.forcing():  # a sweep: never cache a forced config
+            return self.make_plan(call, backend)
         key = self.plan_key(call, backend)
         plan = self._plans.get(key)
         if plan is None:

@@ -93,6 +93,10 @@ class Registry:
                 self._collect()
             return self._pm
 
+    def _ensure_loaded(self) -> None:
+        if self._pm is None:
+            _ = self.plugin_manager
+
     def register(self, plugin: Any, name: str | None = None) -> None:
         """Register a plugin object or module at run time and re-collect what it adds."""
         pm = self.plugin_manager
@@ -140,11 +144,11 @@ class Registry:
 
     # -- queries ---------------------------------------------------------------------------------
     def backends(self) -> dict[str, Backend]:
-        self.plugin_manager
+        self._ensure_loaded()
         return dict(self._backends)
 
     def backend(self, name: str) -> Backend:
-        self.plugin_manager
+        self._ensure_loaded()
         try:
             return self._backends[name]
         except KeyError:
@@ -152,16 +156,16 @@ class Registry:
             raise UnknownBackendError(f"unknown xkernels backend {name!r}; known backends: {known}") from None
 
     def op_impl(self, op: str, backend: str) -> OpImpl | None:
-        self.plugin_manager
+        self._ensure_loaded()
         return self._impls.get((op, backend))
 
     def op_impls(self) -> Iterable[OpImpl]:
-        self.plugin_manager
+        self._ensure_loaded()
         return tuple(self._impls.values())
 
     def tuning_dirs(self, backend: Backend) -> tuple[Path, ...]:
         """Plugin-added directories first, then the backend's own."""
-        self.plugin_manager
+        self._ensure_loaded()
         return self._tuning.get(backend.name, ()) + tuple(backend.tuning_dirs)
 
 

@@ -22,8 +22,11 @@ so a rule only lists what it changes.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,23 @@ class Choice:
 
     config: dict[str, Any]
     source: str
+
+
+_forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("xkernels_forced", default=None)
+
+
+@contextlib.contextmanager
+def force(config: dict[str, Any]) -> Iterator[None]:
+    """Use ``config`` (over the op default) for every lookup in this block: for sweeps."""
+    token = _forced.set(dict(config))
+    try:
+        yield
+    finally:
+        _forced.reset(token)
+
+
+def forcing() -> bool:
+    return _forced.get() is not None
 
 
 @functools.lru_cache(maxsize=256)
@@ -81,6 +101,9 @@ def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any],
     """The config for one call of ``op`` with bucket ``key`` on ``backend``/``arch``."""
     from xkernels.registry import registry
 
+    forced = _forced.get()
+    if forced is not None:
+        return Choice({**default, **forced}, "forced by xkernels.tuning.force()")
     arch_keys = [*backend.arch_fallbacks(arch), "default"]
     for directory in registry.tuning_dirs(backend):
         path = Path(directory) / f"{op}.json"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import Unchanged, assert_close, poisoned, rand
 from xkernels.ops import broadcast
 
@@ -49,7 +48,7 @@ def test_layouts(backend, device, dtype):
         "step-sliced": base[::3, ::2],
         "expanded": rand((1, 66), dtype, device).expand(40, 66),
     }
-    for name, x in views.items():
+    for x in views.values():
         b = rand((x.shape[-1],), dtype, device)
         assert_close(broadcast(x, b), x.double() + b.double(), dtype)
         bexp = rand((1,), dtype, device).expand(x.shape[-1])  # stride-0 bias
