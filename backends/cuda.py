@@ -39,7 +39,7 @@ def _index(device: Any) -> int:
     return dev.index if dev.index is not None else torch.cuda.current_device()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _device_properties(index: int) -> Any:
     return torch.cuda.get_device_properties(index)
 

@@ -96,7 +96,7 @@ class NpuBackend(Backend):
 
         return torch.npu.Event(enable_timing=enable_timing)
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019
+    @functools.cache  # noqa: B019
     def _cores(self, index: int) -> tuple[int, int]:
         """(cube cores, vector cores) read from the driver, never from a table."""
         import torch

@@ -112,7 +112,7 @@ class MatmulPlan(Plan):
                                PERSISTENT=programs < tiles, INDEX_64=index64,
                                UPCAST=call.dtype == torch.bfloat16 and not backend.native_bf16_dot)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
-        self.variant = "matmul" + (f" + bias" if call.bias is not None else "") + (
+        self.variant = "matmul" + (" + bias" if call.bias is not None else "") + (
             f" + {call.activation}" if call.activation else "")
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg["GROUP_M"],
                        "PRECISION": self.constexprs["PRECISION"], **self.options, "INDEX_64": index64}

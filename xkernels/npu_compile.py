@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import re
@@ -69,7 +70,8 @@ PLAN_TIMEOUT_S = 600
 # bishengir-compile prints these; see docs/npu-offline-compile.md for full samples.
 _OVERFLOW_RE = re.compile(r"error: (\w+) overflow, requires (\d+) bits while (\d+) bits available")
 _PASSED_MARK = "External hivmc run fails"  # the plan passed; the CANN binary step is missing
-_RETRY_OK_RE = re.compile(r"\[NOTE\] Due to (\w+) overflow, automatically set (.*?); compilation then succeeded")
+_RETRY_OK_RE = re.compile(
+    r"\[NOTE\] Due to (\w+) overflow, automatically set (.*?); compilation then succeeded")
 _ERROR_RE = re.compile(r"error: (.*)")
 
 
@@ -140,7 +142,8 @@ def check_environment() -> tuple[str | None, str | None]:
         return None, f"{problem}: {INSTALL_HINT}"
     bisheng = find_bishengir()
     if not bisheng:
-        return None, f"bishengir-compile not found: pip install ascendnpu-ir==1.2.0 ({INSTALL_HINT})"
+        where = " at $XKERNELS_BISHENGIR" if os.environ.get("XKERNELS_BISHENGIR") else ""
+        return None, f"bishengir-compile not found{where}: pip install ascendnpu-ir==1.2.0"
     return bisheng, None
 
 
@@ -250,15 +253,19 @@ def compile_ttadapter(case: Any, workdir: Path) -> tuple[Path | None, str]:
 
 def classify_plan(returncode: int, output: str, produced: bool) -> tuple[str, str]:
     """Map bishengir-compile's exit and output to ``(result, detail)``."""
-    m = _OVERFLOW_RE.search(output)
-    if m:
-        kind, need, have = m.group(1).lower(), int(m.group(2)), int(m.group(3))
-        detail = f"{kind} needs {need // 8192} KiB > {have // 8192} KiB"
-        if kind == "ub":
-            return "ub-overflow", detail
-        if kind == "cc":
+    overflows: dict[str, str] = {}
+    for kind, need, have in _OVERFLOW_RE.findall(output):
+        kind = kind.lower()
+        overflows.setdefault(kind, f"{kind} needs {int(need) // 8192} KiB > {int(have) // 8192} KiB")
+    if overflows:
+        # An accumulator that does not fit L0C is the root cause when both are reported.
+        order = {"cc": 0, "ub": 1}
+        detail = "; ".join(overflows[k] for k in sorted(overflows, key=lambda k: (order.get(k, 2), k)))
+        if "cc" in overflows:
             return "cc-overflow", detail
-        return "plan-error", f"{kind} (L1) overflow: {detail}" if kind == "cbuf" else detail
+        if "ub" in overflows:
+            return "ub-overflow", detail
+        return "plan-error", detail.replace("cbuf needs", "cbuf (L1) needs")
     if _PASSED_MARK in output or (returncode == 0 and produced):
         r = _RETRY_OK_RE.search(output)
         if r:
@@ -317,7 +324,9 @@ def run_case(case: Any, bishengir: str, keep: str | os.PathLike | None = None) -
                 result, detail = "plan-error", f"{type(exc).__name__}: {exc}"
             plan_s = time.perf_counter() - t1
         if keep:
-            dest = Path(keep) / _slug(case.op, case.dtype, case.soc, case.config)
+            key = repr((sorted(case.signature.items()), sorted((k, repr(v)) for k, v in case.constants.items())))
+            digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+            dest = Path(keep) / _slug(case.op, case.dtype, case.soc, case.config, digest)
             shutil.rmtree(dest, ignore_errors=True)
             shutil.copytree(workdir, dest)
             kept = str(dest)
@@ -391,7 +400,7 @@ def format_table(results: Sequence[Result]) -> str:
     widths[-1] = 0  # the detail column is not padded
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     out = [line(head), line(["-" * w if w else "------" for w in widths])]
     out += [line(row) for row in rows]
@@ -444,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         from xkernels.compile_check import collect_cases
     except ImportError as exc:
-        print(f"xkernels.npu_compile: cannot import xkernels.compile_check ({exc}): "
+        print(f"xkernels.npu_compile: cannot import the case list xkernels.compile_check ({exc}); "
               "install xkernels into this environment (pip install -e .)", file=sys.stderr)
         return 2
     cases = collect_cases(_split(args.soc), _split(args.op))

@@ -181,9 +181,12 @@ def test_16k_add_passes_only_without_multibuffer():
 
 def test_large_fp32_accumulator_is_cc_overflow():
     # 256 x 256 fp32 = 256 KiB of accumulator; L0C holds 128 KiB.
-    (r,) = check(matmul_case("float16", bm=256, bn=256, bk=64, act="none", bias=False))
-    assert r.result == "cc-overflow", r
-    assert "256 KiB > 128 KiB" in r.detail
+    plain, with_epilogue = check(matmul_case("float16", bm=256, bn=256, bk=64, act="none", bias=False),
+                                 matmul_case("bfloat16", bm=256, bn=256, bk=64, act="relu"), jobs=2)
+    for r in (plain, with_epilogue):
+        assert r.result == "cc-overflow", r
+        assert "cc needs 256 KiB > 128 KiB" in r.detail
+    assert "ub needs" in with_epilogue.detail  # its epilogue overflows UB as well
 
 
 def test_runtime_inner_strides_with_epilogue_overflow_ub():
@@ -226,9 +229,12 @@ def test_classify_plan_samples():
     cc = "error: cc overflow, requires 2097152 bits while 1048576 bits available!"
     assert npu_compile.classify_plan(1, cc, False)[0] == "cc-overflow"
     cbuf = "error: cbuf overflow, requires 8388608 bits while 4194304 bits available!"
-    assert npu_compile.classify_plan(1, cbuf, False)[0] == "plan-error"
+    assert npu_compile.classify_plan(1, cbuf, False) == ("plan-error", "cbuf (L1) needs 1024 KiB > 512 KiB")
+    assert npu_compile.classify_plan(1, ub + "\n" + cc, False) == (
+        "cc-overflow", "cc needs 256 KiB > 128 KiB; ub needs 256 KiB > 192 KiB")
     passed = ("[ERROR] Cannot find hivmc under $PATH\n"
-              'loc("k":1:1): error: External hivmc run fails, returning module before running external compiler')
+              'loc("k":1:1): error: External hivmc run fails, '
+              "returning module before running external compiler")
     assert npu_compile.classify_plan(1, passed, False) == ("ok", "")
     # "Cannot find hivmc" alone (printed at start-up by every run) is not a pass.
     assert npu_compile.classify_plan(1, "[ERROR] Cannot find hivmc under $PATH\nerror: boom", False) == (

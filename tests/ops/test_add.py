@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import torch
-from helpers import Unchanged, assert_close, poisoned, rand
 
+from helpers import Unchanged, assert_close, poisoned, rand
 from xkernels.ops import add
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from helpers import Unchanged, assert_close, poisoned, rand
 from xkernels.ops import broadcast
 

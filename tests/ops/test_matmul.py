@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import Unchanged, assert_close, poisoned, rand
 
+from helpers import Unchanged, assert_close, poisoned, rand
 from xkernels.ops import linear, matmul
 from xkernels.ops.matmul import ACTIVATIONS, reference_linear
 
