@@ -49,6 +49,7 @@ class CudaBackend(Backend):
     device_type = "cuda"
     runs_triton = True
     alignment = 16  # 128-bit loads (ld.global.v4)
+    fast_launch = True
     priority = 20
 
     @functools.cache  # noqa: B019 - one backend object per process

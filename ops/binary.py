@@ -19,6 +19,7 @@ import torch
 
 from xkernels import tuning
 from xkernels.backend import Backend
+from xkernels.launch import Launcher
 from xkernels.ops import checks
 from xkernels.ops.op import Op, Plan
 
@@ -85,6 +86,8 @@ class BinaryPlan(Plan):
     def __init__(self, backend: Backend, call: BinaryCall, op_name: str) -> None:
         from xkernels.ops import binary_kernels as K
 
+        has_alpha = call.alpha != 1
+
         shape = tuple(call.shape)
         tensors = {}
         modes = {}
@@ -117,11 +120,11 @@ class BinaryPlan(Plan):
             sub = min(int(cfg.get("SUB") or block), block)
             n_blocks = (numel + block - 1) // block
             programs = backend.programs(n_blocks, "vector", call.device)
-            self.kernel = backend.kernel(K.binary_flat_kernel)
+            self.jit_fn = K.binary_flat_kernel
             self.grid = (programs,)
             self.tail = (numel, None, n_blocks, programs)  # alpha filled per call
             self.constexprs = dict(BLOCK=block, SUB=sub, X_MODE=modes.get("x", 0), Y_MODE=modes.get("y", 0),
-                                   COMPUTE=self.compute, HAS_ALPHA=None, EVEN=numel % block == 0,
+                                   COMPUTE=self.compute, HAS_ALPHA=has_alpha, EVEN=numel % block == 0,
                                    PERSISTENT=programs < n_blocks, INDEX_64=index64)
             self.variant, tiles = "flat", n_blocks
             shown = {"BLOCK": block, "SUB": sub}
@@ -145,18 +148,20 @@ class BinaryPlan(Plan):
             tiles_n = (n_cols + block_n - 1) // block_n
             tiles = ((rows + block_m - 1) // block_m) * tiles_n
             programs = backend.programs(tiles, "vector", call.device)
-            self.kernel = backend.kernel(K.binary_tiled_kernel)
+            self.jit_fn = K.binary_tiled_kernel
             self.grid = (programs,)
             zero = [0, 0, 0, 0]
             self.tail = (rows, n_cols, tiles_n, tiles, programs, sizes[1], sizes[2],
                          *by_name.get("x", zero), *by_name.get("y", zero), *by_name["out"])
             self.constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, SUB_M=sub_m,
                                    X_MODE=modes.get("x", 0), Y_MODE=modes.get("y", 0), COMPUTE=self.compute,
-                                   HAS_ALPHA=None, PERSISTENT=programs < tiles, INDEX_64=index64)
+                                   HAS_ALPHA=has_alpha, PERSISTENT=programs < tiles, INDEX_64=index64)
             self.variant = "tiled" + (" (row operand loaded once per tile)" if key["row_operand"] else "")
             shown = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SUB_M": sub_m}
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.config = {**shown, **self.options, "INDEX_64": index64}
+        self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
+                                 backend.fast_launch)
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
 
@@ -170,15 +175,17 @@ class BinaryPlan(Plan):
             shape = out.shape
             x = x.expand(shape).contiguous() if "x" in self.names else x
             y = y.expand(shape).contiguous() if "y" in self.names else y
-        has_alpha = alpha != 1
+        self.launcher(*self.args(x, y, out, alpha))
+
+    def args(self, x: Any, y: Any, out: torch.Tensor, alpha: Any) -> tuple[Any, ...]:
+        """The kernel's runtime arguments, in order (constexprs are ``self.constexprs``)."""
         xa = x if self.constexprs["X_MODE"] != 2 else _as_scalar(x)
         ya = y if self.constexprs["Y_MODE"] != 2 else _as_scalar(y)
+        a = alpha if self.constexprs["HAS_ALPHA"] else 1
         if self.variant == "flat":
             n, _, n_blocks, programs = self.tail
-            args = (xa, ya, out, n, alpha if has_alpha else 1, n_blocks, programs)
-        else:
-            args = (xa, ya, out, alpha if has_alpha else 1, *self.tail)
-        self.kernel[self.grid](*args, **{**self.constexprs, "HAS_ALPHA": has_alpha}, **self.options)
+            return (xa, ya, out, n, a, n_blocks, programs)
+        return (xa, ya, out, a, *self.tail)
 
 
 def _prod(xs: Any) -> int:
@@ -238,7 +245,7 @@ class BinaryOp(Op):
     def plan_key(self, call: BinaryCall, backend: Backend) -> Any:
         out_meta = None if call.out is None else call.out.stride()
         return (backend.name, call.device, _meta(call.x, call.device), _meta(call.y, call.device),
-                call.dtype, out_meta, tuple(call.shape))
+                call.dtype, out_meta, tuple(call.shape), call.alpha != 1)
 
     def make_plan(self, call: BinaryCall, backend: Backend) -> Plan:
         return BinaryPlan(backend, call, self.name)

@@ -32,6 +32,10 @@ def is_number(v: Any) -> bool:
 
 def common_device(op: str, named: dict[str, torch.Tensor]) -> torch.device:
     """The one device of the tensors; 0-d CPU tensors may join any device (as in PyTorch)."""
+    it = iter(named.values())
+    dev = next(it).device
+    if all(t.device == dev for t in it):
+        return dev
     devices = {n: t.device for n, t in named.items()}
     main = [d for n, d in devices.items() if not (named[n].dim() == 0 and d.type == "cpu")]
     if len(set(main)) > 1:
@@ -41,11 +45,23 @@ def common_device(op: str, named: dict[str, torch.Tensor]) -> torch.device:
 
 
 def broadcast_shape(op: str, named: dict[str, torch.Size]) -> torch.Size:
-    try:
-        return torch.broadcast_shapes(*named.values())
-    except RuntimeError:
-        listing = ", ".join(f"'{n}' {tuple(s)}" for n, s in named.items())
-        raise ValueError(f"xkernels.ops.{op}: shapes do not broadcast: {listing}") from None
+    """PyTorch's broadcasting of the named shapes (pure Python: this is on every call's path)."""
+    shapes = list(named.values())
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return torch.Size(first)
+    ndim = max(len(s) for s in shapes)
+    result = [1] * ndim
+    for s in shapes:
+        off = ndim - len(s)
+        for i, d in enumerate(s):
+            r = result[off + i]
+            if d != r and d != 1:
+                if r != 1:
+                    listing = ", ".join(f"'{n}' {tuple(v)}" for n, v in named.items())
+                    raise ValueError(f"xkernels.ops.{op}: shapes do not broadcast: {listing}")
+                result[off + i] = d
+    return torch.Size(result)
 
 
 def check_out(op: str, out: Any, shape: torch.Size, dtype: torch.dtype, device: torch.device,

@@ -19,6 +19,7 @@ import torch
 
 from xkernels import tuning
 from xkernels.backend import Backend
+from xkernels.launch import Launcher
 from xkernels.ops import checks
 from xkernels.ops.binary import INT32_MAX, _collapse, _max_offset, _next_pow2, _prod
 from xkernels.ops.op import Op, Plan
@@ -102,7 +103,7 @@ class MatmulPlan(Plan):
         spans = [_max_offset([*sizes, M, Kd], a_full), _max_offset([*sizes, Kd, N], b_full),
                  _max_offset([*sizes, M, N], c_full)]
         index64 = max(spans) + 2**16 > INT32_MAX
-        self.kernel = backend.kernel(K.matmul_kernel)
+        self.jit_fn = K.matmul_kernel
         self.grid = (programs,)
         self.dims = (M, N, Kd, sizes[1], tiles_m, tiles_n, tiles, programs)
         self.strides = (*a_full, *b_full, *c_full)
@@ -118,6 +119,8 @@ class MatmulPlan(Plan):
                        "PRECISION": self.constexprs["PRECISION"], **self.options, "INDEX_64": index64}
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
+        self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
+                                 backend.fast_launch)
 
     def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                slope: float, batch: tuple[int, ...]) -> None:
@@ -125,10 +128,14 @@ class MatmulPlan(Plan):
             M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
             a = a.expand(*batch, M, Kd).contiguous()
             b = b.expand(*batch, Kd, N).contiguous()
+        self.launcher(*self.args(a, b, c, bias, slope))
+
+    def args(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+             slope: float) -> tuple[Any, ...]:
+        """The kernel's runtime arguments, in order (constexprs are ``self.constexprs``)."""
         bias_arg = bias if bias is not None else c
         s_bias = bias.stride(0) if bias is not None else 0
-        self.kernel[self.grid](a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope),
-                               **self.constexprs, **self.options)
+        return (a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope))
 
 
 class _MatmulBase(Op):

@@ -120,6 +120,8 @@ class Backend:
     cube_alignment: int | None = None
     #: Triton launch options the backend honours (taken from a tuning config when present).
     launch_options: tuple[str, ...] = ("num_warps", "num_stages")
+    #: Whether launches may call the cached ``CompiledKernel`` directly (see ``xkernels.launch``).
+    fast_launch: bool = False
     #: Whether ``tl.dot`` takes bfloat16 operands as they are (False: the kernel upcasts first).
     native_bf16_dot: bool = True
     #: Whether the device is the default choice for tensors of ``device_type``.
