@@ -88,7 +88,8 @@ class MatmulPlan(Plan):
         sa, sb, sc = ([0] * (2 - len(s)) + list(s) for s in (sa, sb, sc))
         n_batch = _prod(sizes)
         dtype_name = str(call.dtype).removeprefix("torch.")
-        key = {"dtype": dtype_name, "m": M, "n": N, "k": Kd, "batch": n_batch}
+        key = {"dtype": dtype_name, "m": M, "n": N, "k": Kd, "batch": n_batch,
+               "activation": call.activation or "none", "bias": call.bias is not None}
         choice = tuning.lookup(op, backend, backend.arch(call.device), key, MATMUL_DEFAULT)
         cfg = dict(choice.config)
         bm = max(16, min(int(cfg["BLOCK_M"]), _next_pow2(M)))

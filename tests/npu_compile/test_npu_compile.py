@@ -14,10 +14,14 @@ from collections.abc import Callable
 
 import pytest
 
+import os  # noqa: E402
+
 npu_compile = pytest.importorskip("xkernels.npu_compile")
 
 _BISHENGIR, _PROBLEM = npu_compile.check_environment()
 if _PROBLEM:
+    if os.environ.get("XKERNELS_REQUIRE_NPU_COMPILE"):  # tox -e npu-compile: never pass by skipping
+        raise RuntimeError(f"offline NPU compile check unavailable: {_PROBLEM}")
     pytest.skip(f"offline NPU compile check unavailable: {_PROBLEM}", allow_module_level=True)
 
 import triton  # noqa: E402  (triton-ascend, checked above)
@@ -259,3 +263,33 @@ def test_project_cases_are_well_formed():
     for c in cases:
         kernel = npu_compile._unwrap_kernel(c.kernel)
         npu_compile._full_signature(kernel, dict(c.signature), dict(c.constants))
+
+
+def test_planted_oversized_table_entry_fails_the_check(tmp_path):
+    """An npu tuning entry too big for the unified buffer, added the way a plugin adds tables,
+    is listed by the project's case collector and reported as ub-overflow."""
+    import json
+
+    import xkernels
+    from xkernels.compile_check import collect_cases
+
+    (tmp_path / "add.json").write_text(json.dumps({
+        "op": "add", "backend": "npu", "source": "planted by a test",
+        "archs": {"Ascend910B3": [{"when": {"variant": "flat", "dtype": ["float32"]},
+                                   "config": {"BLOCK": 32768, "SUB": 32768}}]}}))
+
+    class Planted:
+        @xkernels.hookimpl
+        def xkernels_add_tuning_dirs(self):
+            return [xkernels.TuningDir(backend="npu", path=tmp_path)]
+
+    plugin = Planted()
+    xkernels.registry.register(plugin)
+    try:
+        cases = [c for c in collect_cases(["Ascend910B3"], ["add"])
+                 if c.dtype == "float32" and c.config.startswith("BLOCK=32768,SUB=32768|contiguous")]
+    finally:
+        xkernels.registry.unregister(plugin)
+    assert cases, "the planted entry was not collected"
+    (r,) = check(cases[0])
+    assert r.result == "ub-overflow", r
