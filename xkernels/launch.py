@@ -18,6 +18,7 @@ between calls of one plan: each tensor's 16-byte alignment, each int scalar's va
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -26,6 +27,8 @@ FAST_TRITON = ("3.6.",)
 
 
 def _triton_fast_ok() -> bool:
+    if os.environ.get("XKERNELS_FAST_LAUNCH", "1") == "0":  # opt out, e.g. to compare
+        return False
     try:
         import triton
     except ImportError:
