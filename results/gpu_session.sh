@@ -17,3 +17,5 @@ XKERNELS_TEST_BACKENDS=cuda timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q 
 python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-fast.txt"
 XKERNELS_FAST_LAUNCH=0 python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-slow.txt"
 [ -n "${SKIP_TUNE:-}" ] || timeout ${TUNE_TIMEOUT:-240} python3 -m xkernels.tune --backend cuda --out-dir "$OUT/tune" 2>&1 | tail -40 | tee "$OUT/tune.txt"
+[ -d "$OUT/tune" ] && tar czf "$OUT/tune.tgz" -C "$OUT" tune && rm -rf "$OUT/tune"
+rm -f "$OUT/session.log.unused"
