@@ -1,0 +1,89 @@
+"""The case lists cover what users meet, keep quick small, and build the layouts they name."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from xkernels.harness.cases import INT_RANGE, OP_NAMES, cases, expected_result, parse_dtype
+
+QUICK_MAX_ELEMENTS = 1 << 18  # per operand: the quick suite runs under the interpreter on 2 cores
+
+
+def layouts(op: str, dtype: torch.dtype, sizes=("quick",)) -> set[str]:
+    return {c.layout for c in cases([op], [dtype], sizes)}
+
+
+@pytest.mark.parametrize("op, needles", [
+    ("broadcast", ["bias[N]", "per-channel (C,1,1) over NCHW", "mask [B,1,1,S] over [B,H,S,S]", "(1,D)",
+                   "single element", "0-d bias", "0-d", "empty", "transposed", "step-sliced", "expanded (stride 0)",
+                   "out=", "in place (out=x)", "promotes"]),
+    ("add", ["Python scalar right", "Python scalar left", "alpha=", "broadcast both sides", "transposed",
+             "step-sliced", "expanded (stride 0)", "empty", "0-d", "out=", "in place", "int+float", "promotes"]),
+    ("matmul", ["1-D @ 1-D", "1-D @ 2-D", "2-D @ 1-D", "batched", "broadcast batch dims", "K=0", "a transposed",
+                "b transposed", "out="]),
+    ("linear", ["bias + relu", "bias + gelu", "bias + silu", "bias + leaky_relu", "no bias", "1-D x",
+                "weight transposed", "out="]),
+])
+def test_quick_layouts(op, needles):
+    have = layouts(op, torch.float16)
+    for needle in needles:
+        assert any(needle in label for label in have), (needle, sorted(have))
+
+
+def test_odd_trailing_sizes_and_int_dtypes():
+    labels = layouts("broadcast", torch.int32)
+    for n in (7, 1000, 4097, 65539):
+        assert f"bias[N], N={n}" in labels
+    assert {c.dtype for c in cases(["add"], None, ["quick"])} == {torch.float16, torch.bfloat16, torch.float32,
+                                                                   torch.int32, torch.int64}
+    assert {c.dtype for c in cases(["matmul"], None, ["quick"])} == {torch.float16, torch.bfloat16, torch.float32}
+
+
+def test_quick_is_small_and_big_sizes_are_full_and_bench():
+    for c in cases(OP_NAMES, None, ["quick"]):
+        for s in c.shapes:
+            if isinstance(s, tuple):
+                assert math.prod(s) <= QUICK_MAX_ELEMENTS, c.id
+    full = {(c.op, c.shapes[0]) for c in cases(OP_NAMES, [torch.float32], ["full"])}
+    for n in (256, 1024, 2048, 4096, 8192):
+        for op in OP_NAMES:
+            assert (op, (n, n)) in full
+    assert ("broadcast", (512, 512, 512)) in full and ("add", (1024, 1024, 1024)) in full
+    bench = cases(OP_NAMES, [torch.float32], ["small", "medium", "large"])
+    assert bench and all("full" in c.sizes and not c.sizes & {"quick"} for c in bench)
+    assert {s for c in bench for s in c.sizes} >= {"small", "medium", "large"}
+
+
+def test_make_inputs_layouts_and_values():
+    by_layout = {c.layout: c for c in cases(["broadcast"], [torch.float32], ["quick"])}
+    x, b = by_layout["x transposed"].make_inputs("cpu", 1).args
+    assert not x.is_contiguous() and x.stride() == (1, 17)
+    x, b = by_layout["x step-sliced [..., ::2]"].make_inputs("cpu", 1).args
+    assert x.stride()[-1] == 2
+    x, b = by_layout["bias expanded (stride 0)"].make_inputs("cpu", 1).args
+    assert b.stride()[0] == 0 and b.shape == x.shape
+    inp = by_layout["in place (out=x)"].make_inputs("cpu", 1)
+    assert inp.out is inp.args[0]
+    inp = by_layout["out="].make_inputs("cpu", 1)
+    assert inp.out.shape == inp.args[0].shape and inp.out is not inp.args[0]
+    first, again, other = (by_layout["bias[N], N=1000"].make_inputs("cpu", s).args[0] for s in (5, 5, 6))
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert (first != 0).float().mean() > 0.99
+    ints = cases(["add"], [torch.int64], ["quick"])[0].make_inputs("cpu", 3).args[0]
+    assert INT_RANGE[0] <= int(ints.min()) and int(ints.max()) < INT_RANGE[1] and ints.abs().sum() > 0
+
+
+def test_expected_result_follows_torch_promotion():
+    by_layout = {c.layout: c for c in cases(["add"], [torch.float16], ["quick"])}
+    assert expected_result("add", by_layout["y float32 (promotes)"].make_inputs("cpu", 0)).dtype == torch.float32
+    assert expected_result("add", by_layout["y int32 (int+float)"].make_inputs("cpu", 0)).dtype == torch.float16
+    assert expected_result("add", by_layout["Python scalar left"].make_inputs("cpu", 0)).dtype == torch.float16
+
+
+def test_parse_dtype():
+    assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("float32") is torch.float32
+    with pytest.raises(ValueError, match="unknown dtype"):
+        parse_dtype("float8")

@@ -1,0 +1,184 @@
+"""python -m xkernels.check: passes the real ops, catches deliberately wrong ones."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import check
+from xkernels.harness import accuracy, resolve_target, tolerances
+from xkernels.harness.cases import OPS, cases
+
+
+class Override:
+    """Register ``fn`` as the ``op`` implementation on ``backend`` for the block."""
+
+    def __init__(self, op: str, backend: str, fn) -> None:
+        impl = xkernels.OpImpl(op, backend, fn, priority=100, note="(deliberately wrong, test)")
+
+        class Plugin:
+            @xkernels.hookimpl
+            def xkernels_add_op_impls(self):
+                return [impl]
+
+        self.plugin = Plugin()
+
+    def __enter__(self):
+        xkernels.registry.register(self.plugin)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        xkernels.registry.unregister(self.plugin)
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    rc = check.main(list(argv))
+    return rc, capsys.readouterr().out
+
+
+def summary(out: str) -> tuple[int, int, int]:
+    m = re.search(r"^(\d+) cases: (\d+) passed, (\d+) failed", out, re.M)
+    assert m, out
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+@pytest.mark.parametrize("ops, dtypes", [("add,broadcast", "float16,bfloat16,float32,int32,int64"),
+                                         ("matmul,linear", "float16,bfloat16,float32")])
+def test_quick_interpreter_run_passes(capsys, ops, dtypes, tmp_path):
+    path = tmp_path / "check.json"
+    rc, out = run(capsys, "--backend", "interpreter", "--quick", "--op", ops, "--dtype", dtypes, "--json", str(path))
+    n, passed, failed = summary(out)
+    assert (rc, failed) == (0, 0), out
+    assert n == passed == len(cases(ops.split(","), None, ["quick"]))
+    data = json.loads(path.read_text())
+    assert data["header"]["backend"] == "interpreter" and len(data["results"]) == n
+    assert all(r["passed"] and r["tolerance"] for r in data["results"])
+
+
+def test_wrong_values_fail(capsys):
+    def subtracts(x, y, *, alpha=1, out=None):
+        return OPS["add"].torch_fn(x, y, alpha=-alpha, out=out)
+
+    with Override("add", "cpu", subtracts):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "add", "--dtype", "float32")
+    n, _, failed = summary(out)
+    assert rc == 1 and failed > n // 2, out
+    assert "outside tolerance" in out
+
+
+def test_one_part_in_a_thousand_fails_float32(capsys):
+    def slightly_off(x, y, *, alpha=1, out=None):
+        r = torch.add(x, y, alpha=alpha) * (1 + 1e-4)
+        return r if out is None else out.copy_(r)
+
+    with Override("broadcast", "cpu", lambda x, bias, *, out=None: slightly_off(x, bias, out=out)):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "broadcast", "--dtype", "float32")
+    assert rc == 1 and "outside tolerance" in out, out
+
+
+def test_unwritten_out_fails(capsys):
+    def forgets_out(x, bias, *, out=None):
+        return out if out is not None else torch.add(x, bias)  # never writes out=
+
+    with Override("broadcast", "cpu", forgets_out):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "broadcast", "--dtype", "float16,int32")
+    assert rc == 1
+    assert "elements still NaN" in out and "elements still sentinel" in out, out
+
+
+def test_modified_input_fails(capsys):
+    def clobbers(x, bias, *, out=None):
+        r = torch.add(x, bias)
+        if bias.numel():
+            bias.view(-1)[0] += 1  # the result is right, the input is not
+        return r if out is None else out.copy_(r)
+
+    with Override("broadcast", "cpu", clobbers):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "broadcast", "--dtype", "float32")
+    assert rc == 1 and "modified its input 'bias'" in out, out
+
+
+def test_matmul_dropping_one_product_fails(capsys):
+    def drops_last_k(a, b, *, out=None):
+        r = torch.matmul(a[..., :-1], b[..., :-1, :]) if a.dim() == b.dim() == 2 and a.shape[-1] > 1 \
+            else torch.matmul(a, b)
+        return r if out is None else out.copy_(r)
+
+    with Override("matmul", "cpu", drops_last_k):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "matmul", "--dtype", "float32,bfloat16")
+    assert rc == 1
+    failed = [line for line in out.splitlines() if line.rstrip().endswith("FAIL")]
+    assert any("K=4097" in line for line in failed), out  # one product of 4097 is still caught
+
+
+def test_crash_and_wrong_dtype_fail(capsys):
+    def wrong_dtype(x, weight, bias=None, activation=None, **kw):
+        return torch.nn.functional.linear(x.double(), weight.double())
+
+    with Override("linear", "cpu", wrong_dtype):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "linear", "--dtype", "float32")
+    assert rc == 1 and "PyTorch gives" in out, out
+
+    with Override("linear", "cpu", lambda *a, **k: 1 / 0):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "linear", "--dtype", "float32")
+    assert rc == 1 and "raised ZeroDivisionError" in out, out
+
+
+def test_missing_op_fails_not_skips(capsys, monkeypatch):
+    import xkernels.ops
+
+    monkeypatch.delattr(xkernels.ops, "matmul")
+    rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "matmul", "--dtype", "float32")
+    _, passed, failed = summary(out)
+    assert rc == 1 and passed == 0 and failed > 0
+    assert "xkernels.ops.matmul is not implemented" in out
+
+
+def test_fresh_seed_each_run_and_replay(capsys):
+    seeds = []
+    for _ in range(2):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "add", "--dtype", "int64")
+        assert rc == 0, out
+        seeds.append(int(re.search(r"seed (\d+)", out)[1]))
+    assert seeds[0] != seeds[1]
+    case = cases(["add"], [torch.float32], ["quick"])[0]
+    a, b = case.make_inputs("cpu", seeds[0]), case.make_inputs("cpu", seeds[0])
+    assert torch.equal(a.args[0], b.args[0])
+
+
+def test_check_case_reports_errors():
+    target = resolve_target("cpu")
+    case = next(c for c in cases(["matmul"], [torch.float32], ["quick"]) if c.layout == "2-D, K=4097")
+    res = accuracy.check_case(case, target.backend, target.device, seed=1)
+    assert res.passed and 0 < res.max_abs < 1e-2 and res.max_rel >= 0, res
+
+
+@pytest.mark.parametrize("argv", [["--device", "npu"], ["--device", "tpu"], ["--backend", "no-such-backend"],
+                                  ["--op", "conv"], ["--dtype", "float8"]])
+def test_unusable_target_or_arguments_exit_2(capsys, argv):
+    if argv == ["--device", "npu"] and xkernels.get_backend("npu").is_available():
+        pytest.skip("an NPU is present here")
+    rc = check.main([*argv, "--quick"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+
+
+def test_compare_in_chunks_finds_the_first_bad_element(monkeypatch):
+    monkeypatch.setattr(accuracy, "CHUNK", 7)
+    ref = torch.arange(1, 31, dtype=torch.float32).reshape(5, 6)
+    got = ref.clone()
+    got[3, 2] += 1
+    got[4, 5] = float("nan")
+    tol = tolerances.ELEMENTWISE[torch.float32]
+    c = accuracy.compare(got, ref, None, tol, 0.0)
+    assert (c.bad, c.left, c.first_bad) == (2, 1, (20, 22.0, 21.0))
+    assert math.isnan(c.max_abs) and math.isnan(c.max_rel)
+    got[4, 5] = ref[4, 5]
+    c = accuracy.compare(got, ref, None, tol, 0.0)
+    assert (c.bad, c.left, c.max_abs) == (1, 0, 1.0) and c.max_rel == pytest.approx(1 / 21)
+    assert accuracy.compare(ref, ref, None, tol, 0.0) == accuracy.Comparison()

@@ -1,0 +1,86 @@
+"""Timing uses the backend's own events; work counts bytes and FLOPs of the op, not the kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import peaks
+from xkernels.backend import Backend, Figure, HostEvent
+from xkernels.harness import Target, perf
+from xkernels.harness.cases import Case, T, cases
+
+
+class CountingBackend(Backend):
+    name = "counting-test"
+    device_type = "cpu"
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.syncs = 0
+
+    def Event(self, enable_timing: bool = True):  # noqa: N802
+        self.events += 1
+        return HostEvent(enable_timing)
+
+    def synchronize(self, device=None) -> None:
+        self.syncs += 1
+
+
+def test_time_calls_uses_backend_events_and_rotates_sets():
+    backend = CountingBackend()
+    seen = []
+    settings = perf.Settings(warmup=2, warmup_s=0.0, min_reps=7, max_reps=7, budget_s=0.0, flush=True)
+    t = perf.time_calls(seen.append, ["a", "b", "c"], Target(backend, torch.device("cpu")), settings)
+    assert t.reps == 7 and backend.events == 14 and backend.syncs >= 3
+    assert t.p20_ms <= t.median_ms <= t.p80_ms
+    assert seen[-7:] == ["a", "b", "c", "a", "b", "c", "a"]
+
+
+def test_work_counts_distinct_input_bytes_and_output():
+    inp = Case("broadcast", (T((4, 8), torch.float32), T((4, 8), torch.float32, "expanded")), "t",
+               frozenset({"quick"})).make_inputs("cpu", 0)
+    w = perf.work("broadcast", inp)
+    assert w.bytes == (32 + 8 + 32) * 4 and w.flops == 32
+    inp = Case("matmul", (T((3, 5, 7), torch.float16), T((7, 2), torch.float16)), "t",
+               frozenset({"quick"})).make_inputs("cpu", 0)
+    w = perf.work("matmul", inp)
+    assert w.flops == 2 * 3 * 5 * 2 * 7 and w.bytes == (105 + 14 + 30) * 2
+
+
+@pytest.mark.parametrize("speedup, label", [(1.5, ">=0.8x"), (0.8, ">=0.8x"), (0.79, "0.5-0.8x"),
+                                            (0.5, "0.5-0.8x"), (0.3, "0.2-0.5x"), (0.1, "<0.2x")])
+def test_bands(speedup, label):
+    assert perf.band(speedup) == label
+
+
+def test_ceilings_measured_once_then_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fake(kind, value, unit):
+        def measure(target, n):
+            calls.append(kind)
+            return Figure(value, unit, "measured", "test")
+        return measure
+
+    monkeypatch.setattr(perf, "measure_copy_bandwidth", fake("copy", 10.0, "GB/s"))
+    monkeypatch.setattr(perf, "measure_matmul_peak", fake("peak", 2.0, "TFLOP/s"))
+    target = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    first, second = perf.ceilings(target), perf.ceilings(target)
+    assert calls == ["copy", "peak"]
+    assert first.copy_bandwidth.value == second.copy_bandwidth.value == 10.0
+    assert first.ridge == pytest.approx(2e12 / 10e9)
+    assert peaks.cached_figure("cpu", first.device_name, "matmul_peak").value == 2.0
+
+
+def test_bench_case_row_on_cpu():
+    target = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    ceil = perf.Ceilings("test cpu", *(Figure(v, u, "measured") for v, u in ((10.0, "GB/s"), (0.1, "TFLOP/s"))))
+    case = cases(["linear"], [torch.float32], ["small"])[0]
+    row = perf.bench_case(case, target, ceil, seed=0, settings=perf.FAST)
+    assert row["bound"] == "compute" and row["tflops"] > 0 and row["host_ms"] > 0
+    assert row["intensity"] > ceil.ridge == pytest.approx(10.0)
+    assert row["pct_of_peak"] == pytest.approx(100 * row["tflops"] / 0.1)
+    assert row["input_sets"] == 2  # a 256x256 working set fits the assumed cache: inputs rotate

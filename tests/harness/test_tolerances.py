@@ -1,0 +1,77 @@
+"""The tolerance table: every entry has a source; lookups cover every op, dtype and backend."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import xkernels
+from xkernels.backend import Backend
+from xkernels.harness import tolerances as T
+from xkernels.harness.cases import OP_NAMES, dtypes_for
+
+CITATION = ("https://", "Higham", "IEEE 754", "integers are exact")
+
+
+def test_every_entry_has_a_source():
+    entries = [*T.ELEMENTWISE.values(), *T.MATMUL.values()]
+    assert entries
+    for tol in entries:
+        assert any(c in tol.source for c in CITATION), tol
+    for table in (T.ACTIVATION_SLOPE, T.UNIT_ROUNDOFF):
+        for key, (value, source) in table.items():
+            assert value > 0 and source.strip(), key
+
+
+def test_torch_testing_defaults():
+    """The float rows are torch.testing.assert_close's documented defaults."""
+    assert (T.ELEMENTWISE[torch.float16].rtol, T.ELEMENTWISE[torch.float16].atol) == (1e-3, 1e-5)
+    assert (T.ELEMENTWISE[torch.bfloat16].rtol, T.ELEMENTWISE[torch.bfloat16].atol) == (1.6e-2, 1e-5)
+    assert (T.ELEMENTWISE[torch.float32].rtol, T.ELEMENTWISE[torch.float32].atol) == (1.3e-6, 1e-5)
+    assert T.ELEMENTWISE[torch.int32].rtol == T.ELEMENTWISE[torch.int64].atol == 0
+
+
+@pytest.mark.parametrize("backend_name", xkernels.list_backends())
+def test_lookup_covers_every_op_and_dtype(backend_name):
+    b = xkernels.get_backend(backend_name)
+    for op in OP_NAMES:
+        for dtype in dtypes_for(op):
+            tol = T.tolerance(op, dtype, b)
+            assert tol.source and tol.rtol >= 0 and tol.atol >= 0
+
+
+class Tf32Backend(Backend):
+    name = "tf32-test"
+    device_type = "cpu"
+    runs_triton = True
+
+    def fp32_matmul_precision(self) -> str:
+        return "tf32"
+
+
+def test_tf32_loosens_float32_matmul_only():
+    ieee = T.tolerance("matmul", torch.float32, xkernels.get_backend("interpreter"))
+    tf32 = T.tolerance("matmul", torch.float32, Tf32Backend())
+    assert tf32.operand_u == 2**-11 and "TF32" in tf32.source
+    assert tf32.dot_coefficient(1024) > 100 * ieee.dot_coefficient(1024)
+    assert T.tolerance("matmul", torch.float16, Tf32Backend()) == T.MATMUL[(torch.float16, "ieee")]
+
+
+def test_dot_coefficient():
+    tol = T.MATMUL[(torch.float16, "ieee")]
+    assert tol.dot_coefficient(0) == 0
+    assert tol.dot_coefficient(4) == pytest.approx(4 * 2**-24)  # worst case K*u for short sums
+    assert tol.dot_coefficient(4096) == pytest.approx(4 * math.sqrt(4096) * 2**-24)
+    assert tol.dot_coefficient(4096, "gelu") == pytest.approx(1.13 * tol.dot_coefficient(4096))
+    assert T.ELEMENTWISE[torch.float16].dot_coefficient(4096) == 0
+
+
+def test_unfused_linear_allows_rounded_pre_activation():
+    cpu, interp = xkernels.get_backend("cpu"), xkernels.get_backend("interpreter")
+    fused = T.tolerance("linear", torch.bfloat16, interp)
+    unfused = T.tolerance("linear", torch.bfloat16, cpu)
+    assert unfused.dot_coefficient(64, "gelu") - fused.dot_coefficient(64, "gelu") == pytest.approx(1.13 * 2**-8)
+    assert unfused.dot_coefficient(64) == fused.dot_coefficient(64)  # no activation, no extra rounding
+    assert "unfused" in unfused.source

@@ -1,0 +1,217 @@
+"""Accuracy check of one case: run the op on the target, compare with a float64 PyTorch reference.
+
+For each case: fresh random inputs; ``out=`` poisoned first (NaN, or the dtype's most negative
+value for ints) unless it is an input (in place); the reference computed by PyTorch on the CPU
+in float64 (ints in int64) from clones of the inputs and cast back to the result dtype; after the
+call: result shape/dtype/identity with ``out``, no NaN/sentinel left where the reference has a
+number, inputs bit-identical to their clones, every element within :mod:`tolerances`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from xkernels.backend import Backend
+from xkernels.dispatch import use_backend
+from xkernels.harness import tolerances
+from xkernels.harness.cases import OPS, Case, Inputs, expected_result
+
+CHUNK = 1 << 24  # elements compared at a time
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one case; ``message`` says why it failed (empty on a pass)."""
+
+    case: Case
+    passed: bool
+    max_abs: float
+    max_rel: float
+    tolerance: str
+    message: str = ""
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.case
+        return {"op": c.op, "dtype": str(c.dtype).removeprefix("torch."), "shape": c.shape_label,
+                "layout": c.layout, "max_abs_err": self.max_abs, "max_rel_err": self.max_rel,
+                "tolerance": self.tolerance, "passed": self.passed, "message": self.message,
+                "seconds": round(self.seconds, 4)}
+
+
+def op_function(op: str) -> Callable[..., Any]:
+    """``xkernels.ops.<op>``; NotImplementedError (a failure, never a skip) if it does not exist."""
+    import xkernels.ops
+
+    fn = getattr(xkernels.ops, op, None)
+    if fn is None:
+        raise NotImplementedError(f"xkernels.ops.{op} is not implemented")
+    return fn
+
+
+def sentinel(dtype: torch.dtype) -> float | int:
+    """The value ``out=`` is poisoned with: NaN for floats, the most negative value for ints."""
+    return float("nan") if dtype.is_floating_point else int(torch.iinfo(dtype).min)
+
+
+def _poisoned(t: torch.Tensor) -> torch.Tensor:
+    """Where ``t`` still holds the poison value."""
+    if t.dtype.is_floating_point:
+        return torch.isnan(t)
+    return t == sentinel(t.dtype)
+
+
+def _activation(op: str, inputs: Inputs) -> str | None:
+    if op != "linear":
+        return None
+    return inputs.args[3] if len(inputs.args) > 3 else inputs.kwargs.get("activation")
+
+
+def reference(op: str, inputs: Inputs, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(float64/int64 reference on the CPU, ``|A|@|B|`` magnitude for matmul-like ops, K)."""
+    wide = torch.float64 if dtype.is_floating_point else torch.int64
+
+    def up(v: Any) -> Any:
+        return v.detach().to("cpu", wide) if isinstance(v, torch.Tensor) else v
+
+    spec = OPS[op]
+    args = [up(a) for a in inputs.args]
+    kwargs = {k: up(v) for k, v in inputs.kwargs.items() if k != "out"}
+    ref = spec.torch_fn(*args, **kwargs)
+    if not spec.matmul_like:
+        return ref, None, 0
+    k = args[0].shape[-1]
+    abs_args = [a.abs() if isinstance(a, torch.Tensor) else a for a in args]
+    if op == "linear":
+        abs_args = abs_args[:3]
+        kwargs = {}
+    mag = spec.torch_fn(*abs_args, **kwargs)
+    return ref, mag, k
+
+
+def _clone(v: Any) -> Any:
+    return v.clone() if isinstance(v, torch.Tensor) else v
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def check_case(case: Case, backend: Backend, device: torch.device, seed: int) -> CheckResult:
+    """Run ``case`` once on ``backend``/``device`` and judge the result."""
+    start = time.perf_counter()
+    spec = OPS[case.op]
+    inputs = case.make_inputs(device, seed)
+    expected = expected_result(case.op, inputs)
+    tol = tolerances.tolerance(case.op, expected.dtype, backend)
+
+    out = inputs.out
+    named = inputs.named_tensors(spec.arg_names)
+    in_place = out is not None and any(_same_view(out, t) for t in named.values())
+    if out is not None and not in_place:
+        out.fill_(sentinel(out.dtype))
+    clones = Inputs(tuple(_clone(a) for a in inputs.args),
+                    {k: _clone(v) for k, v in inputs.kwargs.items() if k != "out"})
+    saved = clones.named_tensors(spec.arg_names)
+    ref64, mag, k = reference(case.op, clones, expected.dtype)
+    activation = _activation(case.op, inputs)
+    tol_text = tol.describe(k if mag is not None else None, activation)
+
+    def fail(msg: str, max_abs: float = float("nan"), max_rel: float = float("nan")) -> CheckResult:
+        return CheckResult(case, False, max_abs, max_rel, tol_text, msg, time.perf_counter() - start)
+
+    try:
+        fn = op_function(case.op)
+        with use_backend(backend.name):
+            result = fn(*inputs.args, **inputs.kwargs)
+        backend.synchronize(device)
+    except Exception as exc:  # a crash is a failed case, reported with the rest
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return fail(f"raised {type(exc).__name__}: {first}")
+
+    if not isinstance(result, torch.Tensor):
+        return fail(f"returned {type(result).__name__}, not a tensor")
+    if tuple(result.shape) != tuple(expected.shape) or result.dtype != expected.dtype:
+        return fail(f"returned {tuple(result.shape)} {result.dtype}, PyTorch gives {tuple(expected.shape)} "
+                    f"{expected.dtype}")
+    if result.device != torch.device(device) and not (result.dim() == 0 and result.device.type == "cpu"):
+        return fail(f"returned a tensor on {result.device}, not {device}")
+    if out is not None and not _same_view(result, out):
+        return fail("did not return the out= tensor")
+    for name, before in saved.items():
+        if not (in_place and _same_view(named[name], out)) and not torch.equal(named[name], before):
+            return fail(f"modified its input '{name}'")
+
+    cmp = compare(result.detach().cpu(), ref64.to(expected.dtype), mag,
+                  tol, tol.dot_coefficient(k, activation) if mag is not None else 0.0)
+    if cmp.left:
+        what = "NaN" if expected.dtype.is_floating_point else "sentinel"
+        return fail(f"{cmp.left} of {result.numel()} elements still {what} (never written?)", cmp.max_abs, cmp.max_rel)
+    if cmp.bad:
+        idx, got, want = cmp.first_bad
+        at = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), tuple(result.shape))) if result.dim() else ()
+        return fail(f"{cmp.bad} of {result.numel()} elements outside tolerance; first at {at}: "
+                    f"got {got:.6g}, want {want:.6g}", cmp.max_abs, cmp.max_rel)
+    return CheckResult(case, True, cmp.max_abs, cmp.max_rel, tol_text, "", time.perf_counter() - start)
+
+
+@dataclass
+class Comparison:
+    """Element-wise comparison of a result with its reference."""
+
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    left: int = 0  # poison left where the reference has a number
+    bad: int = 0  # elements outside the tolerance
+    first_bad: tuple[int, float, float] | None = None  # (flat index, got, want)
+
+
+def _nanmax(a: float, b: float) -> float:
+    return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor | None, tol: tolerances.Tolerance,
+            dot: float) -> Comparison:
+    """Compare ``got`` with ``ref`` (same shape and dtype, on the CPU) in float64, in chunks so that
+    a billion-element result needs no more than a few chunk-sized temporaries."""
+    c = Comparison()
+    flat_g, flat_r = got.reshape(-1), ref.reshape(-1)
+    flat_m = mag.reshape(-1) if mag is not None else None
+    for lo in range(0, flat_g.numel(), CHUNK):
+        gc, rc = flat_g[lo:lo + CHUNK], flat_r[lo:lo + CHUNK]
+        c.left += int((_poisoned(gc) & ~_poisoned(rc)).sum())
+        g, r = gc.double(), rc.double()
+        err = (g - r).abs()
+        err[g == r] = 0  # equal infinities
+        c.max_abs = _nanmax(c.max_abs, err.max().item())
+        nonzero = r != 0
+        if nonzero.any():
+            c.max_rel = _nanmax(c.max_rel, (err[nonzero] / r[nonzero].abs()).max().item())
+        allowed = tol.atol + tol.rtol * r.abs()
+        if flat_m is not None:
+            allowed += dot * flat_m[lo:lo + CHUNK]
+        bad = ~(err <= allowed)
+        n_bad = int(bad.sum())
+        if n_bad and c.first_bad is None:
+            i = int(bad.nonzero()[0])
+            c.first_bad = (lo + i, g[i].item(), r[i].item())
+        c.bad += n_bad
+    return c
+
+
+def run_checks(cases: Iterable[Case], backend: Backend, device: torch.device, seed: int,
+               on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+    """Check every case in order; ``on_result`` sees each result as it comes."""
+    results = []
+    for case in cases:
+        res = check_case(case, backend, device, seed)
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+    return results

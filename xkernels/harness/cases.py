@@ -1,0 +1,365 @@
+"""What each op is called with: the accuracy and benchmark cases, and PyTorch's version of the op.
+
+A :class:`Case` names an op, its operands (shape, dtype, memory layout) and a layout label;
+``case.make_inputs(device, seed)`` builds fresh random tensors for one call. Every case carries
+size tags:
+
+* ``quick``: small layouts users meet (CI runs these under the Triton interpreter on 2 cores);
+* ``full``: ``quick`` plus the seed sizes (256² … 8192², bias adds over (512,)*3 and (1024,)*3);
+* ``small`` / ``medium`` / ``large``: the benchmark sizes (every benchmark case is also ``full``).
+
+``OPS[op].torch_fn`` is the same work done by PyTorch: the reference (run in float64), the
+expected result shape and dtype (run on the meta device), and the benchmark baseline.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+OP_NAMES = ("broadcast", "add", "matmul", "linear")
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INT_DTYPES = (torch.int32, torch.int64)
+INT_RANGE = (-1000, 1000)  # random ints: sums and promotions to float16 stay exact
+SIZES = ("quick", "full", "small", "medium", "large")
+BENCH_SIZES = ("small", "medium", "large")
+
+
+# -- PyTorch's version of each op ---------------------------------------------------------------
+def _torch_broadcast(x: torch.Tensor, bias: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.add(x, bias, out=out)
+
+
+def _torch_add(x: Any, y: Any, *, alpha: Any = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):  # torch.add wants a tensor first; a 0-d one keeps promotion
+        x = torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else torch.int64, device=y.device)
+    return torch.add(x, y, alpha=alpha, out=out) if alpha != 1 else torch.add(x, y, out=out)
+
+
+def _torch_matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.matmul(a, b, out=out)
+
+
+def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  activation: str | None = None, *, negative_slope: float = 0.01,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    from xkernels.ops.matmul import reference_linear
+
+    result = reference_linear(x, weight, bias, activation, negative_slope)
+    return result if out is None else out.copy_(result)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op as the harnesses see it."""
+
+    name: str
+    arg_names: tuple[str, ...]
+    torch_fn: Callable[..., torch.Tensor]
+    joiner: str  # how shapes are written in tables: "x + bias", "a @ b"
+    matmul_like: bool = False
+
+
+OPS: dict[str, OpSpec] = {
+    "broadcast": OpSpec("broadcast", ("x", "bias"), _torch_broadcast, " + "),
+    "add": OpSpec("add", ("x", "y"), _torch_add, " + "),
+    "matmul": OpSpec("matmul", ("a", "b"), _torch_matmul, " @ ", matmul_like=True),
+    "linear": OpSpec("linear", ("x", "weight", "bias"), _torch_linear, ", ", matmul_like=True),
+}
+
+
+# -- operands -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class T:
+    """A tensor operand: the shape the op sees, its dtype and memory layout.
+
+    ``view``: ``contiguous``; ``transposed`` (last two dims swapped in memory, ``.mT``);
+    ``strided`` (every other element of the last dim, ``[..., ::2]``); ``expanded`` (all dims
+    but the last have stride 0).
+    """
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    view: str = "contiguous"
+
+
+def random_tensor(shape: Iterable[int], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random values on the CPU: normal floats (never all zeros), ints in ``INT_RANGE``."""
+    shape = tuple(shape)
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
+    return torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype)
+
+
+def _materialize(spec: T, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    shape = spec.shape
+    if spec.view == "contiguous":
+        return random_tensor(shape, spec.dtype, gen).to(device)
+    if spec.view == "transposed":
+        base = random_tensor((*shape[:-2], shape[-1], shape[-2]), spec.dtype, gen).to(device)
+        return base.mT
+    if spec.view == "strided":
+        base = random_tensor((*shape[:-1], 2 * shape[-1]), spec.dtype, gen).to(device)
+        return base[..., ::2]
+    if spec.view == "expanded":
+        base = random_tensor((*([1] * (len(shape) - 1)), shape[-1]), spec.dtype, gen).to(device)
+        return base.expand(shape)
+    raise ValueError(f"unknown operand view {spec.view!r}")
+
+
+@dataclass
+class Inputs:
+    """The arguments of one call. ``out`` (if any) is in ``kwargs``."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+    @property
+    def out(self) -> torch.Tensor | None:
+        return self.kwargs.get("out")
+
+    def named_tensors(self, arg_names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """Input tensors by argument name (``out`` excluded)."""
+        named = dict(zip(arg_names, self.args))
+        named.update({k: v for k, v in self.kwargs.items() if k != "out"})
+        return {k: v for k, v in named.items() if isinstance(v, torch.Tensor)}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call of one op: operands, layout label, size tags. ``dtype`` is the dtype under test
+    (the first operand's); promotions are named in ``layout``."""
+
+    op: str
+    args: tuple[Any, ...]  # T specs or Python scalars
+    layout: str
+    sizes: frozenset[str]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    out: str | None = None  # None | "new" | "inplace" (out is the first operand)
+    dtype: torch.dtype = field(init=False)
+
+    def __post_init__(self) -> None:
+        first = next(a for a in self.args if isinstance(a, T))
+        object.__setattr__(self, "dtype", first.dtype)
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...] | Any, ...]:
+        return tuple(a.shape if isinstance(a, T) else a for a in self.args)
+
+    @property
+    def shape_label(self) -> str:
+        def one(a: Any) -> str:
+            if isinstance(a, T):
+                return "x".join(map(str, a.shape)) if a.shape else "[]"
+            return repr(a)
+
+        shown = [a for a in self.args if a is not None and not isinstance(a, str)]  # not activations
+        return OPS[self.op].joiner.join(one(a) for a in shown)
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}/{str(self.dtype).removeprefix('torch.')}/{self.layout}/{self.shape_label}"
+
+    def seed_for(self, seed: int) -> int:
+        """A per-case seed derived from the run's seed (different cases get different data)."""
+        return zlib.crc32(f"{seed}/{self.id}".encode())
+
+    def make_inputs(self, device: torch.device | str, seed: int) -> Inputs:
+        """Fresh random operands on ``device`` (generated on the CPU, so any device sees the same
+        values for a seed); ``out`` is allocated but not initialised (the accuracy check poisons it)."""
+        device = torch.device(device)
+        gen = torch.Generator().manual_seed(self.seed_for(seed))
+        args = tuple(_materialize(a, gen, device) if isinstance(a, T) else a for a in self.args)
+        kwargs = dict(self.kwargs)
+        if self.out == "inplace":
+            kwargs["out"] = args[0]
+        elif self.out == "new":
+            meta = expected_result(self.op, Inputs(args, kwargs))
+            kwargs["out"] = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+        return Inputs(args, kwargs)
+
+
+def expected_result(op: str, inputs: Inputs) -> torch.Tensor:
+    """PyTorch's result for these inputs on the meta device: its shape and dtype, no data."""
+
+    def meta(v: Any) -> Any:
+        return v.to("meta") if isinstance(v, torch.Tensor) else v
+
+    kwargs = {k: meta(v) for k, v in inputs.kwargs.items() if k != "out"}
+    return OPS[op].torch_fn(*(meta(a) for a in inputs.args), **kwargs)
+
+
+# -- the case lists -----------------------------------------------------------------------------
+Q = frozenset({"quick", "full"})
+
+
+def _bench(size: str) -> frozenset[str]:
+    return frozenset({"full", size})
+
+
+SEEDS = ((256, "small"), (1024, "small"), (2048, "medium"), (4096, "medium"), (8192, "large"))
+CUBES = ((512, "medium"), (1024, "large"))
+
+
+def _other_float(d: torch.dtype) -> torch.dtype:
+    return torch.float16 if d == torch.float32 else torch.float32
+
+
+def _elementwise_common(op: str, d: torch.dtype, second: str) -> list[Case]:
+    """Layouts shared by broadcast (``second`` = bias) and add (``second`` = y)."""
+    C = lambda *a, layout, **kw: Case(op, a, layout, Q, **kw)  # noqa: E731
+    cases = [C(T((rows, n), d), T((n,), d), layout=f"{second}[N], N={n}")
+             for rows, n in ((5, 7), (3, 1000), (2, 4097), (2, 65539))]
+    cases += [
+        C(T((2, 3, 5, 7), d), T((3, 1, 1), d), layout="per-channel (C,1,1) over NCHW"),
+        C(T((2, 4, 16, 16), d), T((2, 1, 1, 16), d), layout="mask [B,1,1,S] over [B,H,S,S]"),
+        C(T((6, 33), d), T((1, 33), d), layout=f"{second} (1,D)"),
+        C(T((5, 9), d), T((1,), d), layout="single element"),
+        C(T((4, 5), d), T((), d), layout=f"0-d {second}"),
+        C(T((), d), T((), d), layout="0-d"),
+        C(T((0, 8), d), T((8,), d), layout="empty"),
+        C(T((17, 33), d, "transposed"), T((33,), d), layout="x transposed"),
+        C(T((6, 40), d, "strided"), T((40,), d), layout="x step-sliced [..., ::2]"),
+        C(T((6, 40), d), T((40,), d, "strided"), layout=f"{second} step-sliced"),
+        C(T((6, 40), d), T((6, 40), d, "expanded"), layout=f"{second} expanded (stride 0)"),
+        C(T((2, 3, 4, 5, 6), d), T((3, 1, 5, 1), d), layout="5-D, not collapsible"),
+        C(T((5, 1000), d), T((1000,), d), layout="out=", out="new"),
+        C(T((5, 1000), d), T((1000,), d), layout="in place (out=x)", out="inplace"),
+    ]
+    if d.is_floating_point:
+        o = _other_float(d)
+        cases.append(C(T((5, 33), d), T((33,), o), layout=f"{second} {str(o)[6:]} (promotes)"))
+    else:
+        cases += [C(T((5, 33), d), T((33,), torch.int64 if d == torch.int32 else torch.int32),
+                    layout=f"{second} other int (promotes)"),
+                  C(T((5, 33), d), T((33,), torch.float32), layout=f"{second} float32 (int+float)")]
+    return cases
+
+
+def broadcast_cases(d: torch.dtype) -> list[Case]:
+    cases = _elementwise_common("broadcast", d, "bias")
+    for n, size in SEEDS:
+        cases.append(Case("broadcast", (T((n, n), d), T((n,), d)), "bias[N]", _bench(size)))
+    for n, size in CUBES:
+        cases.append(Case("broadcast", (T((n, n, n), d), T((n,), d)), "bias[N]", _bench(size)))
+    cases += [Case("broadcast", (T((32, 64, 56, 56), d), T((64, 1, 1), d)), "per-channel (C,1,1) over NCHW",
+                   _bench("medium")),
+              Case("broadcast", (T((8, 16, 512, 512), d), T((8, 1, 1, 512), d)),
+                   "mask [B,1,1,S] over [B,H,S,S]", _bench("medium"))]
+    return cases
+
+
+def add_cases(d: torch.dtype) -> list[Case]:
+    C = lambda *a, layout, **kw: Case("add", a, layout, Q, **kw)  # noqa: E731
+    num = 2.5 if d.is_floating_point else 3
+    alpha = 0.5 if d.is_floating_point else 3
+    cases = [C(T((n,), d), T((n,), d), layout="same shape, contiguous") for n in (7, 1000, 4097, 65539)]
+    cases += _elementwise_common("add", d, "y")
+    cases += [
+        C(T((5, 1, 7), d), T((1, 3, 7), d), layout="broadcast both sides"),
+        C(T((3, 1000), d), num, layout="Python scalar right"),
+        Case("add", (num, T((3, 1000), d)), "Python scalar left", Q),
+        C(T((3, 1000), d), T((3, 1000), d), layout=f"alpha={alpha}", kwargs=(("alpha", alpha),)),
+        C(T((3, 1000), d), num, layout=f"scalar right, alpha={alpha}", kwargs=(("alpha", alpha),)),
+        C(T((6, 40), d, "strided"), T((6, 40), d, "strided"), layout="x, y step-sliced"),
+    ]
+    if d.is_floating_point:
+        cases.append(C(T((5, 33), d), T((5, 33), torch.int32), layout="y int32 (int+float)"))
+    for n, size in SEEDS:
+        cases.append(Case("add", (T((n, n), d), T((n, n), d)), "same shape", _bench(size)))
+    for n, size in CUBES:
+        cases.append(Case("add", (T((n, n, n), d), T((n,), d)), "y[N] (bias add)", _bench(size)))
+    return cases
+
+
+def matmul_cases(d: torch.dtype) -> list[Case]:
+    C = lambda a, b, layout, **kw: Case("matmul", (a, b), layout, Q, **kw)  # noqa: E731
+    cases = [
+        C(T((33, 17), d), T((17, 29), d), "2-D, odd sizes"),
+        C(T((64, 64), d), T((64, 64), d), "2-D"),
+        C(T((2, 4097), d), T((4097, 3), d), "2-D, K=4097"),
+        C(T((17,), d), T((17,), d), "1-D @ 1-D"),
+        C(T((17,), d), T((17, 9), d), "1-D @ 2-D"),
+        C(T((9, 17), d), T((17,), d), "2-D @ 1-D"),
+        C(T((3, 16, 17), d), T((3, 17, 8), d), "batched"),
+        C(T((2, 1, 16, 17), d), T((3, 17, 8), d), "broadcast batch dims"),
+        C(T((4, 16, 17), d), T((17, 8), d), "batched @ 2-D"),
+        C(T((2, 2, 2, 8, 9), d), T((2, 1, 9, 5), d), "3 batch dims"),
+        C(T((5, 0), d), T((0, 6), d), "K=0"),
+        C(T((0, 8), d), T((8, 5), d), "M=0"),
+        C(T((33, 17), d, "transposed"), T((17, 29), d), "a transposed"),
+        C(T((33, 17), d), T((17, 29), d, "transposed"), "b transposed"),
+        C(T((33, 17), d, "transposed"), T((17, 29), d, "transposed"), "a, b transposed"),
+        C(T((16, 40), d, "strided"), T((40, 8), d), "a step-sliced"),
+        C(T((33, 17), d), T((17, 29), d), "out=", out="new"),
+    ]
+    for n, size in SEEDS:
+        cases.append(Case("matmul", (T((n, n), d), T((n, n), d)), "square", _bench(size)))
+    cases.append(Case("matmul", (T((16, 512, 512), d), T((16, 512, 512), d)), "batched", _bench("medium")))
+    return cases
+
+
+def linear_cases(d: torch.dtype) -> list[Case]:
+    C = lambda *a, layout, **kw: Case("linear", a, layout, Q, **kw)  # noqa: E731
+    cases = [C(T((5, 17), d), T((9, 17), d), T((9,), d), layout="bias")]
+    cases += [C(T((8, 32), d), T((16, 32), d), T((16,), d), act, layout=f"bias + {act}")
+              for act in ("relu", "gelu", "silu", "leaky_relu")]
+    cases += [
+        C(T((8, 32), d), T((16, 32), d), T((16,), d), "leaky_relu", layout="leaky_relu slope 0.2",
+          kwargs=(("negative_slope", 0.2),)),
+        C(T((5, 17), d), T((9, 17), d), layout="no bias"),
+        C(T((5, 17), d), T((9, 17), d), None, "gelu", layout="no bias + gelu"),
+        C(T((2, 3, 17), d), T((9, 17), d), T((9,), d), layout="batched x"),
+        C(T((17,), d), T((9, 17), d), T((9,), d), layout="1-D x"),
+        C(T((5, 17), d), T((9, 17), d, "transposed"), T((9,), d), layout="weight transposed"),
+        C(T((3, 1000), d), T((7, 1000), d), T((7,), d), "silu", layout="K=1000 + silu"),
+        C(T((4, 0), d), T((3, 0), d), T((3,), d), layout="K=0"),
+        C(T((5, 17), d), T((9, 17), d), T((9,), d), "relu", layout="out=", out="new"),
+    ]
+    for n, size in SEEDS:
+        cases.append(Case("linear", (T((n, n), d), T((n, n), d), T((n,), d), "gelu"), "bias + gelu",
+                          _bench(size)))
+    return cases
+
+
+_BUILDERS: dict[str, Callable[[torch.dtype], list[Case]]] = {
+    "broadcast": broadcast_cases, "add": add_cases, "matmul": matmul_cases, "linear": linear_cases}
+
+
+def dtypes_for(op: str) -> tuple[torch.dtype, ...]:
+    """The dtypes an op is checked in: floats everywhere, ints for the element-wise ops."""
+    return FLOAT_DTYPES if OPS[op].matmul_like else FLOAT_DTYPES + INT_DTYPES
+
+
+def cases(ops: Iterable[str] = OP_NAMES, dtypes: Iterable[torch.dtype] | None = None,
+          sizes: Iterable[str] = ("quick",)) -> list[Case]:
+    """Cases of ``ops`` × ``dtypes`` (default: each op's own) carrying any of the ``sizes`` tags."""
+    want = set(sizes)
+    unknown = want - set(SIZES)
+    if unknown:
+        raise ValueError(f"unknown size tag(s) {sorted(unknown)}; known: {', '.join(SIZES)}")
+    picked: list[Case] = []
+    for op in ops:
+        if op not in _BUILDERS:
+            raise ValueError(f"unknown op {op!r}; known: {', '.join(OP_NAMES)}")
+        for d in dtypes_for(op) if dtypes is None else [d for d in dtypes if d in dtypes_for(op)]:
+            picked += [c for c in _BUILDERS[op](d) if c.sizes & want]
+    return picked
+
+
+DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+                 "float": "float32", "i32": "int32", "i64": "int64", "int": "int64"}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"fp16"`` / ``"float16"`` → ``torch.float16`` (ValueError naming the known ones)."""
+    key = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    dt = getattr(torch, key, None)
+    if not isinstance(dt, torch.dtype) or dt not in FLOAT_DTYPES + INT_DTYPES:
+        known = ", ".join(str(d).removeprefix("torch.") for d in FLOAT_DTYPES + INT_DTYPES)
+        raise ValueError(f"unknown dtype {name!r}; known: {known} (or fp16, bf16, fp32)")
+    return dt

@@ -1,0 +1,235 @@
+"""Timing of one case against PyTorch, and the device ceilings the results are measured against.
+
+Timing (:func:`time_calls`) uses the backend's own events and ``synchronize``: warm-up, then
+many repetitions (as many as fit a time budget, within bounds), median with p20/p80. Before each
+timed call on an accelerator a buffer larger than any L2 (256 MiB) is written, so every call
+starts with cold caches; when a case's working set would fit in cache, its inputs are rotated
+over several copies. Host-side time per call (:func:`host_time`) is wall time over many
+back-to-back calls with one sync at the end: the launch/dispatch overhead small sizes are bound by.
+
+Ceilings (:func:`ceilings`): copy bandwidth (large device-to-device copy, read + write counted)
+and matmul peak (large bf16 ``torch.matmul`` on random data), measured once per device and cached
+through :mod:`xkernels.peaks`; the backend's datasheet figures are carried beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xkernels import dispatch, peaks
+from xkernels.backend import Figure
+from xkernels.dispatch import use_backend
+from xkernels.harness import Target
+from xkernels.harness.accuracy import op_function
+from xkernels.harness.cases import OPS, Case, Inputs, expected_result
+
+FLUSH_BYTES = 256 << 20
+#: Cache size assumed when the backend reports none (a generous last-level cache).
+DEFAULT_CACHE_BYTES = 64 << 20
+#: Speed bands of xkernels relative to PyTorch (speedup = torch time / xkernels time).
+BANDS = ((0.8, ">=0.8x"), (0.5, "0.5-0.8x"), (0.2, "0.2-0.5x"), (0.0, "<0.2x"))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How hard to measure. ``FULL`` for real numbers, ``FAST`` for smoke runs."""
+
+    warmup: int = 5  # at least this many warm-up calls ...
+    warmup_s: float = 0.25  # ... and at least this long (lets other thread pools go quiet)
+    min_reps: int = 10
+    max_reps: int = 200
+    budget_s: float = 1.0  # target time of the timed repetitions of one function
+    host_calls: int = 200
+    flush: bool = True
+    max_sets: int = 32  # input copies rotated through when the working set fits in cache
+
+
+FULL = Settings()
+FAST = Settings(warmup=1, warmup_s=0.1, min_reps=3, max_reps=10, budget_s=0.2, host_calls=20, flush=False,
+                max_sets=2)
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+
+
+def _percentile(sorted_ms: Sequence[float], q: float) -> float:
+    pos = (len(sorted_ms) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_ms[lo] + (sorted_ms[hi] - sorted_ms[lo]) * (pos - lo)
+
+
+def time_calls(fn: Callable[[Any], Any], sets: Sequence[Any], target: Target, settings: Settings = FULL) -> Timing:
+    """Device time of ``fn(sets[i % len(sets)])`` per call, from the backend's events."""
+    backend, device = target.backend, target.device
+    flush = None
+    if settings.flush and device.type != "cpu":
+        flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+    i, t0 = 0, time.perf_counter()
+    while i < settings.warmup or time.perf_counter() - t0 < settings.warmup_s:
+        fn(sets[i % len(sets)])
+        backend.synchronize(device)
+        i += 1
+    t0 = time.perf_counter()
+    fn(sets[0])
+    backend.synchronize(device)
+    estimate = max(time.perf_counter() - t0, 1e-7)
+    reps = int(min(settings.max_reps, max(settings.min_reps, settings.budget_s / estimate)))
+    starts = [backend.Event(enable_timing=True) for _ in range(reps)]
+    ends = [backend.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flush is not None:
+            flush.zero_()
+        starts[i].record()
+        fn(sets[i % len(sets)])
+        ends[i].record()
+    backend.synchronize(device)
+    ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
+    return Timing(_percentile(ms, 0.5), _percentile(ms, 0.2), _percentile(ms, 0.8), reps)
+
+
+def host_time(fn: Callable[[Any], Any], inputs: Any, target: Target, settings: Settings, call_ms: float) -> float:
+    """Wall milliseconds per call over back-to-back calls (``settings.host_calls``, fewer when a
+    call takes ``call_ms`` long), one sync at the end."""
+    calls = int(min(settings.host_calls, max(3, settings.budget_s * 1e3 / max(call_ms, 1e-6))))
+    fn(inputs)
+    target.backend.synchronize(target.device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(inputs)
+    target.backend.synchronize(target.device)
+    return (time.perf_counter() - t0) * 1e3 / calls
+
+
+# -- work and roofline --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Work:
+    """Bytes moved (inputs read once, output written once) and floating-point operations."""
+
+    bytes: int
+    flops: int
+
+
+def _distinct_bytes(t: torch.Tensor) -> int:
+    """Bytes of the distinct elements of ``t`` (a stride-0 dim is read once)."""
+    if t.numel() == 0:
+        return 0
+    n = math.prod(s for s, st in zip(t.shape, t.stride()) if st != 0)
+    return n * t.element_size()
+
+
+def work(op: str, inputs: Inputs) -> Work:
+    """What one call of ``op`` on ``inputs`` must do, whatever the implementation."""
+    out = expected_result(op, inputs)
+    tensors = inputs.named_tensors(OPS[op].arg_names).values()
+    nbytes = sum(_distinct_bytes(t) for t in tensors) + out.numel() * out.element_size()
+    if OPS[op].matmul_like:
+        return Work(nbytes, 2 * out.numel() * inputs.args[0].shape[-1])
+    return Work(nbytes, out.numel())
+
+
+def band(speedup: float) -> str:
+    """The speed band of a speedup over PyTorch."""
+    return next(label for low, label in BANDS if speedup >= low)
+
+
+# -- device ceilings ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ceilings:
+    """Measured copy bandwidth (GB/s) and bf16 matmul peak (TFLOP/s) of a device, plus datasheet."""
+
+    device_name: str
+    copy_bandwidth: Figure
+    matmul_peak: Figure
+    datasheet: dict[str, Figure] = field(default_factory=dict)
+    cache_bytes: int | None = None
+
+    @property
+    def ridge(self) -> float:
+        """FLOP/byte above which a kernel is compute-bound on this device."""
+        return self.matmul_peak.value * 1e12 / (self.copy_bandwidth.value * 1e9)
+
+
+def measure_copy_bandwidth(target: Target, nbytes: int) -> Figure:
+    src = torch.empty(nbytes, dtype=torch.uint8, device=target.device).random_()
+    dst = torch.empty_like(src)
+    t = time_calls(lambda _: dst.copy_(src), [None], target, Settings(warmup=2, min_reps=5, max_reps=30,
+                                                                       budget_s=1.0, flush=False))
+    return Figure(round(2 * nbytes / (t.median_ms * 1e-3) / 1e9, 1), "GB/s", "measured",
+                  f"{nbytes >> 20} MiB device-to-device copy, read + write counted, median of {t.reps}")
+
+
+def measure_matmul_peak(target: Target, n: int) -> Figure:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(target.device, torch.bfloat16)
+    b = torch.randn(n, n, generator=gen).to(target.device, torch.bfloat16)
+    t = time_calls(lambda _: torch.matmul(a, b), [None], target, Settings(warmup=2, min_reps=3, max_reps=30,
+                                                                          budget_s=1.0, flush=False))
+    return Figure(round(2 * n**3 / (t.median_ms * 1e-3) / 1e12, 3), "TFLOP/s", "measured",
+                  f"bf16 {n}x{n}x{n} torch.matmul, median of {t.reps}")
+
+
+def ceilings(target: Target) -> Ceilings:
+    """The device's ceilings: from the peaks cache, else measured now and cached."""
+    host = target.device.type == "cpu"
+    owner = dispatch.backend_for_device_type(target.device.type)  # the device's own backend
+    props = owner.properties(target.device)
+    copy_bw, peak = props.copy_bandwidth, props.matmul_peak
+    if copy_bw is None:
+        nbytes = (256 << 20) if host else min(1 << 30, (props.memory_bytes or 8 << 30) // 8)
+        copy_bw = measure_copy_bandwidth(target, nbytes)
+        peaks.store_figure(owner.name, props.name, "copy_bandwidth", copy_bw)
+    if peak is None:
+        peak = measure_matmul_peak(target, 2048 if host else 8192)
+        peaks.store_figure(owner.name, props.name, "matmul_peak", peak)
+    return Ceilings(props.name, copy_bw, peak, dict(props.datasheet), props.extra.get("l2_bytes"))
+
+
+# -- one case -----------------------------------------------------------------------------------
+def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: Settings = FULL) -> dict[str, Any]:
+    """Time ``case`` with xkernels and with PyTorch on the same inputs; one result row."""
+    fn = op_function(case.op)
+    torch_fn = OPS[case.op].torch_fn
+    first = case.make_inputs(target.device, seed)
+    w = work(case.op, first)
+    cache = ceil.cache_bytes or DEFAULT_CACHE_BYTES
+    n_sets = 1 if w.bytes >= cache else min(settings.max_sets, math.ceil(2 * cache / max(w.bytes, 1)))
+    sets = [first] + [case.make_inputs(target.device, seed + i) for i in range(1, n_sets)]
+    run_xk = lambda s: fn(*s.args, **s.kwargs)  # noqa: E731
+    run_torch = lambda s: torch_fn(*s.args, **s.kwargs)  # noqa: E731
+    with use_backend(target.backend.name):
+        expl = fn.explain(*first.args, **first.kwargs)
+        xk = time_calls(run_xk, sets, target, settings)
+        host = host_time(run_xk, first, target, settings, xk.median_ms) if "small" in case.sizes else None
+    th = time_calls(run_torch, sets, target, settings)
+    torch_host = host_time(run_torch, first, target, settings, th.median_ms) if "small" in case.sizes else None
+    gbps = w.bytes / (xk.median_ms * 1e-3) / 1e9
+    tflops = w.flops / (xk.median_ms * 1e-3) / 1e12
+    intensity = w.flops / max(w.bytes, 1)
+    bound = "compute" if intensity >= ceil.ridge else "memory"
+    pct = 100 * (tflops / ceil.matmul_peak.value if bound == "compute" else gbps / ceil.copy_bandwidth.value)
+    speedup = th.median_ms / xk.median_ms
+    return {
+        "op": case.op, "dtype": str(case.dtype).removeprefix("torch."), "shape": case.shape_label,
+        "layout": case.layout, "device": str(target.device), "backend": target.backend.name,
+        "route": expl.route, "variant": expl.variant, "config": dict(expl.config),
+        "time_ms": xk.median_ms, "p20_ms": xk.p20_ms, "p80_ms": xk.p80_ms, "reps": xk.reps,
+        "torch_time_ms": th.median_ms, "torch_p20_ms": th.p20_ms, "torch_p80_ms": th.p80_ms,
+        "speedup": speedup, "band": band(speedup),
+        "host_ms": host, "torch_host_ms": torch_host,
+        "bytes": w.bytes, "flops": w.flops, "intensity": intensity,
+        "gbps": gbps, "tflops": tflops if OPS[case.op].matmul_like else None,
+        "bound": bound, "pct_of_peak": pct,
+        "peak": "copy bandwidth" if bound == "memory" else "bf16 matmul peak",
+        "input_sets": n_sets,
+    }

@@ -1,0 +1,123 @@
+"""How far a result may be from the float64 reference, per dtype, op and backend, with sources.
+
+An element passes when ``|out - ref| <= atol + rtol*|ref| + dot*mag`` where ``ref`` is the
+float64 reference cast back to the result dtype. ``dot*mag`` is zero for element-wise ops; for
+matmul/linear, ``mag = (|A| @ |B|)_ij`` (+ ``|bias|``), the magnitude every rounding error of
+an inner product is proportional to, and
+
+    dot = L_act * (2*operand_u + min(K, 4*sqrt(K)) * accum_u)
+
+* ``operand_u``: unit roundoff the matrix unit rounds operands to before multiplying (0 when the
+  products are exact in the accumulator: fp16/bf16 into fp32; 2**-11 for TF32);
+* ``accum_u``: unit roundoff of the accumulator (fp32: 2**-24); ``K*u`` is the worst-case
+  bound, ``lambda*sqrt(K)*u`` the probabilistic one (lambda = 4) for random data;
+* ``L_act``: the activation's largest slope (errors before it are scaled by at most that).
+
+A backend that runs PyTorch (``runs_triton`` False) computes ``linear`` unfused: the
+pre-activation is rounded to the result dtype before the activation, which adds
+``L_act * u_dtype`` to ``dot`` (``intermediate_u``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+
+from xkernels.backend import Backend
+
+TORCH_TESTING = ("torch.testing.assert_close default rtol/atol for {dtype} "
+                 "(https://pytorch.org/docs/stable/testing.html#torch.testing.assert_close)")
+HIGHAM = ("inner-product rounding error: |fl(x.y) - x.y| <= gamma_K |x|.|y| (Higham, Accuracy and Stability "
+          "of Numerical Algorithms, 2nd ed., eq. 3.5); probabilistic lambda*sqrt(K)*u (Higham & Mary, "
+          "SIAM J. Sci. Comput. 41(5), 2019, doi:10.1137/18M1226312)")
+TF32 = ("TF32 keeps 10 explicit mantissa bits, unit roundoff 2^-11, products accumulated in fp32 "
+        "(https://pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices)")
+LAMBDA = 4.0
+FP32_U = 2.0**-24
+TF32_U = 2.0**-11
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+    source: str
+    operand_u: float = 0.0
+    accum_u: float = 0.0
+    intermediate_u: float = 0.0
+
+    def dot_coefficient(self, k: int, activation: str | None = None) -> float:
+        """The factor of ``mag`` (``|A|@|B|``) allowed for an inner product of length ``k``."""
+        if not (self.operand_u or self.accum_u):
+            return 0.0
+        terms = min(float(k), LAMBDA * math.sqrt(k)) if k else 0.0
+        rounded = self.intermediate_u if activation is not None else 0.0
+        return ACTIVATION_SLOPE[activation][0] * (2 * self.operand_u + terms * self.accum_u + rounded)
+
+    def describe(self, k: int | None = None, activation: str | None = None) -> str:
+        text = f"rtol {self.rtol:.1e} atol {self.atol:.0e}" if self.rtol or self.atol else "exact"
+        if k is not None and self.dot_coefficient(k, activation):
+            text += f" +{self.dot_coefficient(k, activation):.1e}|A||B|"
+        return text
+
+
+def _torch_default(dtype: torch.dtype, rtol: float, atol: float) -> Tolerance:
+    return Tolerance(rtol, atol, TORCH_TESTING.format(dtype=str(dtype).removeprefix("torch.")))
+
+
+_EXACT = "integers are exact: no rounding in integer add (the harness keeps values far from overflow)"
+
+#: Element-wise ops (broadcast, add) by result dtype.
+ELEMENTWISE: dict[torch.dtype, Tolerance] = {
+    torch.float16: _torch_default(torch.float16, 1e-3, 1e-5),
+    torch.bfloat16: _torch_default(torch.bfloat16, 1.6e-2, 1e-5),
+    torch.float32: _torch_default(torch.float32, 1.3e-6, 1e-5),
+    torch.float64: _torch_default(torch.float64, 1e-7, 1e-7),
+    **{d: Tolerance(0.0, 0.0, _EXACT) for d in (torch.int8, torch.int16, torch.int32, torch.int64,
+                                                torch.uint8, torch.bool)},
+}
+
+#: matmul / linear by (result dtype, fp32 matmul precision of the backend: "ieee" or "tf32").
+MATMUL: dict[tuple[torch.dtype, str], Tolerance] = {
+    (torch.float16, "ieee"): Tolerance(1e-3, 1e-5, f"{TORCH_TESTING.format(dtype='float16')}; fp16 products "
+                                       f"exact in the fp32 accumulator; {HIGHAM}", 0.0, FP32_U),
+    (torch.bfloat16, "ieee"): Tolerance(1.6e-2, 1e-5, f"{TORCH_TESTING.format(dtype='bfloat16')}; bf16 products "
+                                        f"exact in the fp32 accumulator; {HIGHAM}", 0.0, FP32_U),
+    (torch.float32, "ieee"): Tolerance(1.3e-6, 1e-5, f"{TORCH_TESTING.format(dtype='float32')}; fp32 products "
+                                       f"and accumulation (gamma_K counts the product roundings); {HIGHAM}", 0.0, FP32_U),
+    (torch.float32, "tf32"): Tolerance(1.3e-6, 1e-5, f"{TORCH_TESTING.format(dtype='float32')}; {TF32}; "
+                                       f"{HIGHAM}", TF32_U, FP32_U),
+}
+
+#: Largest |f'(x)| of each linear activation, with where it comes from.
+ACTIVATION_SLOPE: dict[str | None, tuple[float, str]] = {
+    None: (1.0, "identity"),
+    "relu": (1.0, "relu' is 0 or 1"),
+    "leaky_relu": (1.0, "leaky_relu' is 1 or negative_slope (harness slopes are <= 1)"),
+    "gelu": (1.13, "GELU (erf form) x*Phi(x): max slope 1.129 at x = sqrt(2) (d/dx = Phi + x*phi)"),
+    "silu": (1.1, "SiLU x*sigmoid(x): max slope 1.0998 at x = 2.3994"),
+}
+
+
+#: Unit roundoff of each float dtype (half the gap between 1 and the next number).
+UNIT_ROUNDOFF: dict[torch.dtype, tuple[float, str]] = {
+    torch.float16: (2.0**-11, "IEEE 754 binary16: 10 explicit mantissa bits"),
+    torch.bfloat16: (2.0**-8, "bfloat16: 7 explicit mantissa bits"),
+    torch.float32: (2.0**-24, "IEEE 754 binary32: 23 explicit mantissa bits"),
+}
+UNFUSED = "PyTorch's unfused F.linear + activation rounds the pre-activation to the result dtype ({u})"
+
+
+def tolerance(op: str, dtype: torch.dtype, backend: Backend) -> Tolerance:
+    """The tolerance for ``op`` producing ``dtype`` on ``backend`` (KeyError if none is defined)."""
+    if op not in ("matmul", "linear"):
+        return ELEMENTWISE[dtype]
+    precision = backend.fp32_matmul_precision() if dtype == torch.float32 else "ieee"
+    tol = MATMUL[(dtype, precision)]
+    if op == "linear" and not backend.runs_triton:
+        u, why = UNIT_ROUNDOFF[dtype]
+        tol = dataclasses.replace(tol, intermediate_u=u, source=f"{tol.source}; {UNFUSED.format(u=why)}")
+    return tol
