@@ -160,8 +160,9 @@ class BinaryPlan(Plan):
             shown = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SUB_M": sub_m}
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.config = {**shown, **self.options, "INDEX_64": index64}
+        varying = (0, 1, 2, 4) if self.variant == "flat" else (0, 1, 2, 3)  # x, y, out, alpha
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
-                                 backend.fast_launch)
+                                 backend.fast_launch, varying)
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
 

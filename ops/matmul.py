@@ -121,7 +121,7 @@ class MatmulPlan(Plan):
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
-                                 backend.fast_launch)
+                                 backend.fast_launch, varying=(0, 1, 2, 3))  # a, b, c, bias pointers
 
     def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                slope: float, batch: tuple[int, ...]) -> None:

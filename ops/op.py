@@ -100,9 +100,10 @@ class Op:
         return backend
 
     def plan(self, call: Any, backend: Backend) -> Plan:
-        if tuning.forcing():  # a sweep: never cache a forced config
-            return self.make_plan(call, backend)
         key = self.plan_key(call, backend)
+        forced = tuning.forced_key()
+        if forced is not None:  # a sweep: cache per forced config
+            key = (key, forced)
         plan = self._plans.get(key)
         if plan is None:
             plan = self.make_plan(call, backend)

@@ -67,3 +67,15 @@ ok2 = torch.allclose(o2, torch.nn.functional.gelu(torch.nn.functional.linear(xs,
 result["cuda_graph_replay_correct"] = bool(ok1 and ok2)
 print("CUDA graph capture + replay with new inputs correct:", ok1 and ok2)
 print("JSON", json.dumps(result))
+
+if os.environ.get("PROFILE"):
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(3000):
+        add(x, y)
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(18)

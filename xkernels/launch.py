@@ -50,10 +50,14 @@ def _spec(v: Any) -> Any:
 
 
 class Launcher:
-    """Launches ``kernel`` on ``grid`` with fixed ``constexprs``/``options``; see the module doc."""
+    """Launches ``kernel`` on ``grid`` with fixed ``constexprs``/``options``; see the module doc.
+
+    ``varying`` lists the positions of runtime arguments that can change between calls of the
+    plan (tensors, scalars passed by value); the others are fixed by the plan.
+    """
 
     def __init__(self, kernel: Any, grid: tuple[int, ...], constexprs: dict[str, Any],
-                 options: dict[str, Any], fast: bool) -> None:
+                 options: dict[str, Any], fast: bool, varying: tuple[int, ...] | None = None) -> None:
         global _FAST_OK
         if _FAST_OK is None:
             _FAST_OK = _triton_fast_ok()
@@ -62,38 +66,43 @@ class Launcher:
         self.constexprs = constexprs
         self.options = options
         self.fast = fast and _FAST_OK
-        self._compiled: dict[Any, Any] = {}
+        self.varying = varying
+        self._compiled: dict[Any, tuple[Any, ...]] = {}
         self._tail: tuple[Any, ...] | None = None
+        self._g = (grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1)
 
-    def _setup_tail(self, n_args: int) -> tuple[Any, ...]:
+    def _setup(self, compiled: Any, n_args: int) -> tuple[Any, ...]:
+        from triton import knobs
+        from triton.runtime import driver
+
         names = list(self.kernel.arg_names)
-        tail_names = names[n_args:]
-        if set(tail_names) != set(self.constexprs):
+        if set(names[n_args:]) != set(self.constexprs):
             raise TypeError("constexprs are not the trailing kernel parameters")
-        return tuple(self.constexprs[n] for n in tail_names)
+        self._tail = tuple(self.constexprs[n] for n in names[n_args:])
+        active = driver.active
+        self._stream = active.get_current_stream
+        self._device = active.get_current_device
+        self._knobs = knobs.runtime
+        return (compiled.run, compiled.function, compiled.packed_metadata, compiled)
 
     def __call__(self, *args: Any) -> None:
         if not self.fast:
             self.kernel[self.grid](*args, **self.constexprs, **self.options)
             return
-        key = tuple(_spec(a) for a in args)
-        compiled = self._compiled.get(key)
-        if compiled is None:
+        pos = self.varying if self.varying is not None else range(len(args))
+        key = tuple(_spec(args[i]) for i in pos)
+        entry = self._compiled.get(key)
+        if entry is None:
             compiled = self.kernel[self.grid](*args, **self.constexprs, **self.options)
             try:
-                if self._tail is None:
-                    self._tail = self._setup_tail(len(args))
-                _ = compiled.function, compiled.packed_metadata, compiled.launch_metadata
-                self._compiled[key] = compiled
+                self._compiled[key] = self._setup(compiled, len(args))
             except Exception:
                 self.fast = False  # another launcher API: keep using kernel[grid]
             return
-        from triton import knobs
-        from triton.runtime import driver
-
-        stream = driver.active.get_current_stream(driver.active.get_current_device())
+        run, function, packed, compiled = entry
         full = (*args, *self._tail)
-        grid = self.grid
-        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, compiled.launch_metadata(grid, stream, *full),
-                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *full)
+        stream = self._stream(self._device())
+        k = self._knobs
+        enter = k.launch_enter_hook
+        meta = compiled.launch_metadata(self.grid, stream, *full) if enter is not None else None
+        run(*self._g, stream, function, packed, meta, enter, k.launch_exit_hook, *full)

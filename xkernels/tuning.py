@@ -55,8 +55,10 @@ def force(config: dict[str, Any]) -> Iterator[None]:
         _forced.reset(token)
 
 
-def forcing() -> bool:
-    return _forced.get() is not None
+def forced_key() -> tuple | None:
+    """A hashable form of the forced config, or ``None`` when nothing is forced."""
+    f = _forced.get()
+    return None if f is None else tuple(sorted(f.items()))
 
 
 @functools.lru_cache(maxsize=256)
