@@ -12,6 +12,7 @@ merge when every operand's strides allow it; size-1 dims drop). Then:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,7 +118,7 @@ class BinaryPlan(Plan):
             choice = tuning.lookup(op_name, backend, arch, key, FLAT_DEFAULT)
             cfg = dict(choice.config)
             block = min(int(cfg["BLOCK"]), max(16, _next_pow2(numel)))
-            sub = min(int(cfg.get("SUB") or block), block)
+            sub = math.gcd(min(int(cfg.get("SUB") or block), block), block)  # SUB must divide BLOCK
             n_blocks = (numel + block - 1) // block
             programs = backend.programs(n_blocks, "vector", call.device)
             self.jit_fn = K.binary_flat_kernel
@@ -144,7 +145,7 @@ class BinaryPlan(Plan):
             block_n = min(bn_cfg, max(16, _next_pow2(n_cols)))
             scale = bn_cfg // block_n
             block_m = max(1, min(bm_cfg * scale, _next_pow2(rows)))
-            sub_m = max(1, min(int(cfg.get("SUB_M") or bm_cfg) * scale, block_m))
+            sub_m = math.gcd(max(1, min(int(cfg.get("SUB_M") or bm_cfg) * scale, block_m)), block_m)
             tiles_n = (n_cols + block_n - 1) // block_n
             tiles = ((rows + block_m - 1) // block_m) * tiles_n
             programs = backend.programs(tiles, "vector", call.device)
@@ -155,7 +156,8 @@ class BinaryPlan(Plan):
                          *by_name.get("x", zero), *by_name.get("y", zero), *by_name["out"])
             self.constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, SUB_M=sub_m,
                                    X_MODE=modes.get("x", 0), Y_MODE=modes.get("y", 0), COMPUTE=self.compute,
-                                   HAS_ALPHA=has_alpha, PERSISTENT=programs < tiles, INDEX_64=index64)
+                                   HAS_ALPHA=has_alpha, EVEN=rows % block_m == 0 and n_cols % block_n == 0,
+                                   PERSISTENT=programs < tiles, INDEX_64=index64)
             self.variant = "tiled" + (" (row operand loaded once per tile)" if key["row_operand"] else "")
             shown = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SUB_M": sub_m}
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}

@@ -100,11 +100,14 @@ def _row_offsets(rows, d1, d2, s0, s1, s2):
 
 
 @triton.jit
-def _operand_tile(ptr, row, rows, cols, mask, d1, d2, s0, s1, s2, s3, MODE: tl.constexpr):
+def _operand_tile(ptr, row, rows, cols, mask, d1, d2, s0, s1, s2, s3, MODE: tl.constexpr, EVEN: tl.constexpr):
     """The operand's values on a (rows x cols) tile; ``row`` is the preloaded row in mode 1."""
     if MODE == 0:
         off = _row_offsets(rows, d1, d2, s0, s1, s2)
-        v = tl.load(ptr + off[:, None] + cols[None, :] * s3, mask=mask)
+        if EVEN:
+            v = tl.load(ptr + off[:, None] + cols[None, :] * s3)
+        else:
+            v = tl.load(ptr + off[:, None] + cols[None, :] * s3, mask=mask)
     elif MODE == 1:
         v = row[None, :]
     else:
@@ -116,7 +119,8 @@ def _operand_tile(ptr, row, rows, cols, mask, d1, d2, s0, s1, s2, s3, MODE: tl.c
 def _tile(x_ptr, y_ptr, out_ptr, tile, alpha, R, N, tiles_n, d1, d2,
           xs0, xs1, xs2, xs3, ys0, ys1, ys2, ys3, os0, os1, os2, os3,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr,
-          X_MODE: tl.constexpr, Y_MODE: tl.constexpr, COMPUTE: tl.constexpr, HAS_ALPHA: tl.constexpr):
+          X_MODE: tl.constexpr, Y_MODE: tl.constexpr, COMPUTE: tl.constexpr, HAS_ALPHA: tl.constexpr,
+          EVEN: tl.constexpr):
     tm = tile // tiles_n
     tn = tile % tiles_n
     cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -124,17 +128,20 @@ def _tile(x_ptr, y_ptr, out_ptr, tile, alpha, R, N, tiles_n, d1, d2,
     x_row = x_ptr
     y_row = y_ptr
     if X_MODE == 1:
-        x_row = tl.load(x_ptr + cols * xs3, mask=cmask)
+        x_row = tl.load(x_ptr + cols * xs3) if EVEN else tl.load(x_ptr + cols * xs3, mask=cmask)
     if Y_MODE == 1:
-        y_row = tl.load(y_ptr + cols * ys3, mask=cmask)
+        y_row = tl.load(y_ptr + cols * ys3) if EVEN else tl.load(y_ptr + cols * ys3, mask=cmask)
     for s in range(0, BLOCK_M, SUB_M):
         rows = tm * BLOCK_M + s + tl.arange(0, SUB_M)
         mask = (rows < R)[:, None] & cmask[None, :]
-        x = _operand_tile(x_ptr, x_row, rows, cols, mask, d1, d2, xs0, xs1, xs2, xs3, X_MODE)
-        y = _operand_tile(y_ptr, y_row, rows, cols, mask, d1, d2, ys0, ys1, ys2, ys3, Y_MODE)
+        x = _operand_tile(x_ptr, x_row, rows, cols, mask, d1, d2, xs0, xs1, xs2, xs3, X_MODE, EVEN)
+        y = _operand_tile(y_ptr, y_row, rows, cols, mask, d1, d2, ys0, ys1, ys2, ys3, Y_MODE, EVEN)
         r = tl.broadcast_to(_combine(x, y, alpha, COMPUTE, HAS_ALPHA), (SUB_M, BLOCK_N))
         off = _row_offsets(rows, d1, d2, os0, os1, os2)
-        tl.store(out_ptr + off[:, None] + cols[None, :] * os3, r.to(out_ptr.dtype.element_ty), mask=mask)
+        if EVEN:
+            tl.store(out_ptr + off[:, None] + cols[None, :] * os3, r.to(out_ptr.dtype.element_ty))
+        else:
+            tl.store(out_ptr + off[:, None] + cols[None, :] * os3, r.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -142,7 +149,8 @@ def binary_tiled_kernel(x_ptr, y_ptr, out_ptr, alpha, R, N, tiles_n, n_tiles, np
                         xs0, xs1, xs2, xs3, ys0, ys1, ys2, ys3, os0, os1, os2, os3,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SUB_M: tl.constexpr,
                         X_MODE: tl.constexpr, Y_MODE: tl.constexpr, COMPUTE: tl.constexpr,
-                        HAS_ALPHA: tl.constexpr, PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
+                        HAS_ALPHA: tl.constexpr, EVEN: tl.constexpr, PERSISTENT: tl.constexpr,
+                        INDEX_64: tl.constexpr):
     """out = x + alpha * y over up to four (collapsed) dims with any strides, broadcasting included.
 
     Rows are the three leading dims flattened (sizes ``(R / (d1 * d2), d1, d2)``), columns the
@@ -155,8 +163,8 @@ def binary_tiled_kernel(x_ptr, y_ptr, out_ptr, alpha, R, N, tiles_n, n_tiles, np
         for tile in range(pid, n_tiles, nprog):
             _tile(x_ptr, y_ptr, out_ptr, tile, alpha, R, N, tiles_n, d1, d2,
                   xs0, xs1, xs2, xs3, ys0, ys1, ys2, ys3, os0, os1, os2, os3,
-                  BLOCK_M, BLOCK_N, SUB_M, X_MODE, Y_MODE, COMPUTE, HAS_ALPHA)
+                  BLOCK_M, BLOCK_N, SUB_M, X_MODE, Y_MODE, COMPUTE, HAS_ALPHA, EVEN)
     else:
         _tile(x_ptr, y_ptr, out_ptr, pid, alpha, R, N, tiles_n, d1, d2,
               xs0, xs1, xs2, xs3, ys0, ys1, ys2, ys3, os0, os1, os2, os3,
-              BLOCK_M, BLOCK_N, SUB_M, X_MODE, Y_MODE, COMPUTE, HAS_ALPHA)
+              BLOCK_M, BLOCK_N, SUB_M, X_MODE, Y_MODE, COMPUTE, HAS_ALPHA, EVEN)
