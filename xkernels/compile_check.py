@@ -78,10 +78,9 @@ def _signature(jit_fn: Any, args: tuple[Any, ...], constexprs: dict[str, Any]) -
 
 def _entries(op: str, soc: str) -> list[dict[str, Any]]:
     """Every rule of the npu tables that can apply on ``soc`` (SoC, family, default keys)."""
+    from xkernels.dispatch import get_backend
     from xkernels.ops.binary import FLAT_DEFAULT, TILED_DEFAULT
     from xkernels.ops.matmul import MATMUL_DEFAULT
-
-    from xkernels.dispatch import get_backend
     from xkernels.registry import registry
 
     rules: list[dict[str, Any]] = []

@@ -8,13 +8,12 @@ The normal CPU suite does not collect this directory.
 from __future__ import annotations
 
 import dataclasses
+import os  # noqa: E402
 import subprocess
 import sys
 from collections.abc import Callable
 
 import pytest
-
-import os  # noqa: E402
 
 npu_compile = pytest.importorskip("xkernels.npu_compile")
 
