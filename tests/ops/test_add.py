@@ -141,3 +141,19 @@ def test_threads(backend, device):
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_beyond_2_31_elements(backend, device):
+    """Offsets past 2**31 - 1 (int64 index path). Needs ~13 GB of device memory: GPU backends."""
+    if backend.device_type == "cpu":
+        pytest.skip("2**31 elements need an accelerator's memory and speed; runs on cuda/npu")
+    n = 2**31 + 4099
+    x = torch.randn(n // 4096 + 1, 4096, device=device, dtype=torch.float16)
+    bias = torch.randn(4096, device=device, dtype=torch.float16)
+    got = add(x, bias)
+    for rows in (slice(0, 2), slice(-2, None)):  # both ends; the last rows sit past 2**31
+        assert_close(got[rows], x[rows].double() + bias.double(), torch.float16)
+    del got
+    y = torch.randn_like(x)
+    got = add(x.view(-1), y.view(-1))  # flat same-shape path
+    assert_close(got[-5000:], x.view(-1)[-5000:].double() + y.view(-1)[-5000:].double(), torch.float16)
