@@ -70,7 +70,7 @@ def resolve_target(device: str | None = None, backend: str | None = None) -> Tar
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise TargetUnavailable(f"device {device or dev_type!r} (backend {b.name!r}) is not working: "
                                 f"{type(exc).__name__}: {first}") from None
-    return Target(b, dev)
+    return Target(b, probe.device)  # "cuda" -> "cuda:0": the device tensors really land on
 
 
 __all__ = ["Target", "TargetUnavailable", "resolve_target"]

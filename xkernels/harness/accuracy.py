@@ -140,7 +140,8 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
     if tuple(result.shape) != tuple(expected.shape) or result.dtype != expected.dtype:
         return fail(f"returned {tuple(result.shape)} {result.dtype}, PyTorch gives {tuple(expected.shape)} "
                     f"{expected.dtype}")
-    if result.device != torch.device(device) and not (result.dim() == 0 and result.device.type == "cpu"):
+    want = torch.device(device)
+    if (result.device.type, result.device.index if want.index is not None else None) != (want.type, want.index):
         return fail(f"returned a tensor on {result.device}, not {device}")
     if out is not None and not _same_view(result, out):
         return fail("did not return the out= tensor")
