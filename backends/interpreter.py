@@ -65,6 +65,29 @@ def _interpreted_module(modname: str) -> ModuleType:
         return mod
 
 
+def _probe(triton_version: str) -> str | None:
+    """Run a tiny kernel with a loop bounded by a runtime argument, as the ops' kernels have.
+
+    Triton 3.6's interpreter turns 1-element arrays into Python ints, which numpy >= 2.4
+    refuses; such a pair cannot run the ops, and saying so beats failing inside a kernel.
+    """
+    import torch
+
+    from xkernels.ops import probe_kernels
+
+    try:
+        out = torch.zeros(4, dtype=torch.int32)
+        _interpreted_module(probe_kernels.__name__).loop_probe[(1,)](out, 4)
+        if out.tolist() != [0, 1, 2, 3]:
+            return f"Triton {triton_version}'s interpreter computed a wrong result in a self-test"
+    except Exception as exc:  # noqa: BLE001 - any failure means the ops cannot run here
+        import numpy
+
+        return (f"Triton {triton_version}'s interpreter cannot run a runtime-bounded loop with numpy "
+                f"{numpy.__version__} ({type(exc).__name__}); use numpy<2.4 or a newer Triton")
+    return None
+
+
 class InterpreterBackend(Backend):
     name = "interpreter"
     device_type = "cpu"
@@ -82,8 +105,7 @@ class InterpreterBackend(Backend):
             from triton.runtime.interpreter import InterpretedFunction  # noqa: F401
         except ImportError as exc:
             return f"Triton is not importable ({exc}); install it: pip install 'xkernels[triton]'"
-        del triton
-        return None
+        return _probe(triton.__version__)
 
     def kernel(self, jit_fn: Any) -> Any:
         """The interpreted twin of ``jit_fn`` (same source, same module)."""

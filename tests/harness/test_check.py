@@ -50,6 +50,11 @@ def summary(out: str) -> tuple[int, int, int]:
 @pytest.mark.parametrize("ops, dtypes", [("add,broadcast", "float16,bfloat16,float32,int32,int64"),
                                          ("matmul,linear", "float16,bfloat16,float32")])
 def test_quick_interpreter_run_passes(capsys, ops, dtypes, tmp_path):
+    import xkernels
+
+    reason = xkernels.get_backend("interpreter").unavailable_reason()
+    if reason:  # e.g. Triton 3.6 with numpy >= 2.4 on a GPU image; CI pins a working pair
+        pytest.skip(reason)
     path = tmp_path / "check.json"
     rc, out = run(capsys, "--backend", "interpreter", "--quick", "--op", ops, "--dtype", dtypes, "--json", str(path))
     n, passed, failed = summary(out)
