@@ -84,6 +84,11 @@ def test_compare_function_matches_rows_by_key():
 
 
 def test_interpreter_backend_runs_the_kernel(capsys, tmp_path):
+    import xkernels
+
+    reason = xkernels.get_backend("interpreter").unavailable_reason()
+    if reason:  # e.g. Triton 3.6 with numpy >= 2.4 on a GPU image; CI pins a working pair
+        pytest.skip(reason)
     path = tmp_path / "interp.json"
     rc = bench.main(["--backend", "interpreter", "--op", "broadcast", "--dtype", "float32", "--fast",
                      "--json", str(path)])
