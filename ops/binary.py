@@ -22,9 +22,9 @@ from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.launch import Launcher
 from xkernels.ops import checks
+from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
 from xkernels.ops.op import Op, Plan
 
-INT32_MAX = 2**31 - 1
 MAX_DIMS = 4
 
 FLAT_DEFAULT = {"BLOCK": 2048, "SUB": None, "num_warps": 4}
@@ -57,32 +57,6 @@ def _meta(v: Any, device: torch.device) -> Any:
     return ("scalar", type(_as_scalar(v)).__name__)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (int(n) - 1).bit_length())
-
-
-def _collapse(shape: tuple[int, ...], strides: list[tuple[int, ...]]) -> tuple[list[int], list[list[int]]]:
-    """Merge adjacent dims where every operand's strides allow it; drop size-1 dims."""
-    dims = [(s, [st[i] for st in strides]) for i, s in enumerate(shape) if s != 1]
-    if not dims:
-        return [1], [[1] for _ in strides]
-    out_sizes = [dims[0][0]]
-    out_strides = [list(dims[0][1])]
-    for size, sts in dims[1:]:
-        prev = out_strides[-1]
-        if all(p == s * size for p, s in zip(prev, sts)):
-            out_sizes[-1] *= size
-            out_strides[-1] = list(sts)
-        else:
-            out_sizes.append(size)
-            out_strides.append(list(sts))
-    return out_sizes, [list(col) for col in zip(*out_strides)]
-
-
-def _max_offset(sizes: list[int], strides: list[int]) -> int:
-    return sum((s - 1) * abs(st) for s, st in zip(sizes, strides))
-
-
 class BinaryPlan(Plan):
     def __init__(self, backend: Backend, call: BinaryCall, op_name: str) -> None:
         from xkernels.ops import binary_kernels as K
@@ -98,16 +72,16 @@ class BinaryPlan(Plan):
                 tensors[name] = v.expand(shape).stride() if shape else ()
             else:
                 modes[name] = 2
-        out_strides = _contiguous_strides(shape) if call.out is None else call.out.stride()
+        out_strides = contiguous_strides(shape) if call.out is None else call.out.stride()
         names = ["out", *tensors]
-        sizes, strides = _collapse(shape, [tuple(out_strides), *[tuple(tensors[n]) for n in tensors]])
+        sizes, strides = collapse(shape, [tuple(out_strides), *[tuple(tensors[n]) for n in tensors]])
         by_name = dict(zip(names, strides))
         self.materialize = len(sizes) > MAX_DIMS
         if self.materialize:  # more than 4 non-collapsible dims: copy operands to contiguous
-            sizes, by_name = [_prod(shape)], {n: [1] for n in names}
-        numel = _prod(sizes)
+            sizes, by_name = [prod(shape)], {n: [1] for n in names}
+        numel = prod(sizes)
         flat = len(sizes) == 1 and all(st == [1] for st in by_name.values())
-        index64 = any(_max_offset(sizes, st) + 2**16 > INT32_MAX for st in by_name.values())
+        index64 = any(max_offset(sizes, st) + 2**16 > INT32_MAX for st in by_name.values())
         dtype_name = str(call.dtype).removeprefix("torch.")
         self.compute = _tl_dtype(call.dtype)
         self.backend = backend
@@ -117,7 +91,7 @@ class BinaryPlan(Plan):
             key = {"variant": "flat", "dtype": dtype_name, "numel": numel, "n": numel, "rows": 1}
             choice = tuning.lookup(op_name, backend, arch, key, FLAT_DEFAULT)
             cfg = dict(choice.config)
-            block = min(int(cfg["BLOCK"]), max(16, _next_pow2(numel)))
+            block = min(int(cfg["BLOCK"]), max(16, next_pow2(numel)))
             sub = math.gcd(min(int(cfg.get("SUB") or block), block), block)  # SUB must divide BLOCK
             n_blocks = (numel + block - 1) // block
             programs = backend.programs(n_blocks, "vector", call.device)
@@ -133,7 +107,7 @@ class BinaryPlan(Plan):
             sizes = [1] * (MAX_DIMS - len(sizes)) + sizes
             for n in names:
                 by_name[n] = [0] * (MAX_DIMS - len(by_name[n])) + by_name[n]
-            rows, n_cols = _prod(sizes[:3]), sizes[3]
+            rows, n_cols = prod(sizes[:3]), sizes[3]
             for n in tensors:
                 if all(s == 0 for s in by_name[n][:3]):
                     modes[n] = 1
@@ -142,9 +116,9 @@ class BinaryPlan(Plan):
             choice = tuning.lookup(op_name, backend, arch, key, TILED_DEFAULT)
             cfg = dict(choice.config)
             bn_cfg, bm_cfg = int(cfg["BLOCK_N"]), int(cfg["BLOCK_M"])
-            block_n = min(bn_cfg, max(16, _next_pow2(n_cols)))
+            block_n = min(bn_cfg, max(16, next_pow2(n_cols)))
             scale = bn_cfg // block_n
-            block_m = max(1, min(bm_cfg * scale, _next_pow2(rows)))
+            block_m = max(1, min(bm_cfg * scale, next_pow2(rows)))
             sub_m = math.gcd(max(1, min(int(cfg.get("SUB_M") or bm_cfg) * scale, block_m)), block_m)
             tiles_n = (n_cols + block_n - 1) // block_n
             tiles = ((rows + block_m - 1) // block_m) * tiles_n
@@ -189,21 +163,6 @@ class BinaryPlan(Plan):
             n, _, n_blocks, programs = self.tail
             return (xa, ya, out, n, a, n_blocks, programs)
         return (xa, ya, out, a, *self.tail)
-
-
-def _prod(xs: Any) -> int:
-    p = 1
-    for v in xs:
-        p *= int(v)
-    return p
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(strides))
 
 
 def _tl_dtype(dtype: torch.dtype) -> Any:

@@ -21,7 +21,7 @@ from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.launch import Launcher
 from xkernels.ops import checks
-from xkernels.ops.binary import INT32_MAX, _collapse, _max_offset, _next_pow2, _prod
+from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
 from xkernels.ops.op import Op, Plan
 
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4}
@@ -79,30 +79,30 @@ class MatmulPlan(Plan):
         a_st = a.expand(*batch, M, Kd).stride()[: len(batch)] if batch else ()
         b_st = b.expand(*batch, Kd, N).stride()[: len(batch)] if batch else ()
         c_st = c_strides[: len(batch)]
-        sizes, (sa, sb, sc) = _collapse(batch, [a_st, b_st, c_st]) if batch else ([1], [[0], [0], [0]])
+        sizes, (sa, sb, sc) = collapse(batch, [a_st, b_st, c_st]) if batch else ([1], [[0], [0], [0]])
         self.materialize = len(sizes) > 2
         if self.materialize:
-            sizes = [_prod(batch)]
+            sizes = [prod(batch)]
             sa, sb, sc = [M * Kd], [Kd * N], [M * N]
         sizes = [1] * (2 - len(sizes)) + sizes
         sa, sb, sc = ([0] * (2 - len(s)) + list(s) for s in (sa, sb, sc))
-        n_batch = _prod(sizes)
+        n_batch = prod(sizes)
         dtype_name = str(call.dtype).removeprefix("torch.")
         key = {"dtype": dtype_name, "m": M, "n": N, "k": Kd, "batch": n_batch,
                "activation": call.activation or "none", "bias": call.bias is not None}
         choice = tuning.lookup(op, backend, backend.arch(call.device), key, MATMUL_DEFAULT)
         cfg = dict(choice.config)
-        bm = max(16, min(int(cfg["BLOCK_M"]), _next_pow2(M)))
-        bn = max(16, min(int(cfg["BLOCK_N"]), _next_pow2(N)))
-        bk = max(16, min(int(cfg["BLOCK_K"]), _next_pow2(max(Kd, 1))))
+        bm = max(16, min(int(cfg["BLOCK_M"]), next_pow2(M)))
+        bn = max(16, min(int(cfg["BLOCK_N"]), next_pow2(N)))
+        bk = max(16, min(int(cfg["BLOCK_K"]), next_pow2(max(Kd, 1))))
         tiles_m, tiles_n = (M + bm - 1) // bm, (N + bn - 1) // bn
         tiles = n_batch * tiles_m * tiles_n
         programs = backend.programs(tiles, "cube", call.device)
         a_full = [sa[0], sa[1], *a.stride()[-2:]]
         b_full = [sb[0], sb[1], *b.stride()[-2:]]
         c_full = [sc[0], sc[1], *c_strides[-2:]]
-        spans = [_max_offset([*sizes, M, Kd], a_full), _max_offset([*sizes, Kd, N], b_full),
-                 _max_offset([*sizes, M, N], c_full)]
+        spans = [max_offset([*sizes, M, Kd], a_full), max_offset([*sizes, Kd, N], b_full),
+                 max_offset([*sizes, M, N], c_full)]
         index64 = max(spans) + 2**16 > INT32_MAX
         self.jit_fn = K.matmul_kernel
         self.grid = (programs,)
@@ -151,7 +151,7 @@ class _MatmulBase(Op):
 
     def make_plan(self, call: MatmulCall, backend: Backend) -> Plan:
         M, N = call.a.shape[-2], call.b.shape[-1]
-        c_strides = _contig(tuple(call.batch) + (M, N))
+        c_strides = contiguous_strides(tuple(call.batch) + (M, N))
         return MatmulPlan(self.name, backend, call, c_strides)
 
     def run_plan(self, plan: Plan, call: MatmulCall) -> torch.Tensor:
@@ -167,14 +167,6 @@ class _MatmulBase(Op):
             return call.out if direct else result
         call.out.copy_(result)
         return call.out
-
-
-def _contig(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for s in reversed(shape):
-        strides.append(acc)
-        acc *= max(int(s), 1)
-    return tuple(reversed(strides))
 
 
 class Matmul(_MatmulBase):
