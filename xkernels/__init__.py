@@ -7,8 +7,23 @@
         xkernels.ops.add(x, y)              # the Triton kernel, interpreted on CPU tensors
 """
 
+from pathlib import Path as _Path
+
 from xkernels._torch_guard import guard as _guard
 
+
+def _source_checkout_layout() -> None:
+    """Imported from a source checkout (e.g. ``python -m ...`` run in the repository root, which
+    puts the checkout ahead of site-packages): ``ops/`` and ``backends/`` sit beside this package
+    rather than inside it, so look for subpackages there too, as the installed layout maps them."""
+    here = _Path(__file__).resolve().parent
+    root = here.parent
+    if (not (here / "ops").is_dir() and (root / "pyproject.toml").is_file()
+            and (root / "ops" / "__init__.py").is_file() and (root / "backends" / "__init__.py").is_file()):
+        __path__.append(str(root))  # noqa: F821 - the package's own __path__
+
+
+_source_checkout_layout()
 _guard()
 
 from xkernels.backend import (  # noqa: E402
