@@ -68,19 +68,23 @@ def _buckets(op: str, dev: str) -> list[tuple[dict[str, Any], Any, list[dict[str
                         return (torch.randn(rows, cols, device=dev).to(d), torch.randn(rows, cols, device=dev).to(d))
                     out.append(({"variant": "flat", "dtype": [dt] + (["float16"] if dt == "bfloat16" else []),
                                  "numel_min": lo, "numel_max": hi}, mkf, ew_flat))
-    elif op == "matmul":
+    elif op in ("matmul", "linear"):
         mm = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": s}
               for m, n, k, w, s in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
                                     (128, 128, 64, 8, 4), (128, 256, 32, 8, 4), (64, 256, 64, 4, 4),
                                     (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4),
                                     (16, 128, 128, 4, 4), (16, 256, 128, 8, 3), (32, 128, 128, 4, 4),
                                     (64, 128, 128, 4, 3), (32, 64, 256, 4, 3)]]
-        for dt in ("bfloat16", "float32"):
+        # fp32 linear (IEEE dot, K-contiguous B) runs some configs at ~1 TFLOP/s: not swept
+        for dt in ("bfloat16", "float32") if op == "matmul" else ("bfloat16",):
             d = getattr(torch, dt)
             dts = [dt] + (["float16"] if dt == "bfloat16" else [])
             for when, (M, N, K) in [({"m_max": 64}, (64, 4096, 4096)), ({"k_max": 256}, (4096, 4096, 256)),
                                     ({"m_max": 2048}, (2048, 2048, 2048)), ({}, (4096, 4096, 4096))]:
                 def mkm(M=M, N=N, K=K, d=d):
+                    if op == "linear":  # x (M, K), weight (N, K): B is K-contiguous; bias + gelu epilogue
+                        return (torch.randn(M, K, device=dev).to(d), torch.randn(N, K, device=dev).to(d),
+                                torch.randn(N, device=dev).to(d), "gelu")
                     return torch.randn(M, K, device=dev).to(d), torch.randn(K, N, device=dev).to(d)
                 out.append(({"dtype": dts, **when}, mkm, mm))
     return out
@@ -95,7 +99,10 @@ def sweep(backend_name: str, op_name: str, reps: int) -> dict[str, Any]:
     rules, report = [], []
     for when, mk, candidates in _buckets(op_name, dev):
         args = mk()
-        torch_fn = {"broadcast": lambda a, b: a + b, "add": torch.add, "matmul": torch.matmul}[op_name]
+        from xkernels.ops.matmul import reference_linear
+
+        torch_fn = {"broadcast": lambda a, b: a + b, "add": torch.add, "matmul": torch.matmul,
+                    "linear": reference_linear}[op_name]
         ref = torch_fn(*args)
         torch_ms = _time_ms(backend, lambda: torch_fn(*args), reps)
         best = None
@@ -113,7 +120,7 @@ def sweep(backend_name: str, op_name: str, reps: int) -> dict[str, Any]:
                 if best is None or ms < best[0]:
                     best = (ms, cfg)
         if best is not None:
-            shape = [list(a.shape) for a in args]
+            shape = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
             rules.append({"when": when, "config": best[1],
                           "measured": {"shapes": shape, "ms": round(best[0], 5), "torch_ms": round(torch_ms, 5),
                                        "speedup": round(torch_ms / best[0], 3)}})

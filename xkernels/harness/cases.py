@@ -300,6 +300,9 @@ def matmul_cases(d: torch.dtype) -> list[Case]:
     for n, size in SEEDS:
         cases.append(Case("matmul", (T((n, n), d), T((n, n), d)), "square", _bench(size)))
     cases.append(Case("matmul", (T((16, 512, 512), d), T((16, 512, 512), d)), "batched", _bench("medium")))
+    for (m, k, n), layout in (((16, 4096, 4096), "M=16"), ((64, 4096, 4096), "M=64"),
+                              ((4096, 256, 4096), "K=256"), ((3000, 1000, 5000), "odd shape")):
+        cases.append(Case("matmul", (T((m, k), d), T((k, n), d)), layout, _bench("medium")))
     return cases
 
 
