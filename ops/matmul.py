@@ -98,8 +98,15 @@ class MatmulPlan(Plan):
         tiles_m, tiles_n = (M + bm - 1) // bm, (N + bn - 1) // bn
         tiles = n_batch * tiles_m * tiles_n
         programs = backend.programs(tiles, "cube", call.device)
-        a_full = [sa[0], sa[1], *a.stride()[-2:]]
-        b_full = [sb[0], sb[1], *b.stride()[-2:]]
+        # 2-D operands whose leading stride breaks the backend's matrix-unit alignment are copied
+        # into an aligned buffer first (Triton cannot vectorise rows that start misaligned)
+        single = n_batch == 1 and not self.materialize and not batch
+        self.align_a = _realign_to(a, backend) if single else None
+        self.align_b = _realign_to(b, backend) if single else None
+        a_st = _aligned_strides(a, self.align_a)
+        b_st = _aligned_strides(b, self.align_b)
+        a_full = [sa[0], sa[1], *a_st]
+        b_full = [sb[0], sb[1], *b_st]
         c_full = [sc[0], sc[1], *c_strides[-2:]]
         spans = [max_offset([*sizes, M, Kd], a_full), max_offset([*sizes, Kd, N], b_full),
                  max_offset([*sizes, M, N], c_full)]
@@ -118,6 +125,9 @@ class MatmulPlan(Plan):
             f" + {call.activation}" if call.activation else "")
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg["GROUP_M"],
                        "PRECISION": self.constexprs["PRECISION"], **self.options, "INDEX_64": index64}
+        for name, q in (("realign_a", self.align_a), ("realign_b", self.align_b)):
+            if q:
+                self.config[name] = f"copy to a {q}-element leading stride"
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
@@ -129,6 +139,10 @@ class MatmulPlan(Plan):
             M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
             a = a.expand(*batch, M, Kd).contiguous()
             b = b.expand(*batch, Kd, N).contiguous()
+        if self.align_a:
+            a = _aligned_copy(a, self.align_a)
+        if self.align_b:
+            b = _aligned_copy(b, self.align_b)
         self.launcher(*self.args(a, b, c, bias, slope))
 
     def args(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
@@ -137,6 +151,50 @@ class MatmulPlan(Plan):
         bias_arg = bias if bias is not None else c
         s_bias = bias.stride(0) if bias is not None else 0
         return (a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope))
+
+
+REALIGN_MIN_ELEMENTS = 1 << 16  # below this a copy costs more than misaligned loads
+
+
+def _realign_to(t: torch.Tensor, backend: Backend) -> int | None:
+    """Elements to round ``t``'s leading stride up to, or ``None`` when it is fine as it is.
+
+    The quantum is the backend's matrix-unit alignment (``cube_alignment``: 512 B on Ascend) and
+    at least 16 elements, the divisibility Triton specializes strides on."""
+    if t.dim() != 2 or t.numel() < REALIGN_MIN_ELEMENTS:
+        return None
+    q = max(16, backend.alignment_for("cube") // t.element_size())
+    r, c = t.stride()
+    if c == 1 and t.shape[1] > 1:
+        return q if r % q else None
+    if r == 1 and t.shape[0] > 1:
+        return q if c % q else None
+    return None
+
+
+def _round_up(n: int, q: int) -> int:
+    return (n + q - 1) // q * q
+
+
+def _aligned_strides(t: torch.Tensor, q: int | None) -> tuple[int, int]:
+    """``t``'s strides after ``_aligned_copy(t, q)``."""
+    if not q:
+        return t.stride()[-2], t.stride()[-1]
+    if t.stride(1) == 1:
+        return _round_up(t.shape[1], q), 1
+    return 1, _round_up(t.shape[0], q)
+
+
+def _aligned_copy(t: torch.Tensor, q: int) -> torch.Tensor:
+    """A copy of 2-D ``t`` in the same major order with its leading stride a multiple of ``q``."""
+    rows, cols = t.shape
+    if t.stride(1) == 1:
+        buf = torch.empty((rows, _round_up(cols, q)), dtype=t.dtype, device=t.device)
+        buf[:, :cols].copy_(t)
+        return buf[:, :cols]
+    buf = torch.empty((cols, _round_up(rows, q)), dtype=t.dtype, device=t.device)
+    buf[:, :rows].copy_(t.t())
+    return buf[:, :rows].t()
 
 
 class _MatmulBase(Op):

@@ -93,3 +93,17 @@ def test_bad_input(backend, device):
     with pytest.raises(TypeError, match=r"'out' has dtype torch.float16"):
         matmul(a, b, out=poisoned((4, 5), torch.float16, device))
     assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["row-major", "transposed"])
+def test_misaligned_leading_stride_is_realigned(backend, device, transposed):
+    """K = 257 and N = 300 leave rows misaligned for the matrix unit; the kernel path copies the
+    operands to an aligned leading stride first (explain() says so) and the result is unchanged."""
+    a = rand((257, 300), torch.float16, device).t() if transposed else rand((300, 257), torch.float16, device)
+    b = rand((257, 300), torch.float16, device)
+    with Unchanged(a, b):
+        got = matmul(a, b)
+    assert_close(got, a.double().cpu() @ b.double().cpu(), torch.float16, scale=_tol_scale(257))
+    exp = matmul.explain(a, b)
+    if exp.route == "triton kernel":
+        assert "realign_a" in exp.config and "realign_b" in exp.config, exp
