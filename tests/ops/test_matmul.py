@@ -107,3 +107,21 @@ def test_misaligned_leading_stride_is_realigned(backend, device, transposed):
     exp = matmul.explain(a, b)
     if exp.route == "triton kernel":
         assert "realign_a" in exp.config and "realign_b" in exp.config, exp
+
+
+def test_fp32_follows_torch_tf32_setting(backend, device):
+    """float32 matmul uses TF32 exactly when torch would on that device (cuda's allow_tf32)."""
+    a, b = rand((64, 48), torch.float32, device), rand((48, 32), torch.float32, device)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for allow in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allow
+            exp = matmul.explain(a, b)
+            if exp.route == "triton kernel":
+                want = "tf32" if allow and backend.name == "cuda" else "ieee"
+                assert exp.config["PRECISION"] == want, exp
+            got = matmul(a, b)
+            # TF32 keeps 10 mantissa bits: 2**-11 relative per operand
+            assert_close(got, a.double().cpu() @ b.double().cpu(), torch.float32, scale=2000 if allow else 8)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
