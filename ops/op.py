@@ -73,6 +73,12 @@ class Op:
     def __init__(self) -> None:
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
         self._ready: set[str] = set()
+        # a plugin registered later may add tuning tables or replace a backend: plan again
+        registry.listeners.append(self._forget)
+
+    def _forget(self) -> None:
+        self._plans.clear()
+        self._ready.clear()
 
     # -- subclass interface -------------------------------------------------------------------
     def check(self, *args: Any, **kwargs: Any) -> Any:

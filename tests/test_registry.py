@@ -98,3 +98,30 @@ def test_runtime_registration_and_duplicate_names():
         xkernels.registry.register(p)
     xkernels.registry.unregister(p)
     assert type(xkernels.get_backend("cpu")).__name__ == "CpuBackend"
+
+
+def test_plugin_tables_apply_to_calls_already_planned(tmp_path):
+    """Cached plans are dropped when a plugin registers, so its tuning table takes effect."""
+    import json
+
+    x, bias = torch.randn(5, 40), torch.randn(40)
+    with xkernels.use_backend("interpreter"):
+        xkernels.ops.broadcast(x, bias)  # plans and caches with the built-in table
+        (tmp_path / "broadcast.json").write_text(json.dumps({
+            "op": "broadcast", "backend": "interpreter", "source": "test",
+            "archs": {"interpreter": [{"when": {"variant": "tiled"}, "config": {"BLOCK_M": 2, "BLOCK_N": 16}}]}}))
+
+        class Tables:
+            @xkernels.hookimpl
+            def xkernels_add_tuning_dirs(self):
+                return [xkernels.TuningDir(backend="interpreter", path=tmp_path)]
+
+        plugin = Tables()
+        xkernels.registry.register(plugin)
+        try:
+            call = xkernels.ops.broadcast.check(x, bias)
+            plan = xkernels.ops.broadcast.plan(call, xkernels.get_backend("interpreter"))
+            assert plan.config["BLOCK_N"] == 16 and str(tmp_path) in plan.source, plan.source
+            assert torch.equal(xkernels.ops.broadcast(x, bias), x + bias)
+        finally:
+            xkernels.registry.unregister(plugin)
