@@ -212,6 +212,30 @@ class BinaryOp(Op):
     def make_plan(self, call: BinaryCall, backend: Backend) -> Plan:
         return BinaryPlan(backend, call, self.name)
 
+    def make_hot(self, plan: Plan, call: BinaryCall, args: tuple[Any, ...]) -> Any:
+        """Two device tensors, no ``out``/``alpha``: allocate the result and launch."""
+        assert isinstance(plan, BinaryPlan)
+        x, y = call.x, call.y
+        if (len(args) != 2 or args[0] is not x or args[1] is not y or plan.materialize
+                or not all(isinstance(t, torch.Tensor) and t.device == call.device for t in (x, y))
+                or prod(call.shape) == 0):
+            return None
+        shape, dtype, device = call.shape, call.dtype, call.device
+        like = 0 if x.shape == shape and x.dtype == dtype else 1 if y.shape == shape and y.dtype == dtype else -1
+        launch = plan.launcher.hot(plan.args(x, y, torch.empty(0, dtype=dtype, device=device), 1), 3)
+        contiguous = torch.contiguous_format
+
+        def hot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+            if like == 0:  # empty_like skips the size parsing of torch.empty (~1 us)
+                out = torch.empty_like(x, memory_format=contiguous)
+            elif like == 1:
+                out = torch.empty_like(y, memory_format=contiguous)
+            else:
+                out = torch.empty(shape, dtype=dtype, device=device)
+            return out if launch(x, y, out) else None
+
+        return hot
+
     def run_plan(self, plan: Plan, call: BinaryCall) -> torch.Tensor:
         out = call.out if call.out is not None else torch.empty(call.shape, dtype=call.dtype, device=call.device)
         if out.numel() == 0:

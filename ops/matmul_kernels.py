@@ -28,11 +28,24 @@ def _activation(x, slope, ACT: tl.constexpr):
 
 
 @triton.jit
+def _multiple(x, Q: tl.constexpr):
+    """``x``, with the compiler told it is a multiple of ``Q`` (the host guarantees it)."""
+    if Q > 1:
+        x = (x // Q) * Q
+    return x
+
+
+@triton.jit
 def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
              sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-             INDEX_64: tl.constexpr, UPCAST: tl.constexpr):
+             INDEX_64: tl.constexpr, UPCAST: tl.constexpr, DIV_M: tl.constexpr, DIV_N: tl.constexpr,
+             DIV_K: tl.constexpr, DIV_SAM: tl.constexpr, DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr,
+             DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr):
+    M, N, K = _multiple(M, DIV_M), _multiple(N, DIV_N), _multiple(K, DIV_K)
+    sam, sak, sbk, sbn = _multiple(sam, DIV_SAM), _multiple(sak, DIV_SAK), _multiple(sbk, DIV_SBK), _multiple(sbn, DIV_SBN)
+    scm = _multiple(scm, DIV_SCM)
     per_batch = tiles_m * tiles_n
     bidx = tile // per_batch
     t = tile % per_batch
@@ -82,7 +95,9 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, 
                   sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                   PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
-                  PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr, UPCAST: tl.constexpr):
+                  PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr, UPCAST: tl.constexpr,
+                  DIV_M: tl.constexpr, DIV_N: tl.constexpr, DIV_K: tl.constexpr, DIV_SAM: tl.constexpr,
+                  DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr, DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr):
     """C = act(A @ B + bias) over ``n_tiles`` output tiles (batch x tiles_m x tiles_n)."""
     pid = tl.program_id(0)
     if INDEX_64:
@@ -91,8 +106,10 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, 
         for tile in range(pid, n_tiles, nprog):
             _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
                      sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
-                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST)
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
+                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM)
     else:
         _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, pid, M, N, K, B1, tiles_m, tiles_n,
                  sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
-                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST)
+                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
+                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM)

@@ -8,11 +8,20 @@ Routing for a validated call on backend ``b``:
 
 ``op.explain(*args, **kwargs)`` answers which of these runs, with which kernel variant and
 config, and why, without running anything.
+
+Repeated calls. A call that took route 2 with positional arguments only leaves a *hot entry*
+keyed by its signature: the ``use_backend`` override in effect, each tensor's shape, strides,
+dtype and device, and every other argument by type and value. Everything ``check`` and the
+routing decided is a function of that signature, so the next call with the same signature skips
+them: it allocates the result and launches (``Launcher.hot``). Hot entries are not made or used
+while a tuning config is forced, and are dropped when a plugin registers. Keyword arguments
+(``out=``, ``alpha=``) always take the full path.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +29,9 @@ import torch
 
 from xkernels import dispatch, tuning
 from xkernels.backend import Backend
+from xkernels.dispatch import _override
 from xkernels.registry import registry
+from xkernels.tuning import _forced
 
 
 @dataclass(frozen=True)
@@ -72,12 +83,14 @@ class Op:
 
     def __init__(self) -> None:
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
+        self._hot: dict[Any, Callable[..., torch.Tensor | None]] = {}
         self._ready: set[str] = set()
         # a plugin registered later may add tuning tables or replace a backend: plan again
         registry.listeners.append(self._forget)
 
     def _forget(self) -> None:
         self._plans.clear()
+        self._hot.clear()
         self._ready.clear()
 
     # -- subclass interface -------------------------------------------------------------------
@@ -96,6 +109,11 @@ class Op:
 
     def run_plan(self, plan: Plan, call: Any) -> torch.Tensor:
         raise NotImplementedError
+
+    def make_hot(self, plan: Plan, call: Any, args: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
+        """A function of the positional ``args`` of a call with this signature that runs it, or
+        returns ``None`` to have the full path run it; ``None`` here when not applicable."""
+        return None
 
     # -- routing ------------------------------------------------------------------------------
     def _backend(self, call: Any) -> Backend:
@@ -119,6 +137,15 @@ class Op:
         return plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self._hot and not kwargs and _forced.get() is None:
+            try:
+                hot = self._hot.get((_override.get(), *map(_signature, args)))
+            except TypeError:  # an unhashable argument
+                hot = None
+            if hot is not None:
+                result = hot(*args)
+                if result is not None:
+                    return result
         call = self.check(*args, **kwargs)
         backend = self._backend(call)
         impl = registry.op_impl(self.name, backend.name)
@@ -126,7 +153,25 @@ class Op:
             return impl.fn(*args, **kwargs)
         if not backend.runs_triton or not call.kernel_ok:
             return self.torch_impl(call)
-        return self.run_plan(self.plan(call, backend), call)
+        plan = self.plan(call, backend)
+        result = self.run_plan(plan, call)
+        if not kwargs and _forced.get() is None:
+            self._remember(args, plan, call)
+        return result
+
+    def _remember(self, args: tuple[Any, ...], plan: Plan, call: Any) -> None:
+        try:
+            key = (_override.get(), *map(_signature, args))
+            hash(key)
+        except TypeError:
+            return
+        if key in self._hot:
+            return
+        hot = self.make_hot(plan, call, args)
+        if hot is not None:
+            if len(self._hot) >= self.plan_cache_size:
+                self._hot.clear()
+            self._hot[key] = hot
 
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """Which backend, route, kernel variant and config a call with these arguments uses."""
@@ -146,3 +191,10 @@ class Op:
         plan = self.make_plan(call, backend)
         return Explanation(self.name, backend.name, "triton kernel", how, plan.variant, dict(plan.config),
                            plan.source, plan.programs, plan.tiles)
+
+
+def _signature(arg: Any) -> Any:
+    """The part of one argument that ``check`` and planning depend on (see the module doc)."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.shape, arg.stride(), arg.dtype, arg.device)
+    return (type(arg), arg)

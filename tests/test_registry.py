@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xkernels
-from xkernels import hookspecs
+from xkernels import dispatch, hookspecs
 from xkernels.dispatch import select
 
 
@@ -75,10 +75,10 @@ def test_use_backend_is_context_local_across_threads():
 
 
 def test_env_var_override(monkeypatch):
-    monkeypatch.setenv("XKERNELS_BACKEND", "interpreter")
+    monkeypatch.setattr(dispatch, "_env_backend", "interpreter")  # what XKERNELS_BACKEND sets at import
     assert select(torch.device("cpu")).name == "interpreter"
     assert xkernels.ops.add.explain(torch.ones(3), torch.ones(3)).route == "triton kernel"
-    monkeypatch.setenv("XKERNELS_BACKEND", "cuda")
+    monkeypatch.setattr(dispatch, "_env_backend", "cuda")
     with pytest.raises(ValueError, match="'cuda' runs on 'cuda' tensors, but the tensors are on cpu"):
         xkernels.ops.add(torch.ones(3), torch.ones(3))
 

@@ -3,7 +3,8 @@
 Order of precedence, highest first:
 
 1. ``with xkernels.use_backend("name"):`` (context-local: each thread and asyncio task has its own);
-2. the ``XKERNELS_BACKEND`` environment variable, read at call time;
+2. the ``XKERNELS_BACKEND`` environment variable, read once when xkernels is imported (the ops'
+   per-call path does not consult the environment);
 3. the tensors' device type: the registered backend with that ``device_type`` that is marked
    ``default_for_device`` (cuda tensors run on "cuda", npu on "npu", cpu on "cpu").
 
@@ -23,6 +24,7 @@ from xkernels.backend import Backend
 from xkernels.registry import registry
 
 ENV_VAR = "XKERNELS_BACKEND"
+_env_backend: str | None = os.environ.get(ENV_VAR) or None
 
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("xkernels_backend", default=None)
 _by_device_type: dict[str, Backend] = {}
@@ -42,7 +44,7 @@ def get_backend(name_or_device: str | torch.device | Backend | None = None) -> B
     if isinstance(name_or_device, Backend):
         return name_or_device
     if name_or_device is None:
-        name = _override.get() or os.environ.get(ENV_VAR) or None
+        name = _override.get() or _env_backend
         return registry.backend(name) if name else best_available()
     if isinstance(name_or_device, torch.device):
         return backend_for_device_type(name_or_device.type)
@@ -88,12 +90,12 @@ def use_backend(name: str | Backend) -> Iterator[Backend]:
 
 def override_name() -> str | None:
     """The backend name forced by ``use_backend`` or ``XKERNELS_BACKEND``, if any."""
-    return _override.get() or os.environ.get(ENV_VAR) or None
+    return _override.get() or _env_backend
 
 
 def select(device: torch.device) -> Backend:
     """The backend that runs an op whose tensors live on ``device`` (the per-call hot path)."""
-    name = _override.get() or os.environ.get(ENV_VAR)
+    name = _override.get() or _env_backend
     if not name:
         return _by_device_type.get(device.type) or backend_for_device_type(device.type)
     backend = registry.backend(name)

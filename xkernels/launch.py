@@ -14,11 +14,20 @@ falls back to ``kernel[grid](...)`` for that launcher, for good.
 The specialization key covers what Triton specializes on among the values that can change
 between calls of one plan: each tensor's 16-byte alignment, each int scalar's value class
 (== 1, divisible by 16, needs 64 bits). Everything else is fixed by the plan.
+
+``Launcher.hot`` goes one step further for an op's repeated calls (see ``Op.__call__``): a
+closure over everything but the data pointers, which calls the compiled kernel's C launch
+function itself with integer pointers. That skips, per call, Triton's Python launcher wrapper,
+the launch-metadata dict, a Python call of the (empty) launch hook chains, and the driver's
+pointer-attribute query per tensor. It applies only while no launch hook is installed (e.g. by a
+profiler), for 16-byte-aligned pointers, and for kernels without scratch memory; otherwise the
+closure reports that it did not launch and the caller takes the ordinary path.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -103,6 +112,62 @@ class Launcher:
         full = (*args, *self._tail)
         stream = self._stream(self._device())
         k = self._knobs
-        enter = k.launch_enter_hook
-        meta = compiled.launch_metadata(self.grid, stream, *full) if enter is not None else None
-        run(*self._g, stream, function, packed, meta, enter, k.launch_exit_hook, *full)
+        enter, leave = k.launch_enter_hook, k.launch_exit_hook
+        if getattr(enter, "calls", True) or getattr(leave, "calls", True):  # hooks installed
+            meta = compiled.launch_metadata(self.grid, stream, *full)
+        else:  # Triton 3.6 always passes its (empty) hook chains; an empty chain needs no metadata
+            enter = leave = meta = None
+        run(*self._g, stream, function, packed, meta, enter, leave, *full)
+
+    def hot(self, args: tuple[Any, ...], n_ptrs: int) -> Callable[..., bool]:
+        """A launch function for calls that differ from ``args`` only in the first ``n_ptrs``
+        arguments (tensors). It takes those tensors and returns whether it launched; ``False``
+        means nothing ran and the caller must launch the ordinary way (``self(*args)``)."""
+        direct = self._direct(args, n_ptrs)
+        if direct is not None:
+            return direct
+        fixed = args[n_ptrs:]
+
+        def ordinary(*tensors: Any) -> bool:
+            self(*tensors, *fixed)
+            return True
+
+        return ordinary
+
+    def _direct(self, args: tuple[Any, ...], n_ptrs: int) -> Callable[..., bool] | None:
+        """The C-launch closure of ``hot``, or ``None`` where it does not apply (see module doc)."""
+        if not self.fast or self._tail is None or n_ptrs not in (3, 4):
+            return None
+        pos = self.varying if self.varying is not None else range(len(args))
+        key = tuple(True if i < n_ptrs else _spec(args[i]) for i in pos)  # the all-aligned variant
+        entry = self._compiled.get(key)
+        if entry is None:
+            return None
+        run, function, packed, _ = entry
+        launch = getattr(run, "launch", None)
+        enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
+        if (getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+                or not callable(launch) or not hasattr(enter, "calls") or not hasattr(leave, "calls")):
+            return None
+        coop, pdl = bool(run.launch_cooperative_grid), bool(run.launch_pdl)
+        gx, gy, gz = self._g
+        stream, device = self._stream, self._device
+        fixed = (*args[n_ptrs:], *self._tail)
+        if n_ptrs == 3:
+            def go3(t0: Any, t1: Any, t2: Any) -> bool:
+                p0, p1, p2 = t0.data_ptr(), t1.data_ptr(), t2.data_ptr()
+                if (p0 | p1 | p2) & 15 or enter.calls or leave.calls:
+                    return False
+                launch(gx, gy, gz, stream(device()), function, coop, pdl, None, None, packed,
+                       None, None, None, p0, p1, p2, *fixed)
+                return True
+            return go3
+
+        def go4(t0: Any, t1: Any, t2: Any, t3: Any) -> bool:
+            p0, p1, p2, p3 = t0.data_ptr(), t1.data_ptr(), t2.data_ptr(), t3.data_ptr()
+            if (p0 | p1 | p2 | p3) & 15 or enter.calls or leave.calls:
+                return False
+            launch(gx, gy, gz, stream(device()), function, coop, pdl, None, None, packed,
+                   None, None, None, p0, p1, p2, p3, *fixed)
+            return True
+        return go4

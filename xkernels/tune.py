@@ -4,7 +4,8 @@
 
 For each op, each bucket (a representative case) and each candidate config, the op runs with
 ``xkernels.tuning.force(config)``, is checked against PyTorch, and timed with the backend's
-events (median of repeated runs, inputs never zero). The fastest correct config of each bucket
+events (each call alone after a cache flush, median of repeated runs; inputs never zero), so
+small buckets are measured by kernel time, not by how fast the host dispatches. The fastest correct config of each bucket
 becomes a rule of ``<out-dir>/<op>.json`` under the device's arch key, with the sweep command and
 device recorded in its "source". Copy reviewed tables into ``ops/tuning/<backend>/``.
 """
@@ -15,8 +16,8 @@ import argparse
 import datetime
 import itertools
 import json
-import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +25,22 @@ import torch
 
 import xkernels
 from xkernels import tuning
+from xkernels.harness import Target
+from xkernels.harness.perf import Settings, time_calls
 
 F16 = ["float16", "bfloat16"]
 
 
-def _time_ms(backend: xkernels.Backend, fn, reps: int = 20) -> float:
-    """Median over 5 rounds of the mean time of ``reps`` back-to-back calls (device throughput:
-    the queue stays full, so host dispatch is hidden whenever the kernel is longer than it)."""
-    for _ in range(3):
-        fn()
-    backend.synchronize()
-    rounds = []
-    for _ in range(5):
-        s, e = backend.Event(enable_timing=True), backend.Event(enable_timing=True)
-        s.record()
-        for _ in range(reps):
-            fn()
-        e.record()
-        backend.synchronize()
-        rounds.append(s.elapsed_time(e) / reps)
-    return statistics.median(rounds)
+#: Timing of one candidate: each call alone, behind a cache-flushing write, timed by the
+#: backend's events (``harness.perf.time_calls``), so host dispatch never enters the figure.
+SWEEP = Settings(warmup=3, warmup_s=0.05, min_reps=10, max_reps=60, budget_s=0.15, flush=True)
+
+
+def _time_ms(backend: xkernels.Backend, fn, reps: int = 0) -> float:
+    """Median device milliseconds of one call of ``fn`` (``reps``: fixed repetitions, 0 = budget)."""
+    settings = SWEEP if not reps else replace(SWEEP, min_reps=reps, max_reps=reps)
+    target = Target(backend, torch.device(backend.device_type))
+    return time_calls(lambda _: fn(), [None], target, settings).median_ms
 
 
 def _buckets(op: str, dev: str) -> list[tuple[dict[str, Any], Any, list[dict[str, Any]]]]:
@@ -69,24 +66,36 @@ def _buckets(op: str, dev: str) -> list[tuple[dict[str, Any], Any, list[dict[str
                     out.append(({"variant": "flat", "dtype": [dt] + (["float16"] if dt == "bfloat16" else []),
                                  "numel_min": lo, "numel_max": hi}, mkf, ew_flat))
     elif op in ("matmul", "linear"):
-        mm = [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": s}
-              for m, n, k, w, s in [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4),
-                                    (128, 128, 64, 8, 4), (128, 256, 32, 8, 4), (64, 256, 64, 4, 4),
-                                    (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (64, 64, 64, 4, 4),
-                                    (16, 128, 128, 4, 4), (16, 256, 128, 8, 3), (32, 128, 128, 4, 4),
-                                    (64, 128, 128, 4, 3), (32, 64, 256, 4, 3)]]
-        # fp32 linear (IEEE dot, K-contiguous B) runs some configs at ~1 TFLOP/s: not swept
-        for dt in ("bfloat16", "float32") if op == "matmul" else ("bfloat16",):
+        tiles = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
+                 (128, 256, 32, 8, 4), (64, 256, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+                 (64, 64, 64, 4, 4), (64, 128, 128, 4, 3)]
+        # few rows: enough output tiles to fill the SMs, long K steps to keep loads in flight
+        skinny = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 5), (16, 64, 256, 4, 3), (16, 128, 128, 4, 4),
+                  (32, 32, 256, 4, 4), (32, 64, 128, 4, 5), (64, 32, 256, 4, 4), (64, 64, 128, 4, 4),
+                  (64, 64, 256, 4, 3), (64, 128, 128, 4, 3)]
+        # fp32 with IEEE dot runs on the FMA units: smaller K steps, more warps
+        ieee = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 4), (128, 128, 16, 8, 4),
+                (64, 64, 32, 4, 4), (128, 256, 16, 8, 3), (64, 256, 32, 8, 3), (256, 64, 32, 8, 3)]
+
+        def configs(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
+            return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": st}
+                    for m, n, k, w, st in rows]
+
+        for dt in ("bfloat16", "float32"):
             d = getattr(torch, dt)
             dts = [dt] + (["float16"] if dt == "bfloat16" else [])
-            for when, (M, N, K) in [({"m_max": 64}, (64, 4096, 4096)), ({"k_max": 256}, (4096, 4096, 256)),
-                                    ({"m_max": 2048}, (2048, 2048, 2048)), ({}, (4096, 4096, 4096))]:
+            buckets = [({"m_max": 16}, (16, 4096, 4096), skinny), ({"m_max": 64}, (64, 4096, 4096), skinny),
+                       ({"k_max": 256}, (4096, 4096, 256), tiles), ({"m_max": 2048}, (2048, 2048, 2048), tiles),
+                       ({}, (4096, 4096, 4096), tiles)]
+            if dt == "float32":  # fp32 follows torch's default (IEEE): one table for all sizes
+                buckets = [({"m_max": 64}, (64, 4096, 4096), skinny + ieee), ({}, (4096, 4096, 4096), ieee)]
+            for when, (M, N, K), cands in buckets:
                 def mkm(M=M, N=N, K=K, d=d):
                     if op == "linear":  # x (M, K), weight (N, K): B is K-contiguous; bias + gelu epilogue
                         return (torch.randn(M, K, device=dev).to(d), torch.randn(N, K, device=dev).to(d),
                                 torch.randn(N, device=dev).to(d), "gelu")
                     return torch.randn(M, K, device=dev).to(d), torch.randn(K, N, device=dev).to(d)
-                out.append(({"dtype": dts, **when}, mkm, mm))
+                out.append(({"dtype": dts, **when}, mkm, configs(cands)))
     return out
 
 
@@ -133,6 +142,15 @@ def sweep(backend_name: str, op_name: str, reps: int) -> dict[str, Any]:
             "report": report}
 
 
+def install(table: dict[str, Any], path: Path) -> None:
+    """Merge ``table``'s arch rules into the table at ``path``: the swept arch is replaced, the
+    other archs (e.g. ``default``) stay; the source line names the sweep."""
+    old = json.loads(path.read_text()) if path.exists() else {"op": table["op"], "backend": table["backend"], "archs": {}}
+    old["archs"].update(table["archs"])
+    old["source"] = table["source"] + ". Other archs: kept from the previous table."
+    path.write_text(json.dumps(old, indent=1) + "\n")
+
+
 def _triton_version() -> str:
     try:
         import triton
@@ -147,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="cuda")
     p.add_argument("--op", default="broadcast,add,matmul")
     p.add_argument("--out-dir", type=Path, default=Path("tune-out"))
-    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--reps", type=int, default=0, help="timed calls per config (default: a time budget)")
+    p.add_argument("--install", type=Path, default=None, metavar="TABLE_DIR",
+                   help="also merge the swept arch's rules into TABLE_DIR/<op>.json (other archs kept), "
+                        "e.g. ops/tuning/cuda")
     a = p.parse_args(argv)
     reason = xkernels.get_backend(a.backend).unavailable_reason()
     if reason:
@@ -158,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         res = sweep(a.backend, op, a.reps)
         (a.out_dir / f"{op}.json").write_text(json.dumps(res["table"], indent=1))
         (a.out_dir / f"{op}.sweep.json").write_text(json.dumps(res["report"], indent=1))
+        if a.install is not None:
+            install(res["table"], a.install / f"{op}.json")
     return 0
 
 
