@@ -91,6 +91,8 @@ class Launcher:
         active = driver.active
         self._stream = active.get_current_stream
         self._device = active.get_current_device
+        if self._device is torch.cuda.current_device:  # skip its lazy-init check: CUDA is up by now
+            self._device = torch._C._cuda_getDevice
         self._knobs = knobs.runtime
         return (compiled.run, compiled.function, compiled.packed_metadata, compiled)
 
