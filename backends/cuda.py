@@ -107,6 +107,19 @@ class CudaBackend(Backend):
         major, minor = torch.cuda.get_device_capability(_index(device))
         return f"sm{major}{minor}"
 
+    def tensor_descriptors(self, device: Any = None) -> bool:
+        # the TMA engine is sm90+; host-side descriptors need triton.tools.tensor_descriptor (3.4+)
+        return int(self.arch(device)[2:]) >= 90 and _has_tensor_descriptor()
+
+
+@functools.cache
+def _has_tensor_descriptor() -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 @hookimpl
 def xkernels_add_backends() -> list[Backend]:

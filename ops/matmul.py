@@ -135,8 +135,50 @@ class MatmulPlan(Plan):
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
         self.backend = backend
+        self.tma: dict[str, Any] | None = None
+        if single and not self.align_a and not self.align_b:
+            self._try_tma(op, backend, call, key, M, N, Kd, a_st, b_st)
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
                                  backend.fast_launch, varying=(0, 1, 2, 3))  # a, b, c, bias pointers
+
+    def _try_tma(self, op: str, backend: Backend, call: MatmulCall, key: dict[str, Any], M: int, N: int,
+                 Kd: int, a_st: tuple[int, int], b_st: tuple[int, int]) -> None:
+        """Switch to ``matmul_tma_kernel`` where the backend has tensor descriptors, the operands
+        suit them (row-major A; B row-major or K-contiguous; 16-byte rows; unit-stride bias) and
+        the table has a rule with ``"TMA": true`` for this bucket."""
+        from xkernels.ops import matmul_kernels as K
+
+        es = call.a.element_size()
+        if call.dtype not in (torch.float16, torch.bfloat16) or not backend.tensor_descriptors(call.device):
+            return
+        if a_st[1] != 1 or (a_st[0] * es) % 16 or (N * es) % 16:
+            return
+        if call.bias is not None and call.bias.stride(0) != 1 and N > 1:
+            return
+        if b_st[1] == 1 and (b_st[0] * es) % 16 == 0:
+            b_kmajor = False
+        elif b_st[0] == 1 and (b_st[1] * es) % 16 == 0:
+            b_kmajor = True
+        else:
+            return
+        choice = tuning.lookup(op, backend, backend.arch(call.device), {**key, "variant": "tma"}, {})
+        cfg = choice.config
+        if not cfg.get("TMA"):
+            return
+        bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+        self.tma = {"a": [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": [bm, bn], "b_kmajor": b_kmajor}
+        self.jit_fn = K.matmul_tma_kernel
+        self.grid = (tiles,)
+        self.dims = (M, N, Kd)
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
+                               HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor)
+        self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.variant += ", tiles loaded through tensor descriptors (TMA)"
+        self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
+                       **self.options, "TMA": True}
+        self.source = choice.source
+        self.programs = self.tiles = tiles
 
     def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                slope: float, batch: tuple[int, ...]) -> None:
@@ -148,14 +190,32 @@ class MatmulPlan(Plan):
             a = _aligned_copy(a, self.align_a)
         if self.align_b:
             b = _aligned_copy(b, self.align_b)
+        if self.tma is not None and (a.data_ptr() | b.data_ptr()) & 15:  # TMA needs 16-byte bases
+            a = a.clone() if a.data_ptr() & 15 else a  # a fresh allocation, same strides
+            b = b.clone() if b.data_ptr() & 15 else b
         self.launcher(*self.args(a, b, c, bias, slope))
 
     def args(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
              slope: float) -> tuple[Any, ...]:
         """The kernel's runtime arguments, in order (constexprs are ``self.constexprs``)."""
         bias_arg = bias if bias is not None else c
+        if self.tma is not None:
+            return (*self.descriptors(a, b, c), bias_arg, *self.dims, float(slope))
         s_bias = bias.stride(0) if bias is not None else 0
         return (a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope))
+
+
+    def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
+        """Tensor descriptors of the 2-D operands (B as the (N, K) weight when ``b_kmajor``)."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        t = self.tma
+        assert t is not None
+        bt = b.t() if t["b_kmajor"] else b
+        c2 = c.view(a.shape[0], b.shape[1])
+        return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], t["a"]),
+                TensorDescriptor(bt, list(bt.shape), [bt.stride(0), 1], t["b"]),
+                TensorDescriptor(c2, list(c2.shape), [c2.stride(0), 1], t["c"]))
 
 
 REALIGN_MIN_ELEMENTS = 1 << 16  # below this a copy costs more than misaligned loads
@@ -248,7 +308,7 @@ class _MatmulBase(Op):
         kernel's a/b operands are views of the first two sharing their data pointers."""
         assert isinstance(plan, MatmulPlan)
         a, b = args[0], args[1]
-        if (call.out is not None or plan.materialize or plan.align_a or plan.align_b
+        if (call.out is not None or plan.materialize or plan.align_a or plan.align_b or plan.tma is not None
                 or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()
                 or not all(isinstance(t, torch.Tensor) for t in (a, b)) or prod(call.out_shape) == 0
                 or any(isinstance(v, torch.Tensor) for v in args[2:] if v is not call.bias)):

@@ -7,6 +7,11 @@ tiles ``pid, pid + nprog, ...``), the block sizes from the op's tuning table, ``
 ("tf32" or "ieee" for fp32 operands, following torch's setting for the device), and
 ``UPCAST`` where a backend cannot feed bfloat16 to ``tl.dot`` (the interpreter).
 
+``matmul_tma_kernel`` is the sm90+ form of the same operation for 2-D fp16/bf16 operands whose
+rows are 16-byte aligned: tiles are loaded through tensor descriptors (TMA). On an H100 it
+measured 1.03-1.05x torch at 4096^3 against 0.91-0.99x for the pointer kernel, and it removes the
+30% the pointer kernel loses on linear's K-contiguous weight (results/h100-2026-11-22-s2-run4).
+
 Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu.
 """
 
@@ -113,3 +118,34 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, 
                  sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
                      DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM)
+
+
+@triton.jit
+def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr):
+    """C = act(A @ B + bias) for 2-D A (M, K) and B given as (K, N) or, ``B_KMAJOR``, as the
+    (N, K) weight of ``linear``: tiles move through tensor descriptors (the TMA engine on
+    sm90+), which zero-fill reads past the edges and clip writes, so no masks are needed.
+    One program per output tile, grouped for L2 reuse."""
+    pid = tl.program_id(0)
+    tiles_m = (M + BLOCK_M - 1) // BLOCK_M
+    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
+    width = GROUP_M * tiles_n
+    first_m = (pid // width) * GROUP_M
+    group = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % group
+    pid_n = (pid % width) // group
+    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for k in range(0, K, BLOCK_K):
+        a = a_desc.load([off_m, k])
+        if B_KMAJOR:
+            acc = tl.dot(a, b_desc.load([off_n, k]).T, acc)
+        else:
+            acc = tl.dot(a, b_desc.load([k, off_n]), acc)
+    if HAS_BIAS:
+        rn = off_n + tl.arange(0, BLOCK_N)
+        acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    acc = _activation(acc, slope, ACT)
+    c_desc.store([off_m, off_n], acc.to(c_desc.dtype))

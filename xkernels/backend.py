@@ -190,6 +190,10 @@ class Backend:
         """Triton ``input_precision`` for float32 ``tl.dot``, matching torch's setting here."""
         return "ieee"
 
+    def tensor_descriptors(self, device: Any = None) -> bool:
+        """Whether kernels may load through Triton tensor descriptors (TMA) on ``device``."""
+        return False
+
     # -- launch geometry ------------------------------------------------------------------------
     def max_programs(self, unit: Unit = "vector", device: Any = None) -> int:
         """Most programs one launch should use; a kernel loops over the rest (persistent)."""

@@ -129,3 +129,24 @@ def test_fp32_follows_torch_tf32_setting(backend, device):
                 assert_close(got.float(), ad @ bd, torch.float32, scale=8)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_large_2d_calls_tma_where_available(backend, device):
+    """Shapes the sm90 table sends to the tensor-descriptor kernel (elsewhere: the pointer kernel),
+    including a base pointer 2 bytes past alignment (copied first) and ``out=``."""
+    uses_tma = backend.tensor_descriptors(device)
+    M, K, N = 256, 520, 264  # the smallest TMA bucket; 16-byte rows, not multiples of the tiles
+    for dtype in (torch.bfloat16, torch.float16) if uses_tma else (torch.bfloat16,):  # interpreter: slow
+        x, w, b = rand((M, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
+        assert bool(linear.explain(x, w, b, "gelu").config.get("TMA")) == uses_tma
+        ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
+        out = poisoned((M, N), dtype, device)
+        with Unchanged(x, w, b):
+            linear(x, w, b, "gelu", out=out)
+            got = linear(x, w, b, "gelu")
+        assert_close(out, ref, dtype, scale=K / 16)
+        assert_close(got, ref, dtype, scale=K / 16)
+        buf = rand((M * K + 1,), dtype, device)
+        shifted = buf[1:].view(M, K)  # data_ptr % 16 == 2
+        bt = rand((K, N), dtype, device)
+        assert_close(matmul(shifted, bt), shifted.double() @ bt.double(), dtype, scale=K / 16)

@@ -34,7 +34,7 @@ _TL = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 class _H100(CudaBackend):
-    """The cuda backend's planning for an sm90 part with 132 SMs, no device needed."""
+    """The cuda backend's planning for an sm90 part, no device needed."""
 
     def arch(self, device=None) -> str:
         return "sm90"
@@ -43,9 +43,16 @@ class _H100(CudaBackend):
         return 2**31 - 1
 
 
-def _ptx(op, *args, hints: bool = True) -> str:
+class _H100Pointers(_H100):
+    """The same without tensor descriptors: the pointer kernel (Triton < 3.4; pre-sm90 layouts)."""
+
+    def tensor_descriptors(self, device=None) -> bool:
+        return False
+
+
+def _ptx(op, *args, hints: bool = True, backend=None) -> str:
     call = op.check(*args)
-    plan = op.make_plan(call, _H100())
+    plan = op.make_plan(call, backend or _H100Pointers())
     if not hints:  # what the kernel compiled to before the hints: every DIV_* = 1
         plan.constexprs.update({k: 1 for k in plan.constexprs if k.startswith("DIV_")})
     c = torch.empty(tuple(call.batch) + (call.a.shape[-2], call.b.shape[-1]), dtype=call.dtype, device="meta")
@@ -53,7 +60,9 @@ def _ptx(op, *args, hints: bool = True) -> str:
     names = plan.jit_fn.arg_names
     sig, consts, attrs = {}, dict(plan.constexprs), {}
     for i, (name, v) in enumerate(zip(names, rt)):
-        if isinstance(v, torch.Tensor):
+        if type(v).__name__ == "TensorDescriptor":
+            sig[name] = f"tensordesc<{_TL[v.base.dtype]}{list(v.block_shape)}>"
+        elif isinstance(v, torch.Tensor):
             sig[name] = "*" + _TL[v.dtype]
             attrs[(i,)] = [["tt.divisibility", 16]]  # fresh allocations are 256-byte aligned
         elif isinstance(v, float):
@@ -106,8 +115,39 @@ def test_linear_layout_odd_features_gets_vector_copies():
 
 def test_hints_are_visible_in_explain_and_absent_for_multiples_of_16():
     with tuning.force({}):
-        odd = matmul.make_plan(matmul.check(_meta(3000, 1000), _meta(1000, 5000)), _H100())
-        even = matmul.make_plan(matmul.check(_meta(4096, 4096), _meta(4096, 4096)), _H100())
+        odd = matmul.make_plan(matmul.check(_meta(3000, 1000), _meta(1000, 5000)), _H100Pointers())
+        even = matmul.make_plan(matmul.check(_meta(4096, 4096), _meta(4096, 4096)), _H100Pointers())
     assert odd.config["divisibility hints"] == {"DIV_N": 8, "DIV_K": 8, "DIV_SAM": 8, "DIV_SBK": 8, "DIV_SCM": 8}
     assert "divisibility hints" not in even.config
     assert not odd.align_a and not odd.align_b  # 16-byte rows need no copy
+
+
+@pytest.mark.parametrize("op,args", [
+    (matmul, (_meta(4096, 4096), _meta(4096, 4096))),
+    (linear, (_meta(4096, 4096), _meta(4096, 4096), _meta(4096), "gelu")),  # K-contiguous weight
+    (matmul, (_meta(3000, 1000), _meta(1000, 5000))),  # edges zero-filled by the TMA engine
+], ids=["matmul 4096", "linear 4096 bias gelu", "matmul odd"])
+def test_large_sm90_calls_load_through_tensor_descriptors(op, args):
+    plan = op.make_plan(op.check(*args), _H100())
+    assert plan.config.get("TMA") is True and "TMA" in plan.variant
+    ptx = _ptx(op, *args, backend=_H100())
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+    wide, narrow = _copies(ptx)
+    assert wide == 0 and narrow <= 1, (wide, narrow)  # no per-thread operand copies; 1: linear's bias row
+
+
+@pytest.mark.parametrize("args", [
+    (_meta(64, 4096), _meta(4096, 4096)),  # few rows: the pointer kernel's skinny configs
+    (_meta(2, 512, 768), _meta(768, 512)),  # batch folded into M = 1024 but K = 768: TMA applies
+], ids=["M=64", "folded batch"])
+def test_tma_follows_the_table_rule(args):
+    plan = matmul.make_plan(matmul.check(*args), _H100())
+    M, K = plan.dims[0], plan.dims[2]
+    assert bool(plan.config.get("TMA")) == (M >= 256 and K >= 512)
+
+
+def test_misaligned_or_transposed_operands_keep_the_pointer_kernel():
+    a_t = _meta(4096, 4096).t()  # A M-contiguous: not a TMA layout here
+    assert "TMA" not in matmul.make_plan(matmul.check(a_t, _meta(4096, 4096)), _H100()).config
+    odd_rows = _meta(4096, 4095)[:, :4094]  # 8190-byte rows: not 16-byte aligned
+    assert "TMA" not in matmul.make_plan(matmul.check(odd_rows, _meta(4094, 4096)), _H100()).config
