@@ -138,7 +138,11 @@ def test_large_2d_calls_tma_where_available(backend, device):
     M, K, N = 256, 520, 264  # the smallest TMA bucket; 16-byte rows, not multiples of the tiles
     for dtype in (torch.bfloat16, torch.float16) if uses_tma else (torch.bfloat16,):  # interpreter: slow
         x, w, b = rand((M, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
-        assert bool(linear.explain(x, w, b, "gelu").config.get("TMA")) == uses_tma
+        # matmul on weight.T: the TMA kernel's K-contiguous B (linear's TMA rule starts at M > 2048)
+        assert bool(matmul.explain(x, w.t()).config.get("TMA")) == uses_tma
+        got_t = poisoned((M, N), dtype, device)
+        matmul(x, w.t(), out=got_t)
+        assert_close(got_t, x.double() @ w.double().t(), dtype, scale=K / 16)
         ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
         out = poisoned((M, N), dtype, device)
         with Unchanged(x, w, b):
