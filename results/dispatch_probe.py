@@ -11,7 +11,6 @@ import time
 
 import torch
 
-import xkernels
 from xkernels.ops import add, broadcast, linear, matmul
 
 

@@ -12,14 +12,13 @@ hardware zero-fills out-of-bounds boxes, no masks).
 import torch
 import torch.nn.functional as F
 import triton
-import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import xkernels
 from xkernels.harness import Target
 from xkernels.harness.perf import Settings, time_calls
 from xkernels.ops import linear, matmul
-from xkernels.ops.matmul_kernels import _activation
+from xkernels.ops.matmul_kernels import matmul_tma_kernel as mm_tma  # the probe's kernel, now in ops
 
 S = Settings(warmup=3, warmup_s=0.1, min_reps=20, max_reps=100, budget_s=0.4)
 target = Target(xkernels.get_backend("cuda"), torch.device("cuda"))
@@ -27,35 +26,6 @@ target = Target(xkernels.get_backend("cuda"), torch.device("cuda"))
 
 def ms(fn):
     return time_calls(lambda _: fn(), [None], target, S).median_ms
-
-
-@triton.jit
-def mm_tma(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
-           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-           HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr):
-    pid = tl.program_id(0)
-    tiles_m = (M + BLOCK_M - 1) // BLOCK_M
-    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
-    width = GROUP_M * tiles_n
-    first_m = (pid // width) * GROUP_M
-    group = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group
-    pid_n = (pid % width) // group
-    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k in range(0, K, BLOCK_K):
-        a = a_desc.load([off_m, k])
-        if B_KMAJOR:
-            b = b_desc.load([off_n, k])
-            acc = tl.dot(a, b.T, acc)
-        else:
-            b = b_desc.load([k, off_n])
-            acc = tl.dot(a, b, acc)
-    if HAS_BIAS:
-        rn = off_n + tl.arange(0, BLOCK_N)
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    acc = _activation(acc, slope, ACT)
-    c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 def run(a, b, bias=None, act=0, b_kmajor=False, cfg=(128, 256, 64, 8, 3)):

@@ -125,3 +125,15 @@ def test_plugin_tables_apply_to_calls_already_planned(tmp_path):
             assert torch.equal(xkernels.ops.broadcast(x, bias), x + bias)
         finally:
             xkernels.registry.unregister(plugin)
+
+
+def test_env_var_is_read_at_import():
+    import subprocess
+    import sys
+
+    code = ("import torch, xkernels; "
+            "print(xkernels.ops.add.explain(torch.ones(3), torch.ones(3)).backend)")
+    env = {**__import__("os").environ, "XKERNELS_BACKEND": "interpreter"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "interpreter"
