@@ -107,6 +107,9 @@ class CudaBackend(Backend):
         major, minor = torch.cuda.get_device_capability(_index(device))
         return f"sm{major}{minor}"
 
+    def compute_units(self, device: Any = None) -> int | None:
+        return _device_properties(_index(device)).multi_processor_count  # SMs, cached per device
+
     def tensor_descriptors(self, device: Any = None) -> bool:
         # the TMA engine is sm90+; host-side descriptors need triton.tools.tensor_descriptor (3.4+)
         return int(self.arch(device)[2:]) >= 90 and _has_tensor_descriptor()

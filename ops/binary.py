@@ -165,6 +165,32 @@ class BinaryPlan(Plan):
         return (xa, ya, out, a, *self.tail)
 
 
+def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
+    """The hot entry of ``op(x, y, out=out)``. Shapes, strides and dtypes are fixed by the entry's
+    key; what can differ per call is aliasing, so ``check_out``'s rule (``out`` is an input's
+    own view or disjoint from it) is re-checked on the data pointers: a partial overlap goes to
+    the full path, which raises."""
+    x, y, out = call.x, call.y, call.out
+    assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and out is not None
+    launch = plan.launcher.hot(plan.args(x, y, out, 1), 3)
+
+    def extent(t: torch.Tensor) -> int:  # bytes from the first to past the last element
+        return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+    eo, ex, ey = extent(out), extent(x), extent(y)
+    x_same = x.shape == out.shape and x.stride() == out.stride() and x.dtype == out.dtype
+    y_same = y.shape == out.shape and y.stride() == out.stride() and y.dtype == out.dtype
+
+    def hot(x: torch.Tensor, y: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor | None:
+        po, px, py = out.data_ptr(), x.data_ptr(), y.data_ptr()
+        if (po < px + ex and px < po + eo and not (x_same and po == px)) or (
+                po < py + ey and py < po + eo and not (y_same and po == py)):
+            return None
+        return out if launch(x, y, out) else None
+
+    return hot
+
+
 def _tl_dtype(dtype: torch.dtype) -> Any:
     import triton.language as tl
 
@@ -213,7 +239,7 @@ class BinaryOp(Op):
         return BinaryPlan(backend, call, self.name)
 
     def make_hot(self, plan: Plan, call: BinaryCall, args: tuple[Any, ...]) -> Any:
-        """Two device tensors, no ``out``/``alpha``: allocate the result and launch."""
+        """Two device tensors, no ``alpha``: allocate the result (or take ``out=``) and launch."""
         assert isinstance(plan, BinaryPlan)
         x, y = call.x, call.y
         if (len(args) != 2 or args[0] is not x or args[1] is not y or plan.materialize
@@ -221,12 +247,23 @@ class BinaryOp(Op):
                 or prod(call.shape) == 0):
             return None
         shape, dtype, device = call.shape, call.dtype, call.device
+        if call.out is not None:
+            return _hot_with_out(plan, call)
         like = 0 if x.shape == shape and x.dtype == dtype else 1 if y.shape == shape and y.dtype == dtype else -1
         launch = plan.launcher.hot(plan.args(x, y, torch.empty(0, dtype=dtype, device=device), 1), 3)
+        if like >= 0 and (x, y)[like].is_contiguous():
+            # empty_like of a contiguous tensor is contiguous: skip the memory_format argument (the
+            # signature, strides included, is the same on every call of this entry)
+            src = like
+
+            def hot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+                out = torch.empty_like(y if src else x)
+                return out if launch(x, y, out) else None
+            return hot
         contiguous = torch.contiguous_format
 
         def hot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-            if like == 0:  # empty_like skips the size parsing of torch.empty (~1 us)
+            if like == 0:
                 out = torch.empty_like(x, memory_format=contiguous)
             elif like == 1:
                 out = torch.empty_like(y, memory_format=contiguous)

@@ -145,7 +145,9 @@ class MatmulPlan(Plan):
                  Kd: int, a_st: tuple[int, int], b_st: tuple[int, int]) -> None:
         """Switch to ``matmul_tma_kernel`` where the backend has tensor descriptors, the operands
         suit them (row-major A; B row-major or K-contiguous; 16-byte rows; unit-stride bias) and
-        the table has a rule with ``"TMA": true`` for this bucket."""
+        the table has a rule with ``"TMA": true`` for this bucket. The rule may add
+        ``"PERSISTENT": true`` (one program per SM, from ``backend.compute_units``) and
+        ``"EPILOGUE_SUBTILE": true`` (C stored in two halves of BLOCK_N // 2 columns)."""
         from xkernels.ops import matmul_kernels as K
 
         es = call.a.element_size()
@@ -167,18 +169,30 @@ class MatmulPlan(Plan):
             return
         bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
-        self.tma = {"a": [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": [bm, bn], "b_kmajor": b_kmajor}
+        # persistent: one program per SM (compute unit), each walking tiles pid, pid + nprog, ...
+        units = backend.compute_units(call.device) if cfg.get("PERSISTENT") else None
+        programs = max(1, min(tiles, units)) if units else tiles
+        subtile = bool(cfg.get("EPILOGUE_SUBTILE"))
+        c_block = [bm, bn // 2] if subtile else [bm, bn]
+        self.tma = {"a": [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": c_block, "b_kmajor": b_kmajor}
         self.jit_fn = K.matmul_tma_kernel
-        self.grid = (tiles,)
+        self.grid = (programs,)
         self.dims = (M, N, Kd)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
-                               HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor)
+                               HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor,
+                               PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.variant += ", tiles loaded through tensor descriptors (TMA)"
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
                        **self.options, "TMA": True}
+        if units:
+            self.variant += ", persistent (a program per SM)"
+            self.config["PERSISTENT"] = True
+        if subtile:
+            self.variant += ", C stored in two column halves"
+            self.config["EPILOGUE_SUBTILE"] = True
         self.source = choice.source
-        self.programs = self.tiles = tiles
+        self.programs, self.tiles = programs, tiles
 
     def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
                slope: float, batch: tuple[int, ...]) -> None:

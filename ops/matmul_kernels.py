@@ -11,6 +11,8 @@ tiles ``pid, pid + nprog, ...``), the block sizes from the op's tuning table, ``
 rows are 16-byte aligned: tiles are loaded through tensor descriptors (TMA). On an H100 it
 measured 1.03-1.05x torch at 4096^3 against 0.91-0.99x for the pointer kernel, and it removes the
 30% the pointer kernel loses on linear's K-contiguous weight (results/h100-2026-11-22-s2-run4).
+Its table config may make it persistent (one program per SM, the next tile's loads overlapping
+this tile's epilogue) and store C in two column halves (``PERSISTENT``, ``EPILOGUE_SUBTILE``).
 
 Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu.
 """
@@ -121,22 +123,18 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, 
 
 
 @triton.jit
-def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                      GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr):
-    """C = act(A @ B + bias) for 2-D A (M, K) and B given as (K, N) or, ``B_KMAJOR``, as the
-    (N, K) weight of ``linear``: tiles move through tensor descriptors (the TMA engine on
-    sm90+), which zero-fill reads past the edges and clip writes, so no masks are needed.
-    One program per output tile, grouped for L2 reuse."""
-    pid = tl.program_id(0)
+def _tma_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Row and column offsets of output tile ``tile`` in grouped order (L2 reuse)."""
     tiles_m = (M + BLOCK_M - 1) // BLOCK_M
-    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
-    width = GROUP_M * tiles_n
-    first_m = (pid // width) * GROUP_M
+    width = GROUP_M * ((N + BLOCK_N - 1) // BLOCK_N)
+    first_m = (tile // width) * GROUP_M
     group = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % group
-    pid_n = (pid % width) // group
-    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    return (first_m + (tile % width) % group) * BLOCK_M, ((tile % width) // group) * BLOCK_N
+
+
+@triton.jit
+def _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr):
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         a = a_desc.load([off_m, k])
@@ -144,8 +142,61 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
             acc = tl.dot(a, b_desc.load([off_n, k]).T, acc)
         else:
             acc = tl.dot(a, b_desc.load([k, off_n]), acc)
+    return acc
+
+
+@triton.jit
+def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, N, slope, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr,
+               ACT: tl.constexpr):
+    """act(acc + bias) into the ``WIDTH`` columns of C from ``off_n``."""
     if HAS_BIAS:
-        rn = off_n + tl.arange(0, BLOCK_N)
+        rn = off_n + tl.arange(0, WIDTH)
         acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     acc = _activation(acc, slope, ACT)
     c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@triton.jit
+def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
+    if EPILOGUE_SUBTILE:  # two (BLOCK_M, BLOCK_N // 2) halves: half the staging buffer in shared memory
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        acc0, acc1 = tl.split(halves)
+        _tma_store(c_desc, bias_ptr, acc0, off_m, off_n, N, slope, BLOCK_N // 2, HAS_BIAS, ACT)
+        _tma_store(c_desc, bias_ptr, acc1, off_m, off_n + BLOCK_N // 2, N, slope, BLOCK_N // 2, HAS_BIAS, ACT)
+    else:
+        _tma_store(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_N, HAS_BIAS, ACT)
+
+
+@triton.jit
+def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr,
+                      PERSISTENT: tl.constexpr = False, EPILOGUE_SUBTILE: tl.constexpr = False):
+    """C = act(A @ B + bias) for 2-D A (M, K) and B given as (K, N) or, ``B_KMAJOR``, as the
+    (N, K) weight of ``linear``: tiles move through tensor descriptors (the TMA engine on
+    sm90+), which zero-fill reads past the edges and clip writes, so no masks are needed.
+
+    One program per output tile, grouped for L2 reuse; ``PERSISTENT``: one program per SM walking
+    tiles ``pid, pid + nprog, ...`` in one flattened loop, so the next tile's loads overlap this
+    tile's epilogue. ``EPILOGUE_SUBTILE``: C is written in two column halves (``c_desc``'s block
+    is (BLOCK_M, BLOCK_N // 2))."""
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        nprog = tl.num_programs(0)
+        tile_c = pid - nprog
+        n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+        for tile in tl.range(pid, n_tiles, nprog, flatten=True):
+            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
+            # the epilogue recounts its tile (as Triton's persistent-matmul tutorial does), so the
+            # pipeliner need not carry the load offsets over to it
+            tile_c += nprog
+            off_cm, off_cn = _tma_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _tma_epilogue(c_desc, bias_ptr, acc, off_cm, off_cn, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
+                          EPILOGUE_SUBTILE)
+    else:
+        off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
+        _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
+                      EPILOGUE_SUBTILE)

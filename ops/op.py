@@ -9,13 +9,13 @@ Routing for a validated call on backend ``b``:
 ``op.explain(*args, **kwargs)`` answers which of these runs, with which kernel variant and
 config, and why, without running anything.
 
-Repeated calls. A call that took route 2 with positional arguments only leaves a *hot entry*
-keyed by its signature: the ``use_backend`` override in effect, each tensor's shape, strides,
-dtype and device, and every other argument by type and value. Everything ``check`` and the
+Repeated calls. A call that took route 2 with positional arguments (and at most a tensor
+``out=``) leaves a *hot entry* keyed by its signature: the ``use_backend`` override in effect,
+each tensor's shape, strides, dtype and device, and every other argument by type and value. Everything ``check`` and the
 routing decided is a function of that signature, so the next call with the same signature skips
 them: it allocates the result and launches (``Launcher.hot``). Hot entries are not made or used
-while a tuning config is forced, and are dropped when a plugin registers. Keyword arguments
-(``out=``, ``alpha=``) always take the full path.
+while a tuning config is forced, and are dropped when a plugin registers. Other keyword
+arguments (``alpha=``) always take the full path.
 """
 
 from __future__ import annotations
@@ -111,8 +111,9 @@ class Op:
         raise NotImplementedError
 
     def make_hot(self, plan: Plan, call: Any, args: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
-        """A function of the positional ``args`` of a call with this signature that runs it, or
-        returns ``None`` to have the full path run it; ``None`` here when not applicable."""
+        """A function of the arguments of a call with this signature (positional ``args``, and
+        ``out=`` if ``call.out`` is set) that runs it, or returns ``None`` to have the full path
+        run it; ``None`` here when not applicable."""
         return None
 
     # -- routing ------------------------------------------------------------------------------
@@ -137,13 +138,13 @@ class Op:
         return plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self._hot and not kwargs and _forced.get() is None:
+        if self._hot and _forced.get() is None:
             try:
-                hot = self._hot.get(_key(args))
+                hot = self._hot.get(_key(args) if not kwargs else _out_key(args, kwargs))
             except TypeError:  # an unhashable argument
                 hot = None
             if hot is not None:
-                result = hot(*args)
+                result = hot(*args, **kwargs)
                 if result is not None:
                     return result
         call = self.check(*args, **kwargs)
@@ -155,15 +156,17 @@ class Op:
             return self.torch_impl(call)
         plan = self.plan(call, backend)
         result = self.run_plan(plan, call)
-        if not kwargs and _forced.get() is None:
-            self._remember(args, plan, call)
+        if _forced.get() is None:
+            self._remember(args, kwargs, plan, call)
         return result
 
-    def _remember(self, args: tuple[Any, ...], plan: Plan, call: Any) -> None:
+    def _remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Plan, call: Any) -> None:
         try:
-            key = _key(args)
+            key = _key(args) if not kwargs else _out_key(args, kwargs)
             hash(key)
         except TypeError:
+            return
+        if key is None:
             return
         if key in self._hot:
             return
@@ -200,6 +203,15 @@ def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
         if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
             return (_override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device)
     return (_override.get(), *map(_signature, args))
+
+
+def _out_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The hot-entry key of a call whose only keyword is a tensor ``out=``; else ``None``."""
+    if len(kwargs) == 1:
+        out = kwargs.get("out")
+        if isinstance(out, torch.Tensor):
+            return (*_key(args), "out", out.shape, out.stride(), out.dtype, out.device)
+    return None
 
 
 def _signature(arg: Any) -> Any:

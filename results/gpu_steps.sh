@@ -13,6 +13,7 @@ for step in "$@"; do
   echo "=== $step $(date -u +%T)"
   case $step in
     dispatch) PROFILE=1 python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch.txt"
+              XKERNELS_DIRECT_LAUNCH=0 python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-triton-c-launch.txt"
               XKERNELS_FAST_LAUNCH=0 python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-no-fast-launch.txt" ;;
     ops) XKERNELS_TEST_BACKENDS=cuda timeout 300 python3 -m pytest -q -p no:cacheprovider tests/ops 2>&1 | tail -15 | tee "$OUT/pytest-ops.txt" ;;
     suite) XKERNELS_TEST_BACKENDS=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tail -15 | tee "$OUT/pytest-cuda.txt" ;;

@@ -8,7 +8,8 @@ A backend answers five questions about a device:
 * memory alignment: ``alignment`` in bytes, ``is_aligned(tensor)``, ``tile_multiple(dtype)``;
 * device properties: :class:`DeviceProperties` (figures marked measured or datasheet);
 * launch geometry: ``programs(n_tiles, unit)``, i.e. how many Triton programs to launch for a
-  given number of tiles, and ``tuning_dirs``, where its tuning tables live.
+  given number of tiles, ``compute_units()`` (the grid of a one-program-per-SM persistent
+  kernel), and ``tuning_dirs``, where its tuning tables live.
 
 Subclass :class:`Backend` and override what differs; see ``backends/`` for four examples.
 """
@@ -198,6 +199,11 @@ class Backend:
     def max_programs(self, unit: Unit = "vector", device: Any = None) -> int:
         """Most programs one launch should use; a kernel loops over the rest (persistent)."""
         return 2**31 - 1
+
+    def compute_units(self, device: Any = None) -> int | None:
+        """Compute units of ``device`` that run matrix work (SMs, AI cores), the grid of a
+        persistent kernel with one program per unit; ``None`` when unknown."""
+        return self.properties(device).compute_units
 
     def programs(self, n_tiles: int, unit: Unit = "vector", device: Any = None) -> int:
         """Programs to launch for ``n_tiles`` tiles. Fewer than ``n_tiles`` means persistent."""

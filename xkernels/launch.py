@@ -16,12 +16,14 @@ between calls of one plan: each tensor's 16-byte alignment, each int scalar's va
 (== 1, divisible by 16, needs 64 bits). Everything else is fixed by the plan.
 
 ``Launcher.hot`` goes one step further for an op's repeated calls (see ``Op.__call__``): a
-closure over everything but the data pointers, which calls the compiled kernel's C launch
-function itself with integer pointers. That skips, per call, Triton's Python launcher wrapper,
-the launch-metadata dict, a Python call of the (empty) launch hook chains, and the driver's
-pointer-attribute query per tensor. It applies only while no launch hook is installed (e.g. by a
-profiler), for 16-byte-aligned pointers, and for kernels without scratch memory; otherwise the
-closure reports that it did not launch and the caller takes the ordinary path.
+launch function of the data pointers alone. Where it can, that is a ``direct_launch.Record``
+(everything but the pointers packed once; one C call per launch into ``cuLaunchKernel``);
+otherwise a closure calling the compiled kernel's own C launch function with integer pointers.
+Either skips, per call, Triton's Python launcher wrapper, the launch-metadata dict, a Python call
+of the (empty) launch hook chains, and the driver's pointer-attribute query per tensor. They
+apply only while no launch hook is installed (e.g. by a profiler), for 16-byte-aligned pointers,
+and for kernels without scratch memory; otherwise they report that they did not launch and the
+caller takes the ordinary path.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from xkernels import direct_launch
 
 FAST_TRITON = ("3.6.",)
 
@@ -137,7 +141,8 @@ class Launcher:
         return ordinary
 
     def _direct(self, args: tuple[Any, ...], n_ptrs: int) -> Callable[..., bool] | None:
-        """The C-launch closure of ``hot``, or ``None`` where it does not apply (see module doc)."""
+        """The C launch of ``hot``: a ``direct_launch.Record`` where one can be made, else a closure
+        over Triton's C launch function; ``None`` where neither applies (see module doc)."""
         if not self.fast or self._tail is None or n_ptrs not in (3, 4):
             return None
         pos = self.varying if self.varying is not None else range(len(args))
@@ -145,12 +150,17 @@ class Launcher:
         entry = self._compiled.get(key)
         if entry is None:
             return None
-        run, function, packed, _ = entry
+        run, function, packed, compiled = entry
         launch = getattr(run, "launch", None)
         enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
         if (getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
                 or not callable(launch) or not hasattr(enter, "calls") or not hasattr(leave, "calls")):
             return None
+        if getattr(getattr(compiled.metadata, "target", None), "backend", None) == "cuda":
+            rec = direct_launch.record(compiled, self._g, (*args, *self._tail), n_ptrs, self._device,
+                                       self._stream, enter, leave)
+            if rec is not None:
+                return rec
         coop, pdl = bool(run.launch_cooperative_grid), bool(run.launch_pdl)
         gx, gy, gz = self._g
         stream, device = self._stream, self._device

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from helpers import Unchanged, assert_close, poisoned, rand
+from xkernels import tuning
+from xkernels.backends.interpreter import InterpreterBackend
 from xkernels.ops import linear, matmul
 from xkernels.ops.matmul import ACTIVATIONS, reference_linear
 
@@ -154,3 +156,75 @@ def test_large_2d_calls_tma_where_available(backend, device):
         shifted = buf[1:].view(M, K)  # data_ptr % 16 == 2
         bt = rand((K, N), dtype, device)
         assert_close(matmul(shifted, bt), shifted.double() @ bt.double(), dtype, scale=K / 16)
+
+
+_TMA_BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True}
+_TMA_SMALL = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True}
+
+
+@pytest.mark.parametrize("cfg", [
+    _TMA_BIG, {**_TMA_BIG, "EPILOGUE_SUBTILE": True}, {**_TMA_BIG, "PERSISTENT": True},
+    {**_TMA_BIG, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
+    {**_TMA_SMALL, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
+], ids=["one tile each", "subtile", "persistent", "persistent + subtile", "64x128 persistent + subtile"])
+def test_tma_kernel_variants_match_torch(backend, device, cfg):
+    """The tensor-descriptor kernel's tunable forms (``xkernels.tune`` candidates) against torch:
+    several tiles per program when persistent (more tiles than SMs), edge tiles in M, N and K,
+    row-major and K-contiguous B, the bias + activation epilogue whole and in halves. Runs where
+    the backend has tensor descriptors (sm90+); on CPU, ``test_tma_kernel_variants_in_the_interpreter``."""
+    if not backend.tensor_descriptors(device):
+        pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
+    M, K, N = 3000, 520, 2056  # 16-byte rows; 24 x 9 tiles of 128x256
+    dtype = torch.bfloat16
+    x, w, b = rand((M, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
+    bt = rand((K, N), dtype, device)
+    with tuning.force(cfg):
+        exp = matmul.explain(x, w.t())
+        assert exp.config.get("TMA") and exp.config.get("PERSISTENT", False) == cfg.get("PERSISTENT", False)
+        assert exp.config.get("EPILOGUE_SUBTILE", False) == cfg.get("EPILOGUE_SUBTILE", False)
+        if cfg.get("PERSISTENT"):
+            assert exp.programs == min(exp.tiles, backend.compute_units(device)) < exp.tiles
+        assert_close(matmul(x, w.t()), x.double() @ w.double().t(), dtype, scale=K / 16)
+        assert_close(matmul(x, bt), x.double() @ bt.double(), dtype, scale=K / 16)
+        for act in ("gelu", "relu"):
+            ref = reference_linear(x.double(), w.double(), b.double(), act)
+            assert_close(linear(x, w, b, act), ref, dtype, scale=K / 16)
+
+
+class _InterpretedTma(InterpreterBackend):
+    """The interpreter with the TMA path on (Triton's interpreter runs tensor descriptors) and a
+    3-SM device, so the tensor-descriptor kernel's forms are checked on CPU too."""
+
+    def tensor_descriptors(self, device=None) -> bool:
+        return True
+
+    def compute_units(self, device=None) -> int:
+        return 3
+
+
+_TMA_TINY = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2, "TMA": True}
+
+
+@pytest.mark.parametrize("cfg", [
+    _TMA_TINY, {**_TMA_TINY, "EPILOGUE_SUBTILE": True}, {**_TMA_TINY, "PERSISTENT": True},
+    {**_TMA_TINY, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
+], ids=["one tile each", "subtile", "persistent", "persistent + subtile"])
+def test_tma_kernel_variants_in_the_interpreter(cfg):
+    """The same forms on CPU, through Triton's interpreter: 5 x 5 edge tiles, over 3 programs when
+    persistent. float16 only: the interpreter's dot reads bfloat16 as raw bits (``UPCAST``)."""
+    be = _InterpretedTma()
+    if be.unavailable_reason():
+        pytest.skip(be.unavailable_reason())
+    M, K, N, dtype = 300, 72, 264, torch.float16
+    x, w, b = rand((M, K), dtype, "cpu"), rand((N, K), dtype, "cpu"), rand((N,), dtype, "cpu")
+    bt = rand((K, N), dtype, "cpu")
+    cases = [(matmul, (x, w.t()), x.double() @ w.double().t()), (matmul, (x, bt), x.double() @ bt.double()),
+             (linear, (x, w, b, "gelu"), reference_linear(x.double(), w.double(), b.double(), "gelu"))]
+    for op, args, ref in cases:
+        call = op.check(*args)
+        with tuning.force(cfg):
+            plan = op.make_plan(call, be)
+        assert plan.tma is not None and plan.grid == (3 if cfg.get("PERSISTENT") else 25,)
+        c = poisoned((M, N), dtype, "cpu")
+        plan.launch(call.a, call.b, c, call.bias, call.slope, ())
+        assert_close(c, ref, dtype, scale=K / 16)

@@ -31,6 +31,8 @@ if "nvidia" not in _triton_backends:  # triton-ascend replaces the package and h
     pytest.skip(f"this Triton ({triton.__version__}) has no NVIDIA compiler backend", allow_module_level=True)
 
 _TL = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+SMS = 132  # the fake H100's SMs: the grid of a persistent kernel
+SMEM = 232448  # shared memory one block may use on an H100 (227 KiB)
 
 
 class _H100(CudaBackend):
@@ -42,6 +44,9 @@ class _H100(CudaBackend):
     def max_programs(self, unit="vector", device=None) -> int:
         return 2**31 - 1
 
+    def compute_units(self, device=None) -> int:
+        return SMS
+
 
 class _H100Pointers(_H100):
     """The same without tensor descriptors: the pointer kernel (Triton < 3.4; pre-sm90 layouts)."""
@@ -51,6 +56,11 @@ class _H100Pointers(_H100):
 
 
 def _ptx(op, *args, hints: bool = True, backend=None) -> str:
+    return _compile(op, *args, hints=hints, backend=backend)[1].asm["ptx"]
+
+
+def _compile(op, *args, hints: bool = True, backend=None):
+    """(plan, kernel compiled for sm90) of a call."""
     call = op.check(*args)
     plan = op.make_plan(call, backend or _H100Pointers())
     if not hints:  # what the kernel compiled to before the hints: every DIV_* = 1
@@ -78,7 +88,7 @@ def _ptx(op, *args, hints: bool = True, backend=None) -> str:
     opts = {k: v for k, v in plan.options.items() if k in ("num_warps", "num_stages")}
     compiled = triton.compile(ASTSource(plan.jit_fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
                               options=opts)
-    return compiled.asm["ptx"]
+    return plan, compiled
 
 
 def _copies(ptx: str) -> tuple[int, int]:
@@ -151,3 +161,65 @@ def test_misaligned_or_transposed_operands_keep_the_pointer_kernel():
     assert "TMA" not in matmul.make_plan(matmul.check(a_t, _meta(4096, 4096)), _H100()).config
     odd_rows = _meta(4096, 4095)[:, :4094]  # 8190-byte rows: not 16-byte aligned
     assert "TMA" not in matmul.make_plan(matmul.check(odd_rows, _meta(4094, 4096)), _H100()).config
+
+
+_TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True}
+
+
+def _tma_stores(ptx: str) -> int:
+    return len(re.findall(r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", ptx))
+
+
+@pytest.mark.parametrize("mode", ["one tile each", "persistent", "persistent + subtile"])
+@pytest.mark.parametrize("op,args,tiles", [
+    (matmul, (_meta(4096, 4096), _meta(4096, 4096)), 16 * 32),
+    (linear, (_meta(4096, 4096), _meta(4096, 4096), _meta(4096), "gelu"), 16 * 32),
+    (matmul, (_meta(3000, 1000), _meta(1000, 5000)), 24 * 20),
+    (linear, (_meta(1024, 512), _meta(1024, 512), _meta(1024), "gelu"), 8 * 4),  # fewer tiles than SMs
+], ids=["matmul 4096", "linear 4096 bias gelu", "matmul odd", "linear 1024 bias gelu"])
+def test_tma_kernel_persistent_and_subtiled_epilogue(op, args, tiles, mode):
+    persistent, subtile = mode != "one tile each", mode.endswith("subtile")
+    cfg = {**_TMA, **({"PERSISTENT": True} if persistent else {}), **({"EPILOGUE_SUBTILE": True} if subtile else {})}
+    with tuning.force(cfg):
+        plan, kernel = _compile(op, *args, backend=_H100())
+    assert plan.tiles == tiles and plan.grid == (min(tiles, SMS) if persistent else tiles,)
+    assert plan.programs == plan.grid[0]
+    assert (plan.constexprs["PERSISTENT"], plan.constexprs["EPILOGUE_SUBTILE"]) == (persistent, subtile)
+    # what explain() shows
+    assert plan.config.get("PERSISTENT", False) == persistent and ("persistent" in plan.variant) == persistent
+    assert plan.config.get("EPILOGUE_SUBTILE", False) == subtile and ("halves" in plan.variant) == subtile
+    assert plan.tma["c"] == [128, 128 if subtile else 256]
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+    assert ("%nctaid.x" in ptx) == persistent  # the tile loop steps by the number of programs
+    assert kernel.metadata.shared <= SMEM, kernel.metadata.shared
+    if subtile:  # C leaves in two TMA stores where the same kernel without subtiling has one
+        with tuning.force({**cfg, "EPILOGUE_SUBTILE": False}):
+            whole = _ptx(op, *args, backend=_H100())
+        assert _tma_stores(ptx) == 2 * _tma_stores(whole) > 0
+
+
+def test_persistent_tma_needs_a_known_sm_count():
+    class _Unknown(_H100):
+        def compute_units(self, device=None):
+            return None
+
+    with tuning.force({**_TMA, "PERSISTENT": True}):
+        plan = matmul.make_plan(matmul.check(_meta(4096, 4096), _meta(4096, 4096)), _Unknown())
+    assert plan.grid == (512,) and not plan.constexprs["PERSISTENT"] and "PERSISTENT" not in plan.config
+
+
+@pytest.mark.slow
+def test_tune_tma_candidates_fit_sm90_shared_memory():
+    """Every TMA config ``xkernels.tune`` sweeps compiles for sm90 within a block's shared memory."""
+    from xkernels.tune import _buckets
+
+    cands = {tuple(sorted(c.items())): c for _, _, cs in _buckets("linear", "meta", tma=True) for c in cs
+             if c.get("TMA")}
+    assert len(cands) >= 12
+    for cfg in cands.values():
+        for op, args in ((matmul, (_meta(4096, 4096), _meta(4096, 4096))),
+                         (linear, (_meta(4096, 4096), _meta(4096, 4096), _meta(4096), "gelu"))):
+            with tuning.force(cfg):
+                plan, kernel = _compile(op, *args, backend=_H100())
+            assert plan.tma is not None and kernel.metadata.shared <= SMEM, (cfg, kernel.metadata.shared)

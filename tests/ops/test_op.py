@@ -97,6 +97,28 @@ def test_new_signature_keywords_and_backend_change_take_the_full_path(backend, d
         assert counter.n == base + 5
 
 
+def test_out_repeat_is_hot_and_keeps_the_aliasing_rule(backend, device, monkeypatch):
+    counter = CheckCounter(add, monkeypatch)
+    shape = (33, 70)
+    for _ in range(3):  # a separate out, fresh data each time, poisoned first
+        x, y = rand(shape, torch.float32, device), rand(shape, torch.float32, device)
+        out = torch.full(shape, float("nan"), device=device)
+        with Unchanged(x, y):
+            assert add(x, y, out=out) is out
+        assert_close(out, x.double() + y.double(), torch.float32)
+    assert counter.n == (1 if _hot_expected(backend) else 3)
+    x, y = rand(shape, torch.float32, device), rand(shape, torch.float32, device)
+    want = x.double() + y.double()
+    assert add(x, y, out=x) is x  # in place: out is x's own view, same signature as above
+    assert_close(x, want, torch.float32)
+    buf = rand((34 * 70,), torch.float32, device)
+    a, b = buf[:33 * 70].view(shape), buf[70:].view(shape)  # b starts one row into a
+    before = buf.clone()
+    with pytest.raises(ValueError, match="partially overlaps"):
+        add(a, y, out=b)
+    assert torch.equal(buf, before)  # nothing written
+
+
 def test_forced_tuning_config_bypasses_hot_entries(backend, device, monkeypatch):
     if not backend.runs_triton:
         pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel config to force")

@@ -1,0 +1,135 @@
+"""Launch records (xkernels/direct_launch.py): the packing checked against what Triton compiles,
+the C record's refusals checked without a GPU; on a GPU, the ops' hot path runs through records."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+import pytest
+import torch
+
+from xkernels import direct_launch
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _probe_kernel(x_ptr, y_ptr, out_ptr, n, alpha, big, flag, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x_ptr + offs, mask=m) + alpha * tl.load(y_ptr + offs, mask=m)
+    if flag:
+        v = v + big
+    tl.store(out_ptr + offs, v, mask=m)
+
+
+SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "out_ptr": "*fp32", "n": "i32", "alpha": "fp32",
+             "big": "i64", "flag": "i1", "BLOCK": "constexpr"}
+VALUES = (None, None, None, 1000, 0.5, 2**40, True, 256)
+
+
+def test_slots_pack_each_type_little_endian_and_append_the_scratch_pointers():
+    slots, ptr_slots = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
+    assert ptr_slots == (0, 1, 2)
+    cells = [slots[i:i + 8] for i in range(0, len(slots), 8)]
+    assert len(cells) == 7 + 2  # 7 runtime parameters (BLOCK is compiled in) + global/profile scratch
+    assert cells[3] == struct.pack("<i", 1000).ljust(8, b"\0")
+    assert cells[4] == struct.pack("<f", 0.5).ljust(8, b"\0")
+    assert cells[5] == struct.pack("<q", 2**40)
+    assert cells[6] == b"\x01".ljust(8, b"\0")
+    assert cells[0] == cells[7] == cells[8] == bytes(8)
+
+
+def test_bf16_is_the_top_half_of_fp32_and_fp16_is_ieee_half():
+    assert direct_launch.pack_slot("bf16", 1.5)[:2] == struct.pack("<f", 1.5)[2:]
+    assert direct_launch.pack_slot("fp16", 1.5)[:2] == struct.pack("<e", 1.5)
+
+
+def test_unpackable_signatures_are_refused():
+    assert direct_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), 0) is None
+    assert direct_launch.pack_slots({"p": "i32", "q": "*fp32"}, (1, None), 1) is None  # 1st must be a pointer
+    assert direct_launch.pack_slots({"p": "*fp32"}, (None, 1), 1) is None  # length mismatch
+
+
+def test_slot_count_matches_the_compiled_kernel_parameters():
+    """The record passes one slot per kernel parameter: count them in what Triton compiles for sm90."""
+    from triton.backends import backends
+    if "nvidia" not in backends:
+        pytest.skip(f"this Triton ({triton.__version__}) has no NVIDIA compiler backend")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    consts = {"BLOCK": 256}
+    compiled = triton.compile(ASTSource(_probe_kernel, SIGNATURE, consts), target=GPUTarget("cuda", 90, 32))
+    entry = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S)
+    params = re.findall(r"\.param\s+\.(\w+)", entry.group(1))
+    slots, _ = direct_launch.pack_slots(dict(compiled.src.signature), VALUES, 3)
+    assert len(slots) // 8 == len(params), params
+    assert params[:3] == ["u64"] * 3 and params[-2:] == ["u64", "u64"]
+
+
+class _Chain:
+    def __init__(self, calls=()):
+        self.calls = list(calls)
+
+
+def _record(enter=(), leave=()):
+    mod = direct_launch.module()
+    if mod is None:
+        pytest.skip(f"launch records cannot be built here: {direct_launch.unavailable_reason()}")
+    if mod.driver_ok():
+        pytest.skip("an NVIDIA driver is present: the refusal tests would launch a fake function")
+    slots, ptr_slots = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
+    return mod.Record(0x1234, 4, 1, 1, 128, 0, slots, ptr_slots, lambda: 0, lambda d: 0,
+                      _Chain(enter), _Chain(leave))
+
+
+def test_record_refuses_misaligned_pointers_and_installed_hooks_before_the_driver():
+    rec = _record()
+    assert rec(256, 512, 1024 + 8) is False  # not 16-byte aligned
+    assert _record(enter=[print])(256, 512, 1024) is False
+    assert _record(leave=[print])(256, 512, 1024) is False
+    with pytest.raises(RuntimeError, match="libcuda"):  # aligned, no hooks: it would launch
+        rec(256, 512, 1024)
+    cells = rec.slots()
+    assert struct.unpack("<Q", cells[16:24])[0] == 0  # a refused call writes no pointer
+    with pytest.raises(TypeError, match="3 tensors"):
+        rec(256, 512)
+
+
+def test_record_takes_data_pointers_from_tensors():
+    rec = _record()
+    t = torch.empty(64)
+    assert rec(t, t, t[1:]) is False  # t[1:] starts 4 bytes in
+
+
+def test_bad_records_are_value_errors():
+    mod = direct_launch.module()
+    if mod is None:
+        pytest.skip(direct_launch.unavailable_reason())
+    with pytest.raises(ValueError, match="slots"):
+        mod.Record(1, 1, 1, 1, 32, 0, b"1234567", (0,), int, int, _Chain(), _Chain())
+    with pytest.raises(ValueError, match="out of range"):
+        mod.Record(1, 1, 1, 1, 32, 0, bytes(16), (5,), int, int, _Chain(), _Chain())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_hot_calls_on_cuda_launch_through_a_record():
+    from xkernels.ops import add, broadcast, matmul
+    from xkernels.ops.op import _key
+
+    x, y = torch.randn(4096, device="cuda"), torch.randn(4096, device="cuda")
+    m, b = torch.randn(64, 96, device="cuda"), torch.randn(96, device="cuda")
+    a2, b2 = torch.randn(48, 32, device="cuda"), torch.randn(32, 80, device="cuda")
+    for op, args, ref in [(add, (x, y), torch.add), (broadcast, (m, b), torch.add), (matmul, (a2, b2), torch.matmul)]:
+        op(*args)
+        hot = op._hot.get(_key(args))
+        assert hot is not None
+        kinds = {type(c.cell_contents).__name__ for c in hot.__closure__ or ()}
+        assert "Record" in kinds, (op.name, kinds)
+        for _ in range(3):  # fresh data through the same entry
+            for t in args:
+                t.copy_(torch.randn_like(t))
+            torch.testing.assert_close(op(*args), ref(*args), rtol=1e-4, atol=1e-4)
