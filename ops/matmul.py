@@ -13,7 +13,7 @@ Both run ``matmul_kernels.matmul_kernel``. Layout handling on the host:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -232,6 +232,51 @@ class MatmulPlan(Plan):
                 TensorDescriptor(c2, list(c2.shape), [c2.stride(0), 1], t["c"]))
 
 
+class _HostDescriptor(NamedTuple):
+    """What Triton 3.6's launcher reads of a ``TensorDescriptor`` argument (base, shape, strides,
+    padding), without its per-object validation (~10 us a descriptor on an H100 host): for hot
+    entries, whose shapes and strides were validated by the first call's real descriptors."""
+
+    base: torch.Tensor
+    shape: list[int]
+    strides: list[int]
+    block_shape: list[int]
+    padding: str = "zero"
+
+
+def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
+    """The hot entry of a TMA plan: build the three descriptors from the call's tensors (the
+    shapes, strides and block shapes are the first call's) and launch through Triton's compiled
+    launcher. Bases must stay 16-byte aligned and the bias's alignment class the same, or the
+    full path runs (it copies misaligned bases)."""
+    t = plan.tma
+    assert t is not None
+    (M, N, K), out_shape, dtype, device = plan.dims, call.out_shape, call.dtype, call.device
+    c = torch.empty(out_shape, dtype=dtype, device=device)
+    launch = plan.launcher.hot_run(plan.args(call.a, call.b, c, call.bias, call.slope))
+    if launch is None:
+        return None
+    # B's descriptor base: the (N, K) weight when K-contiguous, else (K, N); the call's b is
+    # either (linear's weight, matmul's transposed view), fixed by the entry's strides
+    b_flip = t["b_kmajor"] and tuple(b_arg.shape) == (K, N) and b_arg.stride() == call.b.stride()
+    has_bias, slope = call.bias is not None, call.slope
+    bias_aligned = call.bias.data_ptr() % 16 == 0 if has_bias else True
+    a_st, b_base = call.a.stride(0), (call.b.t() if t["b_kmajor"] else call.b)
+    b_shape, b_st = list(b_base.shape), [b_base.stride(0), 1]
+    a_shape, c_shape = [M, K], [M, N]
+
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+        if (a.data_ptr() | b.data_ptr()) & 15 or (has_bias and (bias.data_ptr() % 16 == 0) != bias_aligned):
+            return None
+        c = torch.empty(out_shape, dtype=dtype, device=device)
+        descs = (_HostDescriptor(a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1], t["a"]),
+                 _HostDescriptor(b.t() if b_flip else b, b_shape, b_st, t["b"]),
+                 _HostDescriptor(c if c.dim() == 2 else c.view(M, N), c_shape, [N, 1], t["c"]))
+        return c if launch(*descs, bias if has_bias else c, M, N, K, slope) else None
+
+    return hot
+
+
 REALIGN_MIN_ELEMENTS = 1 << 16  # below this a copy costs more than misaligned loads
 
 
@@ -322,11 +367,13 @@ class _MatmulBase(Op):
         kernel's a/b operands are views of the first two sharing their data pointers."""
         assert isinstance(plan, MatmulPlan)
         a, b = args[0], args[1]
-        if (call.out is not None or plan.materialize or plan.align_a or plan.align_b or plan.tma is not None
+        if (call.out is not None or plan.materialize or plan.align_a or plan.align_b
                 or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()
                 or not all(isinstance(t, torch.Tensor) for t in (a, b)) or prod(call.out_shape) == 0
                 or any(isinstance(v, torch.Tensor) for v in args[2:] if v is not call.bias)):
             return None
+        if plan.tma is not None:
+            return _hot_tma(plan, call, b)
         out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
         c = torch.empty(out_shape, dtype=dtype, device=device)
         launch = plan.launcher.hot(plan.args(call.a, call.b, c, call.bias, call.slope), 4)

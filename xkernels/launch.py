@@ -125,6 +125,33 @@ class Launcher:
             enter = leave = meta = None
         run(*self._g, stream, function, packed, meta, enter, leave, *full)
 
+    def hot_run(self, args: tuple[Any, ...]) -> Callable[..., bool] | None:
+        """Triton's compiled launch for calls whose every argument has the spec (``_spec``) of
+        ``args``'s: a function of the runtime arguments that returns whether it launched (not
+        while a launch hook is installed). ``None`` before the first launch of that spec, or off
+        the fast path. For kernels whose arguments ``Launcher.hot`` does not cover (tensor
+        descriptors); the caller keeps the specs equal (alignment, int classes)."""
+        if not self.fast or self._tail is None:
+            return None
+        pos = self.varying if self.varying is not None else range(len(args))
+        entry = self._compiled.get(tuple(_spec(args[i]) for i in pos))
+        if entry is None:
+            return None
+        run, function, packed, _ = entry
+        enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
+        if not hasattr(enter, "calls") or not hasattr(leave, "calls"):
+            return None
+        gx, gy, gz = self._g
+        stream, device, tail = self._stream, self._device, self._tail
+
+        def go(*call_args: Any) -> bool:
+            if enter.calls or leave.calls:
+                return False
+            run(gx, gy, gz, stream(device()), function, packed, None, None, None, *call_args, *tail)
+            return True
+
+        return go
+
     def hot(self, args: tuple[Any, ...], n_ptrs: int) -> Callable[..., bool]:
         """A launch function for calls that differ from ``args`` only in the first ``n_ptrs``
         arguments (tensors). It takes those tensors and returns whether it launched; ``False``

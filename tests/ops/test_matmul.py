@@ -158,6 +158,34 @@ def test_large_2d_calls_tma_where_available(backend, device):
         assert_close(matmul(shifted, bt), shifted.double() @ bt.double(), dtype, scale=K / 16)
 
 
+def test_tma_repeat_calls_are_hot_and_match(backend, device):
+    """Repeated TMA calls skip checks and planning (hot entries build light descriptors): fresh
+    data each time, linear with a 3-D x folded into M, matmul on a K-contiguous view, and a
+    misaligned base after aligned calls (the full path copies it)."""
+    if not backend.tensor_descriptors(device):
+        pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
+    from xkernels.ops.op import _key
+
+    dtype, (B, S, K, N) = torch.bfloat16, (2, 1100, 1000, 640)
+    for trial in range(3):
+        x, w, b = rand((B, S, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
+        a2, bt = rand((B * S, K), dtype, device), rand((N, K), dtype, device)
+        assert linear.explain(x, w, b, "gelu").config.get("TMA") and matmul.explain(a2, bt.t()).config.get("TMA")
+        with Unchanged(x, w, b, a2, bt):
+            got = linear(x, w, b, "gelu")
+            got_m = matmul(a2, bt.t())
+        if trial:  # the first call made the entries
+            assert linear._hot.get(_key((x, w, b, "gelu"))) is not None
+            assert matmul._hot.get(_key((a2, bt.t()))) is not None
+        ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
+        assert_close(got, ref, dtype, scale=K / 16)
+        assert_close(got_m, a2.double() @ bt.double().t(), dtype, scale=K / 16)
+    buf = rand((B * S * K + 1,), dtype, device)
+    shifted = buf[1:].view(B, S, K)  # same shape and strides, base 2 bytes past alignment
+    assert_close(linear(shifted, w, b, "gelu"), reference_linear(shifted.double(), w.double(), b.double(), "gelu"),
+                 dtype, scale=K / 16)
+
+
 _TMA_BIG = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True}
 _TMA_SMALL = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4, "TMA": True}
 
