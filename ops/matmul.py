@@ -252,14 +252,17 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
     t = plan.tma
     assert t is not None
     (M, N, K), out_shape, dtype, device = plan.dims, call.out_shape, call.dtype, call.device
-    c = torch.empty(out_shape, dtype=dtype, device=device)
-    launch = plan.launcher.hot_run(plan.args(call.a, call.b, c, call.bias, call.slope))
+    has_bias, slope = call.bias is not None, call.slope
+    # the launch's specs: descriptors have none (None stands in: this call's bases may be the
+    # misaligned ones the full path copied), the bias pointer its alignment, M/N/K their classes
+    spec_args = (None, None, None, call.bias if has_bias else torch.empty(16, dtype=dtype, device=device),
+                 M, N, K, float(slope))
+    launch = plan.launcher.hot_run(spec_args)
     if launch is None:
         return None
     # B's descriptor base: the (N, K) weight when K-contiguous, else (K, N); the call's b is
     # either (linear's weight, matmul's transposed view), fixed by the entry's strides
     b_flip = t["b_kmajor"] and tuple(b_arg.shape) == (K, N) and b_arg.stride() == call.b.stride()
-    has_bias, slope = call.bias is not None, call.slope
     bias_aligned = call.bias.data_ptr() % 16 == 0 if has_bias else True
     a_st, b_base = call.a.stride(0), (call.b.t() if t["b_kmajor"] else call.b)
     b_shape, b_st = list(b_base.shape), [b_base.stride(0), 1]

@@ -170,7 +170,10 @@ class Op:
             return
         if key in self._hot:
             return
-        hot = self.make_hot(plan, call, args)
+        try:
+            hot = self.make_hot(plan, call, args)
+        except Exception:  # the call itself succeeded; its repeats keep the full path
+            hot = None
         if hot is not None:
             if len(self._hot) >= self.plan_cache_size:
                 self._hot.clear()
