@@ -58,8 +58,10 @@ def _buckets(op: str, dev: str, tma: bool = False) -> list[tuple[dict[str, Any],
     out: list = []
     if op in ("broadcast", "add"):
         for dt in ("float32", "bfloat16"):
-            for lo, hi, rows, cols in [(0, 2**20, 512, 1024), (2**20 + 1, 2**24 - 1, 2048, 4096),
-                                       (2**24, 2**62, 8192, 8192)]:
+            # tiny tensors (launch latency dominates: enough programs matter more than big blocks),
+            # small, medium (L2-resident), large (HBM-bound)
+            for lo, hi, rows, cols in [(0, 2**17, 256, 256), (2**17 + 1, 2**20, 512, 1024),
+                                       (2**20 + 1, 2**24 - 1, 2048, 4096), (2**24, 2**62, 8192, 8192)]:
                 d = getattr(torch, dt)
                 def mk(rows=rows, cols=cols, d=d):
                     x = torch.randn(rows, cols, device=dev).to(d)
