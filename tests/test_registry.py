@@ -104,6 +104,9 @@ def test_plugin_tables_apply_to_calls_already_planned(tmp_path):
     """Cached plans are dropped when a plugin registers, so its tuning table takes effect."""
     import json
 
+    reason = xkernels.get_backend("interpreter").unavailable_reason()
+    if reason:  # e.g. Triton 3.6 with numpy >= 2.4 (the GPU image); CI runs it
+        pytest.skip(reason)
     x, bias = torch.randn(5, 40), torch.randn(40)
     with xkernels.use_backend("interpreter"):
         xkernels.ops.broadcast(x, bias)  # plans and caches with the built-in table
