@@ -97,7 +97,13 @@ class MatmulPlan(Plan):
         bk = max(16, min(int(cfg["BLOCK_K"]), next_pow2(max(Kd, 1))))
         tiles_m, tiles_n = (M + bm - 1) // bm, (N + bn - 1) // bn
         tiles = n_batch * tiles_m * tiles_n
-        programs = backend.programs(tiles, "cube", call.device)
+        # split-K: one 2-D product, every (tile, split) program launched at once, K long enough
+        split = int(cfg.get("SPLIT_K") or 1)
+        if split > 1 and not (n_batch == 1 and not self.materialize and Kd >= 2 * bk
+                              and backend.programs(tiles * split, "cube", call.device) == tiles * split):
+            split = 1
+        self.split_k = split
+        programs = tiles * split if split > 1 else backend.programs(tiles, "cube", call.device)
         # 2-D operands whose leading stride breaks the backend's matrix-unit alignment are copied
         # into an aligned buffer first (Triton cannot vectorise rows that start misaligned)
         single = n_batch == 1 and not self.materialize and not batch
@@ -108,19 +114,23 @@ class MatmulPlan(Plan):
         a_full = [sa[0], sa[1], *a_st]
         b_full = [sb[0], sb[1], *b_st]
         c_full = [sc[0], sc[1], *c_strides[-2:]]
+        self.c_mn_strides = tuple(c_full[2:])
+        if split > 1:  # the main kernel writes the contiguous fp32 workspace; the reduction writes C
+            c_full = [0, 0, N, 1]
         spans = [max_offset([*sizes, M, Kd], a_full), max_offset([*sizes, Kd, N], b_full),
-                 max_offset([*sizes, M, N], c_full)]
+                 max_offset([*sizes, M, N], c_full) + (split - 1) * M * N]
         index64 = max(spans) + 2**16 > INT32_MAX
         self.jit_fn = K.matmul_kernel
         self.grid = (programs,)
         self.dims = (M, N, Kd, sizes[1], tiles_m, tiles_n, tiles, programs)
         self.strides = (*a_full, *b_full, *c_full)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg["GROUP_M"]),
-                               PRECISION=_precision(backend, call.dtype), HAS_BIAS=call.bias is not None,
-                               ACT=ACTIVATIONS[call.activation], EVEN_K=Kd % bk == 0,
+                               PRECISION=_precision(backend, call.dtype),
+                               HAS_BIAS=call.bias is not None and split == 1,
+                               ACT=ACTIVATIONS[call.activation] if split == 1 else 0, EVEN_K=Kd % bk == 0,
                                PERSISTENT=programs < tiles, INDEX_64=index64,
                                UPCAST=call.dtype == torch.bfloat16 and not backend.native_bf16_dot,
-                               **_divisibility_hints(M, N, Kd, a_st, b_st, c_full[2:]))
+                               **_divisibility_hints(M, N, Kd, a_st, b_st, c_full[2:]), SPLIT_K=split)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.variant = "matmul" + (" + bias" if call.bias is not None else "") + (
             f" + {call.activation}" if call.activation else "")
@@ -132,14 +142,43 @@ class MatmulPlan(Plan):
         for name, q in (("realign_a", self.align_a), ("realign_b", self.align_b)):
             if q:
                 self.config[name] = f"copy to a {q}-element leading stride"
+        self.reduce_launcher: Launcher | None = None
+        if split > 1:
+            self._plan_reduction(backend, call, M, N)
         self.source = choice.source
         self.programs, self.tiles = programs, tiles
         self.backend = backend
         self.tma: dict[str, Any] | None = None
-        if single and not self.align_a and not self.align_b:
+        if single and not self.align_a and not self.align_b and split == 1:
             self._try_tma(op, backend, call, key, M, N, Kd, a_st, b_st)
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
                                  backend.fast_launch, varying=(0, 1, 2, 3))  # a, b, c, bias pointers
+
+    def _plan_reduction(self, backend: Backend, call: MatmulCall, M: int, N: int) -> None:
+        """The second launch of a split-K plan: ``splitk_reduce_kernel`` over (16, 128) tiles."""
+        from xkernels.ops import matmul_kernels as K
+
+        rbm, rbn = min(16, next_pow2(M)), min(128, next_pow2(N))
+        r_tiles = ((M + rbm - 1) // rbm) * ((N + rbn - 1) // rbn)
+        constexprs = dict(SPLIT_K=self.split_k, BLOCK_M=rbm, BLOCK_N=rbn, HAS_BIAS=call.bias is not None,
+                          ACT=ACTIVATIONS[call.activation])
+        options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
+        self.reduce_launcher = Launcher(backend.kernel(K.splitk_reduce_kernel), (r_tiles,), constexprs, options,
+                                        backend.fast_launch, varying=(0, 1, 2))  # workspace, c, bias pointers
+        self.config["SPLIT_K"] = self.split_k
+        self.variant += f", K split {self.split_k} ways (fp32 partials, then a reduction kernel)"
+
+    def workspace(self, device: torch.device) -> torch.Tensor:
+        """The fp32 (SPLIT_K, M, N) partials of a split-K plan."""
+        M, N = self.dims[0], self.dims[1]
+        return torch.empty((self.split_k, M, N), dtype=torch.float32, device=device)
+
+    def reduce_args(self, ws: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                    slope: float) -> tuple[Any, ...]:
+        """The reduction kernel's runtime arguments (C as the plan's 2-D (M, N) strides)."""
+        M, N = self.dims[0], self.dims[1]
+        s_bias = bias.stride(0) if bias is not None else 0
+        return (ws, c, bias if bias is not None else ws, M, N, *self.c_mn_strides, s_bias, float(slope))
 
     def _try_tma(self, op: str, backend: Backend, call: MatmulCall, key: dict[str, Any], M: int, N: int,
                  Kd: int, a_st: tuple[int, int], b_st: tuple[int, int]) -> None:
@@ -207,6 +246,11 @@ class MatmulPlan(Plan):
         if self.tma is not None and (a.data_ptr() | b.data_ptr()) & 15:  # TMA needs 16-byte bases
             a = a.clone() if a.data_ptr() & 15 else a  # a fresh allocation, same strides
             b = b.clone() if b.data_ptr() & 15 else b
+        if self.reduce_launcher is not None:
+            ws = self.workspace(c.device)
+            self.launcher(*self.args(a, b, ws, None, slope))
+            self.reduce_launcher(*self.reduce_args(ws, c, bias, slope))
+            return
         self.launcher(*self.args(a, b, c, bias, slope))
 
     def args(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
@@ -230,6 +274,30 @@ class MatmulPlan(Plan):
         return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], t["a"]),
                 TensorDescriptor(bt, list(bt.shape), [bt.stride(0), 1], t["b"]),
                 TensorDescriptor(c2, list(c2.shape), [c2.stride(0), 1], t["c"]))
+
+
+def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
+    """The hot entry of a split-K plan: allocate C and the workspace, launch both kernels."""
+    assert plan.reduce_launcher is not None
+    out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
+    ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
+    main = plan.launcher.hot(plan.args(call.a, call.b, ws, None, call.slope), 4)
+    reduce = plan.reduce_launcher.hot(plan.reduce_args(ws, c, call.bias, call.slope), 3)
+    has_bias, precision, slope = call.bias is not None, plan.constexprs["PRECISION"], call.slope
+    follows_setting = dtype == torch.float32
+
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+        if follows_setting and _precision(backend, dtype) != precision:
+            return None  # torch's TF32 setting changed since this was planned
+        ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
+        if not main(a, b, ws, ws):
+            return None
+        if not reduce(ws, c, bias if has_bias else ws):  # the partials are written: finish ordinarily
+            assert plan.reduce_launcher is not None
+            plan.reduce_launcher(*plan.reduce_args(ws, c, bias if has_bias else None, slope))
+        return c
+
+    return hot
 
 
 class _HostDescriptor(NamedTuple):
@@ -377,6 +445,8 @@ class _MatmulBase(Op):
             return None
         if plan.tma is not None:
             return _hot_tma(plan, call, b)
+        if plan.reduce_launcher is not None:
+            return _hot_split(plan, call)
         out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
         c = torch.empty(out_shape, dtype=dtype, device=device)
         launch = plan.launcher.hot(plan.args(call.a, call.b, c, call.bias, call.slope), 4)

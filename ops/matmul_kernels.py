@@ -14,6 +14,9 @@ measured 1.03-1.05x torch at 4096^3 against 0.91-0.99x for the pointer kernel, a
 Its table config may make it persistent (one program per SM, the next tile's loads overlapping
 this tile's epilogue) and store C in two column halves (``PERSISTENT``, ``EPILOGUE_SUBTILE``).
 
+Few rows (M <= 64) can split K (``SPLIT_K``): more programs stream B at once, and a second
+kernel, ``splitk_reduce_kernel``, adds the fp32 partials in a fixed order (deterministic).
+
 Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu.
 """
 
@@ -43,13 +46,13 @@ def _multiple(x, Q: tl.constexpr):
 
 
 @triton.jit
-def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
+def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, split, M, N, K, B1, tiles_m, tiles_n,
              sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
              INDEX_64: tl.constexpr, UPCAST: tl.constexpr, DIV_M: tl.constexpr, DIV_N: tl.constexpr,
              DIV_K: tl.constexpr, DIV_SAM: tl.constexpr, DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr,
-             DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr):
+             DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr, SPLIT_K: tl.constexpr):
     M, N, K = _multiple(M, DIV_M), _multiple(N, DIV_N), _multiple(K, DIV_K)
     sam, sak, sbk, sbn = _multiple(sam, DIV_SAM), _multiple(sak, DIV_SAK), _multiple(sbk, DIV_SBK), _multiple(sbn, DIV_SBN)
     scm = _multiple(scm, DIV_SCM)
@@ -70,12 +73,18 @@ def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
     rk = tl.arange(0, BLOCK_K)
     if INDEX_64:
         rk = rk.to(tl.int64)
-    a_ptrs = a_ptr + b0 * sa0 + b1 * sa1 + rm[:, None] * sam + rk[None, :] * sak
-    b_ptrs = b_ptr + b0 * sb0 + b1 * sb1 + rk[:, None] * sbk + rn[None, :] * sbn
+    k_lo = 0
+    k_hi = K
+    if SPLIT_K > 1:  # this program's share of K: whole BLOCK_K steps, the last split may get none
+        per_split = (((K + BLOCK_K - 1) // BLOCK_K + SPLIT_K - 1) // SPLIT_K) * BLOCK_K
+        k_lo = split * per_split
+        k_hi = tl.minimum(K, k_lo + per_split)
+    a_ptrs = a_ptr + b0 * sa0 + b1 * sa1 + rm[:, None] * sam + (k_lo + rk)[None, :] * sak
+    b_ptrs = b_ptr + b0 * sb0 + b1 * sb1 + (k_lo + rk)[:, None] * sbk + rn[None, :] * sbn
     m_ok = rm < M
     n_ok = rn < N
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=m_ok[:, None], other=0.0)
             b = tl.load(b_ptrs, mask=n_ok[None, :], other=0.0)
@@ -89,10 +98,13 @@ def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * sak
         b_ptrs += BLOCK_K * sbk
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + rn * s_bias, mask=n_ok, other=0.0)
-        acc = acc + bias.to(tl.float32)[None, :]
-    acc = _activation(acc, slope, ACT)
+    if SPLIT_K > 1:  # an fp32 partial into the (SPLIT_K, M, N) workspace; the reduction adds the rest
+        c_ptr += split * M * N
+    else:
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + rn * s_bias, mask=n_ok, other=0.0)
+            acc = acc + bias.to(tl.float32)[None, :]
+        acc = _activation(acc, slope, ACT)
     c_ptrs = c_ptr + b0 * sc0 + b1 * sc1 + rm[:, None] * scm + rn[None, :] * scn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -104,22 +116,46 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, 
                   PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
                   PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr, UPCAST: tl.constexpr,
                   DIV_M: tl.constexpr, DIV_N: tl.constexpr, DIV_K: tl.constexpr, DIV_SAM: tl.constexpr,
-                  DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr, DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr):
-    """C = act(A @ B + bias) over ``n_tiles`` output tiles (batch x tiles_m x tiles_n)."""
+                  DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr, DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr,
+                  SPLIT_K: tl.constexpr = 1):
+    """C = act(A @ B + bias) over ``n_tiles`` output tiles (batch x tiles_m x tiles_n).
+
+    ``SPLIT_K`` > 1 (one 2-D product, one program per tile and split): program ``pid`` sums its
+    share of K for tile ``pid // SPLIT_K`` into ``c_ptr``, an fp32 (SPLIT_K, M, N) workspace;
+    ``splitk_reduce_kernel`` adds the partials, the bias and the activation."""
     pid = tl.program_id(0)
     if INDEX_64:
         pid = pid.to(tl.int64)
     if PERSISTENT:
         for tile in range(pid, n_tiles, nprog):
-            _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, M, N, K, B1, tiles_m, tiles_n,
+            _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, 0, M, N, K, B1, tiles_m, tiles_n,
                      sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
-                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM)
+                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, 1)
     else:
-        _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, pid, M, N, K, B1, tiles_m, tiles_n,
+        _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, pid // SPLIT_K, pid % SPLIT_K, M, N, K, B1, tiles_m, tiles_n,
                  sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
-                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM)
+                 DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, SPLIT_K)
+
+
+@triton.jit
+def splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, SPLIT_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """C = act(sum of the SPLIT_K fp32 partials in ``ws_ptr`` (SPLIT_K, M, N) + bias), cast to C."""
+    pid = tl.program_id(0)
+    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
+    rm = (pid // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    offs = rm[:, None] * N + rn[None, :]
+    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + rn * s_bias, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    acc = _activation(acc, slope, ACT)
+    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

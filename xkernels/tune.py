@@ -100,9 +100,15 @@ def _buckets(op: str, dev: str, tma: bool = False) -> list[tuple[dict[str, Any],
         tma_skinny = [(64, 64, 128, 4, 4, 0, 0), (64, 128, 128, 4, 3, 0, 0), (64, 64, 256, 4, 3, 0, 0),
                       (64, 128, 64, 4, 4, 0, 0)]
 
+        # split-K for few rows (BM, BN, BK, warps, stages, splits): every row in one block, B streamed
+        # by tiles x splits programs; the fp32 partials are summed by a second kernel
+        split = [(64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 4, 2), (64, 128, 128, 4, 3, 4), (64, 64, 64, 4, 4, 8),
+                 (16, 64, 128, 4, 5, 2), (32, 64, 128, 4, 4, 4)]
+        split_ieee = [(64, 64, 32, 4, 4, 4), (64, 64, 32, 8, 3, 8), (32, 64, 64, 4, 4, 4), (64, 128, 32, 8, 3, 4)]
+
         def configs(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
-            return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": st}
-                    for m, n, k, w, st in rows]
+            return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": st,
+                     **({"SPLIT_K": r[0]} if r else {})} for m, n, k, w, st, *r in rows]
 
         def tma_configs(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
             """TMA kernel configs; none where the backend has no tensor descriptors."""
@@ -114,12 +120,12 @@ def _buckets(op: str, dev: str, tma: bool = False) -> list[tuple[dict[str, Any],
             d = getattr(torch, dt)
             dts = [dt] + (["float16"] if dt == "bfloat16" else [])
             big = configs(tiles) + tma_configs(tma_tiles)
-            buckets = [({"m_max": 16}, (16, 4096, 4096), configs(skinny)),
-                       ({"m_max": 64}, (64, 4096, 4096), configs(skinny) + tma_configs(tma_skinny)),
+            buckets = [({"m_max": 16}, (16, 4096, 4096), configs(skinny + split)),
+                       ({"m_max": 64}, (64, 4096, 4096), configs(skinny + split) + tma_configs(tma_skinny)),
                        ({"k_max": 256}, (4096, 4096, 256), big), ({"k_max": 1024}, (4096, 4096, 1024), big),
                        ({"m_max": 2048}, (2048, 2048, 2048), big), ({}, (4096, 4096, 4096), big)]
             if dt == "float32":  # fp32 follows torch's default (IEEE): one table for all sizes
-                buckets = [({"m_max": 64}, (64, 4096, 4096), configs(skinny + ieee)),
+                buckets = [({"m_max": 64}, (64, 4096, 4096), configs(skinny + ieee + split_ieee)),
                            ({}, (4096, 4096, 4096), configs(ieee))]
             for when, (M, N, K), cands in buckets:
                 def mkm(M=M, N=N, K=K, d=d):

@@ -256,3 +256,43 @@ def test_tma_kernel_variants_in_the_interpreter(cfg):
         c = poisoned((M, N), dtype, "cpu")
         plan.launch(call.a, call.b, c, call.bias, call.slope, ())
         assert_close(c, ref, dtype, scale=K / 16)
+
+
+_SPLIT = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3, "SPLIT_K": 4}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,K,N", [(5, 100, 40), (33, 160, 17), (64, 70, 30)],
+                         ids=["K not a block multiple", "even split", "last split empty"])
+def test_split_k_matches_torch(backend, device, dtype, M, K, N):
+    """Split-K plans (fp32 partials + a reduction kernel) give torch's results, with the bias and
+    activation applied once, into a poisoned ``out=``, and through the hot path on repeats."""
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel config to force")
+    with tuning.force(_SPLIT):
+        for trial in range(2):  # the second call of a signature takes the hot path
+            a, b = rand((M, K), dtype, device), rand((K, N), dtype, device)
+            w, bias = rand((N, K), dtype, device), rand((N,), dtype, device)
+            plan = matmul.make_plan(matmul.check(a, b), backend)
+            assert plan.config.get("SPLIT_K") == 4 and "split" in plan.variant
+            with Unchanged(a, b, w, bias):
+                got = matmul(a, b)
+                out = poisoned((M, N), dtype, device)
+                linear(a, w, bias, "gelu", out=out)
+                got_lin = linear(a, w, bias, "silu")
+            assert_close(got, a.double() @ b.double(), dtype, scale=_tol_scale(K))
+            assert_close(out, reference_linear(a.double(), w.double(), bias.double(), "gelu"), dtype,
+                         scale=_tol_scale(K))
+            assert_close(got_lin, reference_linear(a.double(), w.double(), bias.double(), "silu"), dtype,
+                         scale=_tol_scale(K))
+
+
+def test_split_k_applies_to_one_2d_product_only(backend, device):
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel config to force")
+    a3, b3 = rand((3, 8, 96), torch.float32, device), rand((3, 96, 16), torch.float32, device)
+    short_k = (rand((8, 32), torch.float32, device), rand((32, 16), torch.float32, device))  # one K block
+    with tuning.force(_SPLIT):
+        for args in ((a3, b3), short_k):
+            assert "SPLIT_K" not in matmul.explain(*args).config
+            assert_close(matmul(*args), args[0].double() @ args[1].double(), torch.float32, scale=4)

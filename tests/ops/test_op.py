@@ -187,3 +187,36 @@ def test_linear_without_bias_then_with(backend, device):
         full = (*args, None, None)[:4]
         ref = reference_linear(*(a.double() if isinstance(a, torch.Tensor) else a for a in full))
         assert_close(linear(*args), ref, torch.float16, scale=30)
+
+
+def test_split_k_repeat_is_hot(backend, device, tmp_path, monkeypatch):
+    """A table rule with SPLIT_K: repeats take the hot path (two launches) with fresh data."""
+    import json
+
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no table to add")
+    split = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+             "SPLIT_K": 3}
+    (tmp_path / "matmul.json").write_text(json.dumps({
+        "op": "matmul", "backend": backend.name, "source": "test",
+        "archs": {"default": [{"when": {"m_max": 64}, "config": split}]}}))
+
+    class Tables:
+        @xkernels.hookimpl
+        def xkernels_add_tuning_dirs(self):
+            return [xkernels.TuningDir(backend=backend.name, path=tmp_path)]
+
+    plugin = Tables()
+    xkernels.registry.register(plugin, name="test-op-split-k")
+    try:
+        probe = rand((40, 100), torch.float32, device), rand((100, 24), torch.float32, device)
+        assert matmul.explain(*probe).config.get("SPLIT_K") == 3
+        counter = CheckCounter(matmul, monkeypatch)
+        for _ in range(3):
+            a, b = rand((40, 100), torch.float32, device), rand((100, 24), torch.float32, device)
+            with Unchanged(a, b):
+                got = matmul(a, b)
+            assert_close(got, a.double() @ b.double(), torch.float32, scale=10)
+        assert counter.n == (1 if _hot_expected(backend) else 3)
+    finally:
+        xkernels.registry.unregister(plugin)
