@@ -76,6 +76,13 @@ class CudaBackend(Backend):
     def Event(self, enable_timing: bool = True) -> Any:  # noqa: N802
         return torch.cuda.Event(enable_timing=enable_timing)
 
+    def hold(self, microseconds: float) -> bool:
+        sleep = getattr(torch.cuda, "_sleep", None)  # a spin kernel of N clock cycles
+        if sleep is None:
+            return False
+        sleep(int(microseconds * 2000))  # cycles at 2 GHz, about the top boost clock of current parts
+        return True
+
     def _props(self, index: int) -> DeviceProperties:
         from xkernels import peaks
 

@@ -151,6 +151,12 @@ class Backend:
         """A timing event: ``e.record()``, ``start.elapsed_time(end)`` in milliseconds."""
         return HostEvent(enable_timing=enable_timing)
 
+    def hold(self, microseconds: float) -> bool:
+        """Queue device work that keeps the current stream busy for about ``microseconds``, so a
+        timed call queued behind it is not measured waiting for the host; ``False`` where the
+        backend has no way to (the timing then includes any host time the flush does not hide)."""
+        return False
+
     # -- memory alignment -----------------------------------------------------------------------
     def alignment_for(self, unit: Unit = "vector") -> int:
         if unit == "cube":

@@ -27,6 +27,10 @@ class CountingBackend(Backend):
     def synchronize(self, device=None) -> None:
         self.syncs += 1
 
+    def hold(self, microseconds: float) -> bool:
+        self.held = [*getattr(self, "held", []), microseconds]
+        return True
+
 
 def test_time_calls_uses_backend_events_and_rotates_sets():
     backend = CountingBackend()
@@ -36,6 +40,7 @@ def test_time_calls_uses_backend_events_and_rotates_sets():
     assert t.reps == 7 and backend.events == 14 and backend.syncs >= 3
     assert t.p20_ms <= t.median_ms <= t.p80_ms
     assert seen[-7:] == ["a", "b", "c", "a", "b", "c", "a"]
+    assert backend.held == [perf.HOLD_US] * 7  # the device held busy before each timed call only
 
 
 def test_work_counts_distinct_input_bytes_and_output():
