@@ -138,6 +138,10 @@ class Op:
         return plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.call_no_grad(*args, **kwargs)
+
+    def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The eager call without autograd recording: hot entry, else check, route and launch."""
         if self._hot and _forced.get() is None:
             try:
                 hot = self._hot.get(_key(args) if not kwargs else _out_key(args, kwargs))
