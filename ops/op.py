@@ -47,6 +47,7 @@ class Explanation:
     config_source: str | None = None
     programs: int | None = None
     tiles: int | None = None
+    why: str | None = None
 
     def __str__(self) -> str:
         lines = [f"{self.op} on backend {self.backend!r}: {self.route} ({self.reason})"]
@@ -59,6 +60,8 @@ class Explanation:
             cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
             lines.append(f"  config: {cfg}")
             lines.append(f"  from: {self.config_source}")
+            if self.why:
+                lines.append(f"  why: {self.why}")
         return "\n".join(lines)
 
 
@@ -70,6 +73,7 @@ class Plan:
     source: str
     programs: int
     tiles: int
+    why: str = ""
 
     def run(self, *args: Any) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -200,7 +204,7 @@ class Op:
             return Explanation(self.name, backend.name, "torch", f"{how}; {call.fallback_reason}")
         plan = self.make_plan(call, backend)
         return Explanation(self.name, backend.name, "triton kernel", how, plan.variant, dict(plan.config),
-                           plan.source, plan.programs, plan.tiles)
+                           plan.source, plan.programs, plan.tiles, plan.why or None)
 
 
 def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:

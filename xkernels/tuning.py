@@ -36,10 +36,12 @@ from xkernels.backend import Backend
 
 @dataclass(frozen=True)
 class Choice:
-    """A config and where it came from, for ``explain()``."""
+    """A config and where it came from, for ``explain()``. ``measured``: the rule records the
+    measurement it came from (a tuner's or autotune's), as opposed to a hand-set default."""
 
     config: dict[str, Any]
     source: str
+    measured: bool = False
 
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("xkernels_forced", default=None)
@@ -53,6 +55,12 @@ def force(config: dict[str, Any]) -> Iterator[None]:
         yield
     finally:
         _forced.reset(token)
+
+
+def forced_config() -> dict[str, Any] | None:
+    """The config forced by :func:`force` in this context, or ``None``."""
+    f = _forced.get()
+    return None if f is None else dict(f)
 
 
 def forced_key() -> tuple | None:
@@ -98,14 +106,11 @@ def matches(when: dict[str, Any], key: dict[str, Any]) -> bool:
     return True
 
 
-def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any],
-           default: dict[str, Any]) -> Choice:
-    """The config for one call of ``op`` with bucket ``key`` on ``backend``/``arch``."""
+def _tables(op: str, backend: Backend, arch: str) -> Iterator[tuple[Path, str, dict[str, Any]]]:
+    """(path, arch key, table) in lookup order: directories (plugin-added and the user's autotune
+    cache first), then the arch's keys from most specific to ``default``."""
     from xkernels.registry import registry
 
-    forced = _forced.get()
-    if forced is not None:
-        return Choice({**default, **forced}, "forced by xkernels.tuning.force()")
     arch_keys = [*backend.arch_fallbacks(arch), "default"]
     for directory in registry.tuning_dirs(backend):
         path = Path(directory) / f"{op}.json"
@@ -113,10 +118,38 @@ def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any],
         if table is None:
             continue
         for arch_key in arch_keys:
-            for i, rule in enumerate(table["archs"].get(arch_key, ())):
-                if matches(rule.get("when", {}), key):
-                    return Choice({**default, **rule["config"]}, f"{path.name} [{arch_key}] rule {i} ({path.parent})")
+            yield path, arch_key, table
+
+
+def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any], default: dict[str, Any],
+           rules_only: bool = False) -> Choice | None:
+    """The config for one call of ``op`` with bucket ``key`` on ``backend``/``arch``.
+
+    ``rules_only``: ``None`` when no rule matches (the caller chooses another way) instead of
+    the op's built-in default."""
+    forced = _forced.get()
+    if forced is not None:
+        return Choice({**default, **forced}, "forced by xkernels.tuning.force()")
+    for path, arch_key, table in _tables(op, backend, arch):
+        for i, rule in enumerate(table["archs"].get(arch_key, ())):
+            if matches(rule.get("when", {}), key):
+                return Choice({**default, **rule["config"]}, f"{path.name} [{arch_key}] rule {i} ({path.parent})",
+                              "measured" in rule)
+    if rules_only:
+        return None
     return Choice(dict(default), f"built-in default of op {op!r} (no table rule matched)")
+
+
+def candidates(op: str, backend: Backend, arch: str, key: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """The candidate configs of ``op`` for bucket ``key``, and where they came from: every
+    group of the first table section ``"candidates"[arch key]`` that has a group matching
+    ``key`` (same order as rules). A group is ``{"when": {...}, "configs": [...]}``; a config may
+    carry a fitted ``"cost"`` (see ``xkernels.ops.matmul_config``). ``([], "")`` when none."""
+    for path, arch_key, table in _tables(op, backend, arch):
+        groups = [g for g in table.get("candidates", {}).get(arch_key, ()) if matches(g.get("when", {}), key)]
+        if groups:
+            return [dict(c) for g in groups for c in g["configs"]], f"{path.name} [{arch_key}] candidates ({path.parent})"
+    return [], ""
 
 
 def table_paths(op: str, backend: Backend) -> list[Path]:

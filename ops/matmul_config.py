@@ -1,0 +1,251 @@
+"""Which config a matmul/linear call runs, and why.
+
+A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two steps:
+
+1. **A measured table rule.** ``ops/tuning/<backend>/<op>.json`` (and the user's autotune cache,
+   consulted first) maps joint (M, N, K) ranges plus dtype/epilogue to a config measured on that
+   shape class; the first matching rule wins (``xkernels.tuning.lookup``).
+2. **The wave model**, where no rule matches. Every candidate config of the table's
+   ``"candidates"`` section (or the built-in list, for a backend/arch without one) gets an
+   estimated time, and the fastest estimate wins. The estimate counts *waves*: the call makes
+   ``tiles = batch * ceil(M/BM) * ceil(N/BN) * SPLIT_K`` programs, of which the device runs
+   ``compute_units`` at a time (``Backend.properties()``), so it takes ``ceil(tiles / units)``
+   rounds, each as long as one tile's K loop. A 768-wide layer with 128x256 tiles and 8192 rows
+   makes 192 tiles for 132 SMs: two waves, the second 45% full, where 128x128 tiles make 1.5x as
+   many tiles in three full-ish waves of shorter tiles.
+
+   A candidate with a fitted ``"cost": [a, b, c]`` (milliseconds; fitted by the tuner on measured
+   times, see :func:`fit_cost`) is estimated as ``a * waves * K / SPLIT_K + b * waves + c``. One
+   without (an arch the tuner never ran on) is estimated from device properties alone: per wave,
+   the larger of the tile's math at the unit's share of the matmul peak and the tile's operand
+   bytes at its share of the copy bandwidth (:func:`analytic_ms`).
+
+TMA candidates (``"TMA": true``) compete only where the call can load through tensor
+descriptors (:func:`tma_layout`); split-K candidates only for one 2-D product with K long enough.
+``explain()`` prints the selection's ``source`` and ``why``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xkernels import tuning
+from xkernels.backend import Backend
+from xkernels.ops.layout import next_pow2
+
+MATMUL_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+
+#: Candidates for a backend/arch whose table has no ``"candidates"`` section: tile shapes that
+#: compile on every Triton target with a ``tl.dot`` (no TMA), from skinny to large.
+BUILTIN_CANDIDATES: list[dict[str, Any]] = [
+    {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": s}
+    for m, n, k, w, s in [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+                          (128, 64, 64, 4, 4), (128, 128, 32, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3)]
+]
+
+#: Assumed when the device reports no figures: an H100-class ratio of matmul peak to bandwidth.
+DEFAULT_RIDGE_FLOP_PER_BYTE = 300.0
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The GEMM a call computes: ``batch`` products of (M, K) @ (K, N)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    element_size: int
+    split_ok: bool  # one 2-D product (see MatmulPlan)
+    max_programs: int = 2**31 - 1  # programs one launch may have (split-K needs all at once)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A config for one call, where it came from and why."""
+
+    config: dict[str, Any]
+    source: str
+    why: str
+    measured: bool
+    estimates_ms: dict[str, float] = field(default_factory=dict)
+
+
+def bucket_key(dtype: torch.dtype, shape: Shape, activation: str | None, has_bias: bool) -> dict[str, Any]:
+    """The fields table rules match on."""
+    return {"dtype": str(dtype).removeprefix("torch."), "m": shape.m, "n": shape.n, "k": shape.k,
+            "batch": shape.batch, "activation": activation or "none", "bias": has_bias}
+
+
+def tma_layout(backend: Backend, device: torch.device, dtype: torch.dtype, element_size: int, n: int,
+               a_st: tuple[int, int], b_st: tuple[int, int], bias: torch.Tensor | None) -> str | None:
+    """``"kmajor"`` or ``"rowmajor"`` (B's layout) where the call can load its operands through
+    tensor descriptors: fp16/bf16, row-major A, B row-major or K-contiguous, 16-byte rows, a
+    unit-stride bias; ``None`` otherwise."""
+    if dtype not in (torch.float16, torch.bfloat16) or not backend.tensor_descriptors(device):
+        return None
+    es = element_size
+    if a_st[1] != 1 or (a_st[0] * es) % 16 or (n * es) % 16:
+        return None
+    if bias is not None and bias.stride(0) != 1 and n > 1:
+        return None
+    if b_st[1] == 1 and (b_st[0] * es) % 16 == 0:
+        return "rowmajor"
+    if b_st[0] == 1 and (b_st[1] * es) % 16 == 0:
+        return "kmajor"
+    return None
+
+
+def effective_blocks(cfg: dict[str, Any], shape: Shape) -> tuple[int, int, int]:
+    """BLOCK_M/N/K as the plan clamps them to the problem (powers of two, at least 16)."""
+    bm = max(16, min(int(cfg["BLOCK_M"]), next_pow2(shape.m)))
+    bn = max(16, min(int(cfg["BLOCK_N"]), next_pow2(shape.n)))
+    bk = max(16, min(int(cfg["BLOCK_K"]), next_pow2(max(shape.k, 1))))
+    return bm, bn, bk
+
+
+def split_of(cfg: dict[str, Any], shape: Shape) -> int:
+    """The K split a config gets for this shape: 1 unless it is one 2-D product with K at least
+    two blocks long whose every (tile, split) program fits one launch."""
+    split = int(cfg.get("SPLIT_K") or 1)
+    if split <= 1 or not shape.split_ok:
+        return 1
+    bm, bn, bk = effective_blocks(cfg, shape)
+    tiles = math.ceil(shape.m / bm) * math.ceil(shape.n / bn)
+    return split if shape.k >= 2 * bk and tiles * split <= shape.max_programs else 1
+
+
+def waves(cfg: dict[str, Any], shape: Shape, units: int) -> tuple[int, int]:
+    """(tiles, waves) of ``cfg`` on ``shape`` with ``units`` programs running at a time."""
+    bm, bn, _ = effective_blocks(cfg, shape)
+    tiles = shape.batch * math.ceil(shape.m / bm) * math.ceil(shape.n / bn) * split_of(cfg, shape)
+    return tiles, max(1, math.ceil(tiles / max(1, units)))
+
+
+def fitted_ms(cost: list[float], cfg: dict[str, Any], shape: Shape, units: int) -> float:
+    """``a * waves * K / split + b * waves + c`` (see the module doc)."""
+    a, b, c = cost
+    _, w = waves(cfg, shape, units)
+    return a * w * shape.k / split_of(cfg, shape) + b * w + c
+
+
+def analytic_ms(cfg: dict[str, Any], shape: Shape, units: int, ridge: float) -> float:
+    """Relative time from device properties alone: per wave, one tile's math at a unit's share
+    of the peak or its operand bytes at a unit's share of the bandwidth, whichever is longer,
+    plus the split-K partials written and read once. In units of one full-device FLOP-second
+    scaled to 1, so only comparisons between configs mean anything."""
+    bm, bn, _ = effective_blocks(cfg, shape)
+    split = split_of(cfg, shape)
+    _, w = waves(cfg, shape, units)
+    k = shape.k / split
+    flops = 2.0 * bm * bn * k
+    tile_bytes = (bm + bn) * k * shape.element_size
+    per_wave = max(flops, tile_bytes * ridge) / (1.0 / units)
+    reduce = (shape.m * shape.n * 4.0 * 2 * split * ridge) if split > 1 else 0.0
+    return (w * per_wave + reduce) * 1e-12
+
+
+def select(op: str, backend: Backend, device: torch.device, key: dict[str, Any], shape: Shape,
+           tma: str | None) -> Selection:
+    """The config for one call (see the module doc). ``tma``: :func:`tma_layout`'s answer."""
+    arch = backend.arch(device)
+    forced = tuning.forced_config()
+    if forced is not None:
+        cfg = {**MATMUL_DEFAULT, **forced}
+        if cfg.get("TMA") and not tma:
+            cfg = {k: v for k, v in cfg.items() if k not in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE")}
+        return Selection(cfg, "forced by xkernels.tuning.force()", "a sweep forces this config", False)
+    # rules with "variant": "tma" match only calls that can take the TMA kernel; each is followed
+    # by its class's pointer-kernel rule, which the others match
+    choice = tuning.lookup(op, backend, arch, {**key, "variant": "tma"} if tma else key, MATMUL_DEFAULT,
+                           rules_only=True)
+    if choice is not None:
+        why = "a measured rule for this shape class" if choice.measured else "a table rule"
+        return Selection(choice.config, choice.source, why, choice.measured)
+    return _model(op, backend, device, arch, key, shape, tma)
+
+
+def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict[str, Any], shape: Shape,
+           tma: str | None) -> Selection:
+    cands, source = tuning.candidates(op, backend, arch, key)
+    fitted = any("cost" in c for c in cands)
+    if not cands:
+        cands, source = BUILTIN_CANDIDATES, f"built-in candidates of ops/matmul_config.py (no table for {arch!r})"
+    units = backend.compute_units(device) or 1
+    ridge = _ridge(backend, device)
+    best: tuple[float, dict[str, Any]] | None = None
+    estimates: dict[str, float] = {}
+    for cand in cands:
+        cfg = {k: v for k, v in cand.items() if k != "cost"}
+        if cfg.get("TMA") and not tma:
+            continue
+        if fitted and "cost" not in cand:
+            continue  # estimates from two models are not comparable
+        ms = fitted_ms(cand["cost"], cfg, shape, units) if fitted else analytic_ms(cfg, shape, units, ridge)
+        estimates[_label(cfg)] = ms
+        if best is None or ms < best[0]:
+            best = (ms, cfg)
+    if best is None:
+        return Selection(dict(MATMUL_DEFAULT), f"built-in default of op {op!r}", "no candidate applies", False)
+    cfg = {**MATMUL_DEFAULT, **best[1]}
+    tiles, w = waves(cfg, shape, units)
+    how = "fitted costs" if fitted else "device properties (no fitted costs for this arch)"
+    why = (f"wave model over {len(estimates)} candidates from {how}: {tiles} tiles on {units} compute units "
+           f"= {w} wave{'s' if w > 1 else ''}")
+    return Selection(cfg, source, why, False, estimates)
+
+
+def _ridge(backend: Backend, device: torch.device) -> float:
+    """Matmul peak over copy bandwidth (FLOP per byte), measured where cached, else datasheet."""
+    try:
+        props = backend.properties(device)
+    except Exception:  # noqa: BLE001 - properties of an odd device must not fail a call
+        return DEFAULT_RIDGE_FLOP_PER_BYTE
+    peak = props.matmul_peak or props.datasheet.get("matmul_peak")
+    bw = props.copy_bandwidth or props.datasheet.get("copy_bandwidth") or props.datasheet.get("memory_bandwidth")
+    if peak and bw and peak.value and bw.value:
+        return peak.value * 1e12 / (bw.value * 1e9)
+    return DEFAULT_RIDGE_FLOP_PER_BYTE
+
+
+def _label(cfg: dict[str, Any]) -> str:
+    flags = "".join(f"+{f.lower()}" for f in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE") if cfg.get(f))
+    split = f"/split{cfg['SPLIT_K']}" if int(cfg.get("SPLIT_K") or 1) > 1 else ""
+    return (f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg.get('num_warps')} "
+            f"s{cfg.get('num_stages')}{split}{flags}")
+
+
+def fit_cost(points: list[tuple[Shape, float]], cfg: dict[str, Any], units: int) -> list[float] | None:
+    """Least-squares ``[a, b, c] >= 0`` of :func:`fitted_ms` on measured (shape, ms) points,
+    relative error weighted, refitted twice without points off by more than 2x (one-off
+    slow measurements). ``None`` with fewer than three points."""
+    pts = list(points)
+    coef: list[float] | None = None
+    for _ in range(3):
+        if len(pts) < 3:
+            break
+        coef = _nnls_fit(pts, cfg, units)
+        keep = [(s, ms) for s, ms in pts if 0.5 < ms / max(fitted_ms(coef, cfg, s, units), 1e-9) < 2.0]
+        if len(keep) == len(pts):
+            break
+        pts = keep
+    return coef
+
+
+def _nnls_fit(points: list[tuple[Shape, float]], cfg: dict[str, Any], units: int) -> list[float]:
+    """Non-negative least squares on three features by projected coordinate descent (no SciPy)."""
+    rows = []
+    for s, ms in points:
+        _, w = waves(cfg, s, units)
+        rows.append(([w * s.k / split_of(cfg, s) / ms, w / ms, 1.0 / ms], 1.0))
+    x = [0.0, 0.0, 0.0]
+    for _ in range(2000):
+        for j in range(3):
+            num = sum(r[j] * (y - sum(r[i] * x[i] for i in range(3) if i != j)) for r, y in rows)
+            den = sum(r[j] * r[j] for r, _ in rows)
+            x[j] = max(0.0, num / den) if den else 0.0
+    return x

@@ -1,0 +1,121 @@
+"""Hot entries of matmul/linear: what a repeated call with the same signature runs.
+
+A hot entry allocates the result and launches a plan's kernels with the call's tensors, skipping
+checks, planning and Triton's Python launcher (see ``ops/op.py`` and ``xkernels/launch.py``). It
+returns ``None`` whenever its preconditions fail (alignment of the call's data pointers, torch's
+TF32 setting, a launch hook installed), and the caller takes the full path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from xkernels.ops.layout import prod
+from xkernels.ops.matmul_plan import MatmulPlan, precision
+
+if TYPE_CHECKING:
+    from xkernels.ops.matmul import MatmulCall
+
+
+def make_hot(plan: MatmulPlan, call: MatmulCall, args: tuple[Any, ...]) -> Any:
+    """No ``out``, operands used in place (no copies or folds): allocate the result and launch.
+
+    ``args`` are (a, b) for matmul and (x, weight[, bias[, activation]]) for linear; the
+    kernel's a/b operands are views of the first two sharing their data pointers."""
+    a, b = args[0], args[1]
+    if (call.out is not None or plan.materialize or plan.align_a or plan.align_b
+            or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()
+            or not all(isinstance(t, torch.Tensor) for t in (a, b)) or prod(call.out_shape) == 0
+            or any(isinstance(v, torch.Tensor) for v in args[2:] if v is not call.bias)):
+        return None
+    if plan.tma is not None:
+        return _hot_tma(plan, call, b)
+    if plan.reduce_launcher is not None:
+        return _hot_split(plan, call)
+    out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
+    c = torch.empty(out_shape, dtype=dtype, device=device)
+    launch = plan.launcher.hot(plan.args(call.a, call.b, c, call.bias, call.slope), 4)
+    has_bias, planned = call.bias is not None, plan.constexprs["PRECISION"]
+    follows_setting = dtype == torch.float32
+
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+        if follows_setting and precision(backend, dtype) != planned:
+            return None  # torch's TF32 setting changed since this was planned
+        c = torch.empty(out_shape, dtype=dtype, device=device)
+        return c if launch(a, b, c, bias if has_bias else c) else None
+
+    return hot
+
+
+def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
+    """The hot entry of a split-K plan: allocate C and the workspace, launch both kernels."""
+    assert plan.reduce_launcher is not None
+    out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
+    ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
+    main = plan.launcher.hot(plan.args(call.a, call.b, ws, None, call.slope), 4)
+    reduce = plan.reduce_launcher.hot(plan.reduce_args(ws, c, call.bias, call.slope), 3)
+    has_bias, planned, slope = call.bias is not None, plan.constexprs["PRECISION"], call.slope
+    follows_setting = dtype == torch.float32
+
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+        if follows_setting and precision(backend, dtype) != planned:
+            return None  # torch's TF32 setting changed since this was planned
+        ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
+        if not main(a, b, ws, ws):
+            return None
+        if not reduce(ws, c, bias if has_bias else ws):  # the partials are written: finish ordinarily
+            assert plan.reduce_launcher is not None
+            plan.reduce_launcher(*plan.reduce_args(ws, c, bias if has_bias else None, slope))
+        return c
+
+    return hot
+
+
+class _HostDescriptor(NamedTuple):
+    """What Triton 3.6's launcher reads of a ``TensorDescriptor`` argument (base, shape, strides,
+    padding), without its per-object validation (~10 us a descriptor on an H100 host): for hot
+    entries, whose shapes and strides were validated by the first call's real descriptors."""
+
+    base: torch.Tensor
+    shape: list[int]
+    strides: list[int]
+    block_shape: list[int]
+    padding: str = "zero"
+
+
+def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
+    """The hot entry of a TMA plan: build the three descriptors from the call's tensors (the
+    shapes, strides and block shapes are the first call's) and launch through Triton's compiled
+    launcher. Bases must stay 16-byte aligned and the bias's alignment class the same, or the
+    full path runs (it copies misaligned bases)."""
+    t = plan.tma
+    assert t is not None
+    (M, N, K), out_shape, dtype, device = plan.dims, call.out_shape, call.dtype, call.device
+    has_bias, slope = call.bias is not None, call.slope
+    # the launch's specs: descriptors have none (None stands in: this call's bases may be the
+    # misaligned ones the full path copied), the bias pointer its alignment, M/N/K their classes
+    spec_args = (None, None, None, call.bias if has_bias else torch.empty(16, dtype=dtype, device=device),
+                 M, N, K, float(slope))
+    launch = plan.launcher.hot_run(spec_args)
+    if launch is None:
+        return None
+    # B's descriptor base: the (N, K) weight when K-contiguous, else (K, N); the call's b is
+    # either (linear's weight, matmul's transposed view), fixed by the entry's strides
+    b_flip = t["b_kmajor"] and tuple(b_arg.shape) == (K, N) and b_arg.stride() == call.b.stride()
+    bias_aligned = call.bias.data_ptr() % 16 == 0 if has_bias else True
+    a_st, b_base = call.a.stride(0), (call.b.t() if t["b_kmajor"] else call.b)
+    b_shape, b_st = list(b_base.shape), [b_base.stride(0), 1]
+    a_shape, c_shape = [M, K], [M, N]
+
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+        if (a.data_ptr() | b.data_ptr()) & 15 or (has_bias and (bias.data_ptr() % 16 == 0) != bias_aligned):
+            return None
+        c = torch.empty(out_shape, dtype=dtype, device=device)
+        descs = (_HostDescriptor(a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1], t["a"]),
+                 _HostDescriptor(b.t() if b_flip else b, b_shape, b_st, t["b"]),
+                 _HostDescriptor(c if c.dim() == 2 else c.view(M, N), c_shape, [N, 1], t["c"]))
+        return c if launch(*descs, bias if has_bias else c, M, N, K, slope) else None
+
+    return hot

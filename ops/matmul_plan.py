@@ -1,0 +1,300 @@
+"""How a matmul/linear call launches: grid, strides, constexprs and the kernel arguments.
+
+``MatmulPlan`` turns one call signature plus its :class:`~xkernels.ops.matmul_config.Selection`
+into launches of ``matmul_kernels.matmul_kernel`` (pointer loads), ``matmul_tma_kernel`` (tiles
+through tensor descriptors, sm90+) or, for split-K, ``matmul_kernel`` writing fp32 partials
+followed by ``splitk_reduce_kernel``. Host-side layout work lives here too: batch dims collapsed
+or materialised, 2-D operands copied to an aligned leading stride where the backend's matrix
+unit needs it, and ``DIV_*`` divisibility hints so 16-byte-aligned odd shapes vectorise.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from xkernels.backend import Backend
+from xkernels.launch import Launcher
+from xkernels.ops import matmul_config
+from xkernels.ops.layout import INT32_MAX, collapse, max_offset, prod
+from xkernels.ops.op import Plan
+
+if TYPE_CHECKING:
+    from xkernels.ops.matmul import MatmulCall
+
+#: Epilogue activation codes of the kernels (``ACT`` constexpr).
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4}
+
+
+def precision(backend: Backend, dtype: torch.dtype) -> str:
+    """``tl.dot``'s input precision: IEEE for half types; fp32 follows torch's TF32 setting."""
+    if dtype != torch.float32:
+        return "ieee"
+    return backend.fp32_matmul_precision()
+
+
+class MatmulPlan(Plan):
+    def __init__(self, op: str, backend: Backend, call: MatmulCall, c_strides: tuple[int, ...]) -> None:
+
+        a, b = call.a, call.b
+        M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
+        batch = tuple(call.batch)
+        a_st = a.expand(*batch, M, Kd).stride()[: len(batch)] if batch else ()
+        b_st = b.expand(*batch, Kd, N).stride()[: len(batch)] if batch else ()
+        c_st = c_strides[: len(batch)]
+        sizes, (sa, sb, sc) = collapse(batch, [a_st, b_st, c_st]) if batch else ([1], [[0], [0], [0]])
+        self.materialize = len(sizes) > 2
+        if self.materialize:
+            sizes = [prod(batch)]
+            sa, sb, sc = [M * Kd], [Kd * N], [M * N]
+        sizes = [1] * (2 - len(sizes)) + sizes
+        sa, sb, sc = ([0] * (2 - len(s)) + list(s) for s in (sa, sb, sc))
+        n_batch = prod(sizes)
+        # 2-D operands whose leading stride breaks the backend's matrix-unit alignment are copied
+        # into an aligned buffer first (Triton cannot vectorise rows that start misaligned)
+        single = n_batch == 1 and not self.materialize and not batch
+        self.align_a = _realign_to(a, backend) if single else None
+        self.align_b = _realign_to(b, backend) if single else None
+        a_mk = _aligned_strides(a, self.align_a)
+        b_kn = _aligned_strides(b, self.align_b)
+
+        # which config, and why (matmul_config); split-K needs every (tile, split) program at once
+        shape = matmul_config.Shape(M, N, Kd, n_batch, a.element_size(), split_ok=n_batch == 1 and not self.materialize,
+                                    max_programs=backend.max_programs("cube", call.device))
+        tma = (matmul_config.tma_layout(backend, call.device, call.dtype, a.element_size(), N, a_mk, b_kn, call.bias)
+               if single and not self.align_a and not self.align_b else None)
+        key = matmul_config.bucket_key(call.dtype, shape, call.activation, call.bias is not None)
+        sel = matmul_config.select(op, backend, call.device, key, shape, tma)
+        self.selection = sel
+        cfg = sel.config
+        self.source, self.why = sel.source, sel.why
+        self.backend = backend
+        self.tma: dict[str, Any] | None = None
+        self.reduce_launcher: Launcher | None = None
+        self.split_k = 1
+        if cfg.get("TMA") and tma:
+            self._plan_tma(backend, call, cfg, M, N, Kd, tma == "kmajor")
+        else:
+            self._plan_pointer(backend, call, cfg, shape, sizes, (sa, sb, sc), a_mk, b_kn, c_strides)
+        self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
+                                 backend.fast_launch, varying=(0, 1, 2, 3))  # a, b, c, bias pointers
+
+    def _plan_pointer(self, backend: Backend, call: MatmulCall, cfg: dict[str, Any], shape: matmul_config.Shape,
+                      sizes: list[int], batch_strides: tuple[list[int], list[int], list[int]],
+                      a_mk: tuple[int, int], b_kn: tuple[int, int], c_strides: tuple[int, ...]) -> None:
+        from xkernels.ops import matmul_kernels as K
+
+        M, N, Kd = shape.m, shape.n, shape.k
+        sa, sb, sc = batch_strides
+        bm, bn, bk = matmul_config.effective_blocks(cfg, shape)
+        tiles_m, tiles_n = (M + bm - 1) // bm, (N + bn - 1) // bn
+        tiles = shape.batch * tiles_m * tiles_n
+        split = matmul_config.split_of(cfg, shape)
+        self.split_k = split
+        programs = tiles * split if split > 1 else backend.programs(tiles, "cube", call.device)
+        a_full = [sa[0], sa[1], *a_mk]
+        b_full = [sb[0], sb[1], *b_kn]
+        c_full = [sc[0], sc[1], *c_strides[-2:]]
+        self.c_mn_strides = tuple(c_full[2:])
+        if split > 1:  # the main kernel writes the contiguous fp32 workspace; the reduction writes C
+            c_full = [0, 0, N, 1]
+        spans = [max_offset([*sizes, M, Kd], a_full), max_offset([*sizes, Kd, N], b_full),
+                 max_offset([*sizes, M, N], c_full) + (split - 1) * M * N]
+        index64 = max(spans) + 2**16 > INT32_MAX
+        self.jit_fn = K.matmul_kernel
+        self.grid = (programs,)
+        self.dims = (M, N, Kd, sizes[1], tiles_m, tiles_n, tiles, programs)
+        self.strides = (*a_full, *b_full, *c_full)
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg["GROUP_M"]),
+                               PRECISION=precision(backend, call.dtype),
+                               HAS_BIAS=call.bias is not None and split == 1,
+                               ACT=ACTIVATIONS[call.activation] if split == 1 else 0, EVEN_K=Kd % bk == 0,
+                               PERSISTENT=programs < tiles, INDEX_64=index64,
+                               UPCAST=call.dtype == torch.bfloat16 and not backend.native_bf16_dot,
+                               **_divisibility_hints(M, N, Kd, a_mk, b_kn, c_full[2:]), SPLIT_K=split)
+        self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.variant = "matmul" + (" + bias" if call.bias is not None else "") + (
+            f" + {call.activation}" if call.activation else "")
+        self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": cfg["GROUP_M"],
+                       "PRECISION": self.constexprs["PRECISION"], **self.options, "INDEX_64": index64}
+        hints = {k: v for k, v in self.constexprs.items() if k.startswith("DIV_") and v > 1}
+        if hints:
+            self.config["divisibility hints"] = hints
+        for name, q in (("realign_a", self.align_a), ("realign_b", self.align_b)):
+            if q:
+                self.config[name] = f"copy to a {q}-element leading stride"
+        if split > 1:
+            self._plan_reduction(backend, call, M, N)
+        self.programs, self.tiles = programs, tiles
+
+    def _plan_reduction(self, backend: Backend, call: MatmulCall, M: int, N: int) -> None:
+        """The second launch of a split-K plan: ``splitk_reduce_kernel`` over (16, 128) tiles."""
+        from xkernels.ops import matmul_kernels as K
+        from xkernels.ops.layout import next_pow2
+
+        rbm, rbn = min(16, next_pow2(M)), min(128, next_pow2(N))
+        r_tiles = ((M + rbm - 1) // rbm) * ((N + rbn - 1) // rbn)
+        constexprs = dict(SPLIT_K=self.split_k, BLOCK_M=rbm, BLOCK_N=rbn, HAS_BIAS=call.bias is not None,
+                          ACT=ACTIVATIONS[call.activation])
+        options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
+        self.reduce_launcher = Launcher(backend.kernel(K.splitk_reduce_kernel), (r_tiles,), constexprs, options,
+                                        backend.fast_launch, varying=(0, 1, 2))  # workspace, c, bias pointers
+        self.config["SPLIT_K"] = self.split_k
+        self.variant += f", K split {self.split_k} ways (fp32 partials, then a reduction kernel)"
+
+    def _plan_tma(self, backend: Backend, call: MatmulCall, cfg: dict[str, Any], M: int, N: int, Kd: int,
+                  b_kmajor: bool) -> None:
+        """``matmul_tma_kernel``: A and C row-major, B row-major or K-contiguous (``b_kmajor``),
+        tiles loaded through tensor descriptors. ``"PERSISTENT": true`` runs one program per
+        compute unit walking tiles pid, pid + nprog, ...; ``"EPILOGUE_SUBTILE": true`` stores C
+        in two halves of BLOCK_N // 2 columns."""
+        from xkernels.ops import matmul_kernels as K
+
+        bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+        tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+        units = backend.compute_units(call.device) if cfg.get("PERSISTENT") else None
+        programs = max(1, min(tiles, units)) if units else tiles
+        subtile = bool(cfg.get("EPILOGUE_SUBTILE"))
+        c_block = [bm, bn // 2] if subtile else [bm, bn]
+        self.tma = {"a": [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": c_block, "b_kmajor": b_kmajor}
+        self.jit_fn = K.matmul_tma_kernel
+        self.grid = (programs,)
+        self.dims = (M, N, Kd)
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
+                               HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor,
+                               PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile)
+        self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.variant = ("matmul" + (" + bias" if call.bias is not None else "")
+                        + (f" + {call.activation}" if call.activation else "")
+                        + ", tiles loaded through tensor descriptors (TMA)")
+        self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
+                       **self.options, "TMA": True}
+        if units:
+            self.variant += ", persistent (a program per SM)"
+            self.config["PERSISTENT"] = True
+        if subtile:
+            self.variant += ", C stored in two column halves"
+            self.config["EPILOGUE_SUBTILE"] = True
+        self.programs, self.tiles = programs, tiles
+    def workspace(self, device: torch.device) -> torch.Tensor:
+        """The fp32 (SPLIT_K, M, N) partials of a split-K plan."""
+        M, N = self.dims[0], self.dims[1]
+        return torch.empty((self.split_k, M, N), dtype=torch.float32, device=device)
+
+    def reduce_args(self, ws: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+                    slope: float) -> tuple[Any, ...]:
+        """The reduction kernel's runtime arguments (C as the plan's 2-D (M, N) strides)."""
+        M, N = self.dims[0], self.dims[1]
+        s_bias = bias.stride(0) if bias is not None else 0
+        return (ws, c, bias if bias is not None else ws, M, N, *self.c_mn_strides, s_bias, float(slope))
+
+    def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+               slope: float, batch: tuple[int, ...]) -> None:
+        if self.materialize:
+            M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
+            a = a.expand(*batch, M, Kd).contiguous()
+            b = b.expand(*batch, Kd, N).contiguous()
+        if self.align_a:
+            a = _aligned_copy(a, self.align_a)
+        if self.align_b:
+            b = _aligned_copy(b, self.align_b)
+        if self.tma is not None and (a.data_ptr() | b.data_ptr()) & 15:  # TMA needs 16-byte bases
+            a = a.clone() if a.data_ptr() & 15 else a  # a fresh allocation, same strides
+            b = b.clone() if b.data_ptr() & 15 else b
+        if self.reduce_launcher is not None:
+            ws = self.workspace(c.device)
+            self.launcher(*self.args(a, b, ws, None, slope))
+            self.reduce_launcher(*self.reduce_args(ws, c, bias, slope))
+            return
+        self.launcher(*self.args(a, b, c, bias, slope))
+
+    def args(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
+             slope: float) -> tuple[Any, ...]:
+        """The kernel's runtime arguments, in order (constexprs are ``self.constexprs``)."""
+        bias_arg = bias if bias is not None else c
+        if self.tma is not None:
+            return (*self.descriptors(a, b, c), bias_arg, *self.dims, float(slope))
+        s_bias = bias.stride(0) if bias is not None else 0
+        return (a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope))
+
+
+    def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
+        """Tensor descriptors of the 2-D operands (B as the (N, K) weight when ``b_kmajor``)."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        t = self.tma
+        assert t is not None
+        bt = b.t() if t["b_kmajor"] else b
+        c2 = c.view(a.shape[0], b.shape[1])
+        return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], t["a"]),
+                TensorDescriptor(bt, list(bt.shape), [bt.stride(0), 1], t["b"]),
+                TensorDescriptor(c2, list(c2.shape), [c2.stride(0), 1], t["c"]))
+
+
+REALIGN_MIN_ELEMENTS = 1 << 16  # below this a copy costs more than misaligned loads
+
+
+def _divisor(v: int) -> int:
+    """The power of two dividing ``v`` that Triton does not already see: it specializes int
+    arguments on == 1 and on divisibility by 16 only. 1 for 0, 1, odd values and multiples of 16."""
+    return 1 if v <= 1 or v % 16 == 0 else v & -v
+
+
+def _divisibility_hints(M: int, N: int, K: int, a_st: tuple[int, int], b_st: tuple[int, int],
+                       c_st: Any) -> dict[str, int]:
+    """``DIV_*`` constexprs: the kernel rewrites each value as a multiple of its hint, so rows
+    that start 16-byte aligned (K = 1000 in bf16, say) get vector loads and pipelined copies
+    instead of one element per load (5x slower on an H100). Hints are given only where they
+    matter, along contiguous dims and for leading strides, to keep compiled variants few."""
+    sam, sak = a_st
+    sbk, sbn = b_st
+    scm, scn = c_st
+    return dict(DIV_M=_divisor(M) if sam == 1 else 1,
+                DIV_N=_divisor(N) if sbn == 1 or scn == 1 else 1,
+                DIV_K=_divisor(K) if sak == 1 or sbk == 1 else 1,
+                DIV_SAM=_divisor(sam) if sak == 1 else 1, DIV_SAK=_divisor(sak) if sam == 1 else 1,
+                DIV_SBK=_divisor(sbk) if sbn == 1 else 1, DIV_SBN=_divisor(sbn) if sbk == 1 else 1,
+                DIV_SCM=_divisor(scm) if scn == 1 else 1)
+
+
+def _realign_to(t: torch.Tensor, backend: Backend) -> int | None:
+    """Elements to round ``t``'s leading stride up to, or ``None`` when it is fine as it is.
+
+    The quantum is the backend's matrix-unit alignment (``cube_alignment``: 512 B on Ascend) and
+    at least 16 bytes, one vector load (the kernel's ``DIV_*`` hints make that visible to
+    Triton when the stride is not a multiple of 16 elements)."""
+    if t.dim() != 2 or t.numel() < REALIGN_MIN_ELEMENTS:
+        return None
+    q = max(16, backend.alignment_for("cube")) // t.element_size()
+    r, c = t.stride()
+    if c == 1 and t.shape[1] > 1:
+        return q if r % q else None
+    if r == 1 and t.shape[0] > 1:
+        return q if c % q else None
+    return None
+
+
+def _round_up(n: int, q: int) -> int:
+    return (n + q - 1) // q * q
+
+
+def _aligned_strides(t: torch.Tensor, q: int | None) -> tuple[int, int]:
+    """``t``'s strides after ``_aligned_copy(t, q)``."""
+    if not q:
+        return t.stride()[-2], t.stride()[-1]
+    if t.stride(1) == 1:
+        return _round_up(t.shape[1], q), 1
+    return 1, _round_up(t.shape[0], q)
+
+
+def _aligned_copy(t: torch.Tensor, q: int) -> torch.Tensor:
+    """A copy of 2-D ``t`` in the same major order with its leading stride a multiple of ``q``."""
+    rows, cols = t.shape
+    if t.stride(1) == 1:
+        buf = torch.empty((rows, _round_up(cols, q)), dtype=t.dtype, device=t.device)
+        buf[:, :cols].copy_(t)
+        return buf[:, :cols]
+    buf = torch.empty((cols, _round_up(rows, q)), dtype=t.dtype, device=t.device)
+    buf[:, :rows].copy_(t.t())
+    return buf[:, :rows].t()

@@ -1,0 +1,141 @@
+"""Matmul/linear tuning tables from measurements: measured rules per shape class plus candidates
+with fitted costs for the wave model (see ``xkernels.ops.matmul_config``).
+
+    python -m xkernels.matmul_tables MEASUREMENTS.jsonl --arch sm90 --units 132 --source "..." \\
+        --install ops/tuning/cuda --op linear,matmul
+
+A measurement file has one JSON object per line and shape: ``{"M", "N", "K", "act", "torch_ms",
+"cfgs": [{"cfg": {...}, "ms": ...} | {"cfg": {...}, "err": "..."}]}`` (what a sweep over the
+shape corpus writes). From it:
+
+* **rules**: per measured (N, K) and M class, the fastest config, as a rule over
+  ``n`` = N, ``k`` = K and the M range between the geometric midpoints of its measured
+  neighbours; a TMA winner is followed by the fastest pointer-kernel config of the same class
+  (for calls that cannot take TMA). Each rule records the shapes it was measured on, its time,
+  torch's and the ratio.
+* **candidates**: every config that ran on at least three shapes, with a fitted
+  ``"cost": [a, b, c]`` (``matmul_config.fit_cost``), so shapes no rule covers get the config of
+  the smallest estimated time. Configs whose measurements the fit cannot explain (any shape more
+  than 2.5x slower than fitted) are left out of the candidates: the model could not predict them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from xkernels.ops.matmul_config import Shape, fit_cost, fitted_ms
+
+HALF = ["bfloat16", "float16"]
+UNPREDICTABLE = 2.5
+
+
+def _key(cfg: dict[str, Any]) -> str:
+    return json.dumps(cfg, sort_keys=True)
+
+
+def _m_ranges(ms: list[int]) -> dict[int, tuple[int, int | None]]:
+    """M -> (m_min, m_max) between the geometric midpoints of the measured Ms (open above)."""
+    ms = sorted(set(ms))
+    out = {}
+    for i, m in enumerate(ms):
+        lo = 1 if i == 0 else math.floor(math.sqrt(ms[i - 1] * m)) + 1
+        hi = None if i == len(ms) - 1 else math.floor(math.sqrt(m * ms[i + 1]))
+        out[m] = (lo, hi)
+    return out
+
+
+def rules(rows: list[dict[str, Any]], dtypes: list[str]) -> list[dict[str, Any]]:
+    """Measured rules, one (or a TMA + pointer pair) per measured shape class."""
+    by_nk: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by_nk.setdefault((r["N"], r["K"]), []).append(r)
+    out = []
+    for (n, k), group in sorted(by_nk.items()):
+        ranges = _m_ranges([r["M"] for r in group])
+        for r in sorted(group, key=lambda r: r["M"]):
+            ok = [c for c in r["cfgs"] if "ms" in c]
+            if not ok:
+                continue
+            best = min(ok, key=lambda c: c["ms"])
+            pointer = min((c for c in ok if not c["cfg"].get("TMA")), key=lambda c: c["ms"], default=None)
+            lo, hi = ranges[r["M"]]
+            when: dict[str, Any] = {"dtype": dtypes, "n": n, "k": k, "m_min": lo}
+            if hi is not None:
+                when["m_max"] = hi
+            shape = [r["M"], r["N"], r["K"]]
+
+            def measured(c: dict[str, Any]) -> dict[str, Any]:
+                return {"shapes": [shape], "ms": round(c["ms"], 5), "torch_ms": round(r["torch_ms"], 5),
+                        "worst_ratio": round(r["torch_ms"] / c["ms"], 3), "best_ms": round(best["ms"], 5)}
+
+            if best["cfg"].get("TMA"):
+                out.append({"when": {"variant": "tma", **when}, "config": best["cfg"], "measured": measured(best)})
+            if pointer is not None:
+                out.append({"when": when, "config": pointer["cfg"], "measured": measured(pointer)})
+    return out
+
+
+def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> list[dict[str, Any]]:
+    """Candidate groups with fitted costs (see the module doc)."""
+    points: dict[str, list[tuple[Shape, float]]] = {}
+    cfgs: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        for c in r["cfgs"]:
+            if "ms" in c:
+                k = _key(c["cfg"])
+                cfgs[k] = c["cfg"]
+                points.setdefault(k, []).append((Shape(r["M"], r["N"], r["K"], 1, 2, True), c["ms"]))
+    fitted = []
+    for k, pts in sorted(points.items()):
+        cost = fit_cost(pts, cfgs[k], units)
+        if cost is None:
+            continue
+        worst = max(ms / max(fitted_ms(cost, cfgs[k], s, units), 1e-9) for s, ms in pts)
+        if worst > UNPREDICTABLE:
+            continue
+        fitted.append({**cfgs[k], "cost": [float(f"{v:.4g}") for v in cost]})
+    return [{"when": {"dtype": dtypes}, "configs": fitted}]
+
+
+def build(rows: list[dict[str, Any]], units: int, dtypes: list[str] = HALF) -> dict[str, Any]:
+    return {"rules": rules(rows, dtypes), "candidates": candidates(rows, dtypes, units)}
+
+
+def install(path: Path, arch: str, built: dict[str, Any], source: str, dtypes: list[str]) -> None:
+    """Replace ``arch``'s rules for ``dtypes`` (other dtypes' rules stay, after the new ones) and
+    its candidate groups for them in the table at ``path``."""
+    table = json.loads(path.read_text())
+    kept = [r for r in table["archs"].get(arch, []) if not set(r.get("when", {}).get("dtype", [])) & set(dtypes)]
+    table["archs"][arch] = built["rules"] + kept
+    cands = table.setdefault("candidates", {})
+    cands[arch] = built["candidates"] + [g for g in cands.get(arch, [])
+                                         if not set(g.get("when", {}).get("dtype", [])) & set(dtypes)]
+    table["source"] = source
+    path.write_text(json.dumps(table, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m xkernels.matmul_tables", description=__doc__.split("\n")[0])
+    p.add_argument("measurements", type=Path)
+    p.add_argument("--arch", required=True)
+    p.add_argument("--units", type=int, required=True, help="compute units (SMs) of the measured device")
+    p.add_argument("--source", required=True, help="the table's source line (device, date, versions, command)")
+    p.add_argument("--install", type=Path, required=True, metavar="TABLE_DIR")
+    p.add_argument("--op", default="linear,matmul")
+    a = p.parse_args(argv)
+    rows = [json.loads(line) for line in a.measurements.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "cfgs" in r]
+    built = build(rows, a.units)
+    for op in a.op.split(","):
+        install(a.install / f"{op}.json", a.arch, built, a.source, HALF)
+    print(f"{len(built['rules'])} rules, {len(built['candidates'][0]['configs'])} candidates with fitted costs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
