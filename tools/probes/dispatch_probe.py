@@ -1,6 +1,6 @@
 """Host time per call for tiny ops (kernel time negligible), CUDA-graph capture of the ops.
 
-    python results/dispatch_probe.py            # prints a table and a JSON line
+    python tools/probes/dispatch_probe.py            # prints a table and a JSON line
 Set XKERNELS_DIRECT_LAUNCH=0 to compare against Triton's own C launch function (hot entries
 still used), XKERNELS_FAST_LAUNCH=0 against Triton's kernel[grid] launch path. The "parts" table
 times the pieces of one hot `add` call on their own, without a profiler.

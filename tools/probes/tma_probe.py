@@ -1,6 +1,6 @@
 """Experiment: a tensor-descriptor (TMA) matmul for sm90 against the pointer kernel and torch.
 
-    python results/tma_probe.py
+    python tools/probes/tma_probe.py
 
 Prediction written before running: loading tiles through TMA removes the 30% that linear's
 K-contiguous weight costs the pointer kernel (run s2-1: matmul on W.T view 0.2595 ms vs on a

@@ -1,6 +1,6 @@
 """Where does linear's time go at 4096^3? Each variant timed alone (flush, events, median).
 
-    python results/linear_probe.py [--configs]
+    python tools/probes/linear_probe.py [--configs]
 
 Rows: torch's pieces (matmul, F.linear with bias, + gelu) and xkernels' linear with and without
 the epilogue, on weight.T (K-contiguous B, linear's layout) and on a row-major copy of it

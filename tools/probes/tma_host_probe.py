@@ -1,7 +1,7 @@
 """Why TMA matmul rows of the bench are slow and noisy while the tune sweep timed the same config
 fast: the bench rotates several input sets, the sweep uses one. This times the same call both ways.
 
-    python results/tma_host_probe.py
+    python tools/probes/tma_host_probe.py
 """
 
 import cProfile
