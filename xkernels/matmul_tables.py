@@ -1,17 +1,22 @@
 """Matmul/linear tuning tables from measurements: measured rules per shape class plus candidates
 with fitted costs for the wave model (see ``xkernels.ops.matmul_config``).
 
-    python -m xkernels.matmul_tables MEASUREMENTS.jsonl --arch sm90 --units 132 --source "..." \\
-        --install ops/tuning/cuda --op linear,matmul
+    python -m xkernels.matmul_tables RUN1.jsonl [RUN2.jsonl ...] --arch sm90 --units 132 \\
+        --source "..." --install ops/tuning/cuda --op linear,matmul
 
-A measurement file has one JSON object per line and shape: ``{"M", "N", "K", "act", "torch_ms",
+A measurement file has one JSON object per line and shape: ``{"op", "M", "N", "K", "act", "torch_ms",
 "cfgs": [{"cfg": {...}, "ms": ...} | {"cfg": {...}, "err": "..."}]}`` (what a sweep over the
-shape corpus writes). From it:
+shape corpus writes; a row without ``"op"`` counts for every op that has no row of its own for that
+shape). Rows of the same op and shape from
+several files are merged: each config's time is the **median** of all its measurements (so one
+glitched timing that a later run re-measured does not decide anything), torch's likewise. Each
+op's tables are built from its own rows (matmul's B is row-major, linear's K-contiguous). From them:
 
 * **rules**: per measured (N, K) and M class, the fastest config, as a rule over
   ``n`` = N, ``k`` = K and the M range between the geometric midpoints of its measured
-  neighbours; a TMA winner is followed by the fastest pointer-kernel config of the same class
-  (for calls that cannot take TMA). Each rule records the shapes it was measured on, its time,
+  neighbours, keyed by activation where the row had one (those rules come first); a TMA winner
+  is followed by the fastest pointer-kernel config of the same class (for calls that cannot
+  take TMA). Each rule records the shapes it was measured on, its time,
   torch's and the ratio.
 * **candidates**: every config that ran on at least three shapes, with a fitted
   ``"cost": [a, b, c]`` (``matmul_config.fit_cost``), so shapes no rule covers get the config of
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,11 +57,12 @@ def _m_ranges(ms: list[int]) -> dict[int, tuple[int, int | None]]:
 
 def rules(rows: list[dict[str, Any]], dtypes: list[str]) -> list[dict[str, Any]]:
     """Measured rules, one (or a TMA + pointer pair) per measured shape class."""
-    by_nk: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    by_nk: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for r in rows:
-        by_nk.setdefault((r["N"], r["K"]), []).append(r)
+        by_nk.setdefault((r.get("act") or "", r["N"], r["K"]), []).append(r)
     out = []
-    for (n, k), group in sorted(by_nk.items()):
+    # activation-keyed classes first: a rule without ``activation`` matches every epilogue
+    for (_, n, k), group in sorted(by_nk.items(), key=lambda kv: (kv[0][0] == "", kv[0])):
         ranges = _m_ranges([r["M"] for r in group])
         for r in sorted(group, key=lambda r: r["M"]):
             ok = [c for c in r["cfgs"] if "ms" in c]
@@ -65,6 +72,8 @@ def rules(rows: list[dict[str, Any]], dtypes: list[str]) -> list[dict[str, Any]]
             pointer = min((c for c in ok if not c["cfg"].get("TMA")), key=lambda c: c["ms"], default=None)
             lo, hi = ranges[r["M"]]
             when: dict[str, Any] = {"dtype": dtypes, "n": n, "k": k, "m_min": lo}
+            if r.get("act"):
+                when["activation"] = r["act"]
             if hi is not None:
                 when["m_max"] = hi
             shape = [r["M"], r["N"], r["K"]]
@@ -102,6 +111,36 @@ def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> lis
     return [{"when": {"dtype": dtypes}, "configs": fitted}]
 
 
+def merge(rows: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
+    """``op``'s rows (and rows without an op), one per shape, config times merged by median."""
+    own = {(r["M"], r["N"], r["K"], r.get("act")) for r in rows if r.get("op") == op and "torch_ms" in r}
+    shapes: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["M"], r["N"], r["K"], r.get("act"))
+        if r.get("op", op) != op or ("op" not in r and key in own):
+            continue
+        m = shapes.setdefault(key, {"M": r["M"], "N": r["N"], "K": r["K"], "act": r.get("act"),
+                                    "torch": [], "times": {}, "cfg": {}, "err": {}})
+        if "torch_ms" in r:
+            m["torch"].append(r["torch_ms"])
+        for c in r.get("cfgs", ()):
+            k = _key(c["cfg"])
+            m["cfg"][k] = c["cfg"]
+            if "ms" in c:
+                m["times"].setdefault(k, []).append(c["ms"])
+            else:
+                m["err"][k] = c.get("err", "failed")
+    out = []
+    for m in shapes.values():
+        if not m["torch"]:
+            continue  # re-measurements of configs only: merged into the shape's own row
+        cfgs = [{"cfg": m["cfg"][k], "ms": statistics.median(t)} for k, t in m["times"].items()]
+        cfgs += [{"cfg": m["cfg"][k], "err": e} for k, e in m["err"].items() if k not in m["times"]]
+        out.append({"op": op, "M": m["M"], "N": m["N"], "K": m["K"], "act": m["act"],
+                    "torch_ms": statistics.median(m["torch"]), "cfgs": cfgs})
+    return sorted(out, key=lambda r: (r["N"], r["K"], r["M"], r["act"] or ""))
+
+
 def build(rows: list[dict[str, Any]], units: int, dtypes: list[str] = HALF) -> dict[str, Any]:
     return {"rules": rules(rows, dtypes), "candidates": candidates(rows, dtypes, units)}
 
@@ -121,19 +160,24 @@ def install(path: Path, arch: str, built: dict[str, Any], source: str, dtypes: l
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m xkernels.matmul_tables", description=__doc__.split("\n")[0])
-    p.add_argument("measurements", type=Path)
+    p.add_argument("measurements", type=Path, nargs="+")
     p.add_argument("--arch", required=True)
     p.add_argument("--units", type=int, required=True, help="compute units (SMs) of the measured device")
     p.add_argument("--source", required=True, help="the table's source line (device, date, versions, command)")
     p.add_argument("--install", type=Path, required=True, metavar="TABLE_DIR")
     p.add_argument("--op", default="linear,matmul")
     a = p.parse_args(argv)
-    rows = [json.loads(line) for line in a.measurements.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for f in a.measurements for line in f.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "cfgs" in r]
-    built = build(rows, a.units)
     for op in a.op.split(","):
+        merged = merge(rows, op)
+        if not merged:
+            print(f"{op}: no measurements, table left as it is")
+            continue
+        built = build(merged, a.units)
         install(a.install / f"{op}.json", a.arch, built, a.source, HALF)
-    print(f"{len(built['rules'])} rules, {len(built['candidates'][0]['configs'])} candidates with fitted costs")
+        print(f"{op}: {len(merged)} shapes -> {len(built['rules'])} rules, "
+              f"{len(built['candidates'][0]['configs'])} candidates with fitted costs")
     return 0
 
 

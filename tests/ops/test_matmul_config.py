@@ -1,0 +1,149 @@
+"""Which config a matmul/linear call runs, and why (ops/matmul_config.py): the wave count, the
+split-K conditions, the cost fit, and the order rule -> fitted candidates -> device properties."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from xkernels import matmul_tables, tuning
+from xkernels.backends.cuda import CudaBackend
+from xkernels.ops import matmul_config as mc
+
+SMS = 132
+CPU = torch.device("cpu")
+
+
+class _Sm(CudaBackend):
+    """The cuda backend's selection for a given arch, no device needed."""
+
+    def __init__(self, arch: str = "sm90", tma: bool = True) -> None:
+        super().__init__()
+        self._arch, self._tma = arch, tma
+
+    def arch(self, device=None) -> str:
+        return self._arch
+
+    def compute_units(self, device=None) -> int:
+        return SMS
+
+    def tensor_descriptors(self, device=None) -> bool:
+        return self._tma
+
+
+def _shape(m: int, n: int, k: int, batch: int = 1) -> mc.Shape:
+    return mc.Shape(m, n, k, batch, 2, batch == 1)
+
+
+def _select(m: int, n: int, k: int, *, arch: str = "sm90", tma: bool = True, op: str = "linear") -> mc.Selection:
+    shape = _shape(m, n, k)
+    key = mc.bucket_key(torch.bfloat16, shape, None, True)
+    return mc.select(op, _Sm(arch, tma), CPU, key, shape, "kmajor" if tma else None)
+
+
+def test_waves_count_tiles_per_compute_unit():
+    # BERT's 768-wide layers at 8192 tokens: 128x256 tiles make 192 tiles, two waves on 132 SMs
+    assert mc.waves({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}, _shape(8192, 768, 768), SMS) == (192, 2)
+    assert mc.waves({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}, _shape(8192, 768, 768), SMS) == (384, 3)
+    # blocks clamp to the problem: one row is one 16-row tile
+    assert mc.waves({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64}, _shape(1, 768, 768), SMS) == (12, 1)
+    assert mc.waves({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, _shape(64, 64, 64, batch=300), SMS) == (300, 3)
+
+
+@pytest.mark.parametrize("shape,split", [
+    (_shape(16, 4096, 4096), 4),  # few rows, long K: split
+    (_shape(16, 4096, 4096, batch=2), 1),  # batched: one 2-D product only
+    (_shape(16, 4096, 64), 1),  # K shorter than two blocks
+    (mc.Shape(16, 4096, 4096, 1, 2, True, max_programs=100), 1),  # 64 tiles x 4 > one launch
+])
+def test_split_k_only_where_it_applies(shape, split):
+    assert mc.split_of({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4}, shape) == split
+
+
+def test_fit_cost_recovers_the_model_and_drops_a_glitch():
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
+    truth = [2e-6, 3e-3, 5e-3]
+    rng = random.Random(0)
+    shapes = [_shape(rng.choice([1, 128, 512, 2048, 8192]), rng.choice([768, 3072, 4096]), rng.choice([768, 4096]))
+              for _ in range(20)]
+    points = [(s, mc.fitted_ms(truth, cfg, s, SMS) * rng.uniform(0.98, 1.02)) for s in shapes]
+    points[3] = (points[3][0], points[3][1] * 60)  # one timing glitch
+    cost = mc.fit_cost(points, cfg, SMS)
+    assert cost is not None
+    for s in shapes:
+        assert mc.fitted_ms(cost, cfg, s, SMS) == pytest.approx(mc.fitted_ms(truth, cfg, s, SMS), rel=0.1)
+    assert mc.fit_cost(points[:2], cfg, SMS) is None
+
+
+def test_a_measured_shape_takes_its_rule():
+    sel = _select(8192, 768, 3072)  # BERT-base FFN down-projection, in the sm90 corpus
+    assert sel.measured and "rule" in sel.source and sel.why == "a measured rule for this shape class"
+
+
+def test_an_unmeasured_shape_takes_the_wave_model_over_fitted_candidates():
+    sel = _select(1000, 1536, 1536)  # no model in the corpus has this layer
+    assert not sel.measured and "candidates" in sel.source
+    assert "wave model" in sel.why and "fitted costs" in sel.why and f"on {SMS} compute units" in sel.why
+    assert sel.estimates_ms and min(sel.estimates_ms.values()) > 0
+    # the winner is the smallest estimate
+    label = mc._label(sel.config)
+    assert sel.estimates_ms[label] == min(sel.estimates_ms.values())
+
+
+def test_tma_candidates_compete_only_for_tma_calls():
+    with_tma, without = _select(1000, 1536, 1536), _select(1000, 1536, 1536, tma=False)
+    assert not without.config.get("TMA")
+    assert not any("+tma" in label for label in without.estimates_ms)
+    assert any("+tma" in label for label in with_tma.estimates_ms)
+
+
+def test_an_arch_without_a_table_gets_the_device_property_model():
+    sel = _select(8192, 768, 3072, arch="sm100")  # no sm100 section in the cuda tables
+    assert not sel.measured
+    assert "built-in candidates" in sel.source and "'sm100'" in sel.source
+    assert "device properties" in sel.why
+    assert set(sel.estimates_ms) == {mc._label({**mc.MATMUL_DEFAULT, **c}) for c in mc.BUILTIN_CANDIDATES}
+
+
+def test_a_forced_config_wins_and_drops_tma_where_the_call_cannot_take_it():
+    with tuning.force({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "TMA": True, "PERSISTENT": True}):
+        sel = _select(256, 256, 256, tma=False)
+    assert sel.source.startswith("forced") and "TMA" not in sel.config and "PERSISTENT" not in sel.config
+
+
+def _row(op, m, n, k, torch_ms, cfgs, act=None):
+    return {"op": op, "M": m, "N": n, "K": k, "act": act, "torch_ms": torch_ms,
+            "cfgs": [{"cfg": c, "ms": ms} for c, ms in cfgs]}
+
+
+A = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}
+B = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": True}
+
+
+def test_tables_merge_runs_by_median_and_keep_ops_apart():
+    rows = [_row("linear", 128, 768, 768, 0.010, [(A, 0.012), (B, 0.5)]),  # B glitched
+            {"op": "linear", "M": 128, "N": 768, "K": 768, "act": None, "cfgs": [{"cfg": B, "ms": 0.009}] * 2},
+            _row("matmul", 128, 768, 768, 0.011, [(A, 0.013)]),
+            {"M": 64, "N": 768, "K": 768, "act": None, "torch_ms": 0.01, "cfgs": [{"cfg": A, "ms": 0.02}]}]
+    lin = matmul_tables.merge(rows, "linear")
+    assert [(r["M"], r["op"]) for r in lin] == [(64, "linear"), (128, "linear")]  # op-less rows count for all
+    times = {json.dumps(c["cfg"], sort_keys=True): c["ms"] for c in lin[1]["cfgs"]}
+    assert times[json.dumps(B, sort_keys=True)] == 0.009  # median of 0.5, 0.009, 0.009
+    mm = matmul_tables.merge(rows, "matmul")
+    assert [r["cfgs"][0]["ms"] for r in mm if r["M"] == 128] == [0.013]
+
+
+def test_tables_rules_pair_tma_with_a_pointer_fallback_and_key_activations_first():
+    rows = [_row("linear", 128, 768, 768, 0.010, [(A, 0.012), (B, 0.009)]),
+            _row("linear", 128, 768, 768, 0.010, [(A, 0.011), (B, 0.013)], act="gelu"),
+            _row("linear", 8192, 768, 768, 0.02, [(A, 0.03), (B, 0.021)])]
+    rules = matmul_tables.rules(rows, ["bfloat16"])
+    assert rules[0]["when"]["activation"] == "gelu" and rules[0]["config"] == A
+    plain = rules[1:]
+    assert [r["when"].get("variant") for r in plain] == ["tma", None, "tma", None]
+    assert plain[0]["when"]["m_max"] + 1 == plain[2]["when"]["m_min"]  # M classes split at the geometric mean
+    assert plain[0]["when"]["m_max"] == 1024 and "m_max" not in plain[2]["when"]
+    assert plain[1]["config"] == A and plain[1]["measured"]["worst_ratio"] == round(0.010 / 0.012, 3)
