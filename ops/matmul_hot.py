@@ -25,6 +25,8 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, args: tuple[Any, ...]) -> Any:
     ``args`` are (a, b) for matmul and (x, weight[, bias[, activation]]) for linear; the
     kernel's a/b operands are views of the first two sharing their data pointers."""
     a, b = args[0], args[1]
+    if plan.vendor and call.out is None:
+        return _hot_vendor(plan, call)
     if (call.out is not None or plan.materialize or plan.align_a or plan.align_b
             or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()
             or not all(isinstance(t, torch.Tensor) for t in (a, b)) or prod(call.out_shape) == 0
@@ -45,6 +47,20 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, args: tuple[Any, ...]) -> Any:
             return None  # torch's TF32 setting changed since this was planned
         c = torch.empty(out_shape, dtype=dtype, device=device)
         return c if launch(a, b, c, bias if has_bias else c) else None
+
+    return hot
+
+
+def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
+    """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning."""
+    if plan.op == "matmul":
+        return torch.matmul
+    from xkernels.ops.matmul import reference_linear
+
+    slope = call.slope
+
+    def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor:
+        return reference_linear(x, weight, bias, activation, slope)
 
     return hot
 

@@ -3,7 +3,9 @@
 ``MatmulPlan`` turns one call signature plus its :class:`~xkernels.ops.matmul_config.Selection`
 into launches of ``matmul_kernels.matmul_kernel`` (pointer loads), ``matmul_tma_kernel`` (tiles
 through tensor descriptors, sm90+) or, for split-K, ``matmul_kernel`` writing fp32 partials
-followed by ``splitk_reduce_kernel``. Host-side layout work lives here too: batch dims collapsed
+followed by ``splitk_reduce_kernel``; or, for a ``"VENDOR": true`` selection (a shape class where
+the tuner measured the device's own BLAS faster than every kernel config), into the PyTorch call
+itself. Host-side layout work lives here too: batch dims collapsed
 or materialised, 2-D operands copied to an aligned leading stride where the backend's matrix
 unit needs it, and ``DIV_*`` divisibility hints so 16-byte-aligned odd shapes vectorise.
 """
@@ -70,6 +72,15 @@ class MatmulPlan(Plan):
         cfg = sel.config
         self.source, self.why = sel.source, sel.why
         self.backend = backend
+        self.op = op
+        self.vendor = bool(cfg.get("VENDOR"))
+        if self.vendor:  # the device's own BLAS, through torch: measured faster for this shape class
+            self.route = "vendor BLAS"
+            self.variant = ("torch.matmul" if op == "matmul" else "F.linear + activation") + " (the device's BLAS)"
+            self.config, self.programs, self.tiles = {"VENDOR": True}, None, None
+            self.tma, self.reduce_launcher, self.split_k, self.materialize = None, None, 1, False
+            self.align_a = self.align_b = None
+            return
         self.tma: dict[str, Any] | None = None
         self.reduce_launcher: Launcher | None = None
         self.split_k = 1

@@ -40,7 +40,7 @@ class Explanation:
 
     op: str
     backend: str
-    route: str  # "plugin override" | "triton kernel" | "torch"
+    route: str  # "plugin override" | "triton kernel" | "vendor BLAS" | "torch"
     reason: str
     variant: str | None = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -74,6 +74,7 @@ class Plan:
     programs: int
     tiles: int
     why: str = ""
+    route: str = "triton kernel"
 
     def run(self, *args: Any) -> None:  # pragma: no cover - interface
         raise NotImplementedError
@@ -203,7 +204,7 @@ class Op:
         if not call.kernel_ok:
             return Explanation(self.name, backend.name, "torch", f"{how}; {call.fallback_reason}")
         plan = self.make_plan(call, backend)
-        return Explanation(self.name, backend.name, "triton kernel", how, plan.variant, dict(plan.config),
+        return Explanation(self.name, backend.name, plan.route, how, plan.variant, dict(plan.config),
                            plan.source, plan.programs, plan.tiles, plan.why or None)
 
 

@@ -16,8 +16,11 @@ op's tables are built from its own rows (matmul's B is row-major, linear's K-con
   ``n`` = N, ``k`` = K and the M range between the geometric midpoints of its measured
   neighbours, keyed by activation where the row had one (those rules come first); a TMA winner
   is followed by the fastest pointer-kernel config of the same class (for calls that cannot
-  take TMA). Each rule records the shapes it was measured on, its time,
-  torch's and the ratio.
+  take TMA). Where even the fastest config is more than ``--vendor-margin`` (default 3%) slower
+  than torch on the device's own BLAS, the rule is ``{"VENDOR": true}`` instead: calls of that
+  class run the PyTorch call (``explain()`` says so), so no measured class is slower than torch
+  by more than the front door's cost. Each rule records the shapes it was measured on, its time,
+  torch's and the ratio (and, for vendor rules, the best kernel's ratio).
 * **candidates**: every config that ran on at least three shapes, with a fitted
   ``"cost": [a, b, c]`` (``matmul_config.fit_cost``), so shapes no rule covers get the config of
   the smallest estimated time. Configs whose measurements the fit cannot explain (any shape more
@@ -37,6 +40,7 @@ from typing import Any
 from xkernels.ops.matmul_config import Shape, fit_cost, fitted_ms
 
 HALF = ["bfloat16", "float16"]
+VENDOR_MARGIN = 1.03
 UNPREDICTABLE = 2.5
 
 
@@ -55,7 +59,7 @@ def _m_ranges(ms: list[int]) -> dict[int, tuple[int, int | None]]:
     return out
 
 
-def rules(rows: list[dict[str, Any]], dtypes: list[str]) -> list[dict[str, Any]]:
+def rules(rows: list[dict[str, Any]], dtypes: list[str], vendor_margin: float = VENDOR_MARGIN) -> list[dict[str, Any]]:
     """Measured rules, one (or a TMA + pointer pair) per measured shape class."""
     by_nk: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
     for r in rows:
@@ -82,6 +86,12 @@ def rules(rows: list[dict[str, Any]], dtypes: list[str]) -> list[dict[str, Any]]
                 return {"shapes": [shape], "ms": round(c["ms"], 5), "torch_ms": round(r["torch_ms"], 5),
                         "worst_ratio": round(r["torch_ms"] / c["ms"], 3), "best_ms": round(best["ms"], 5)}
 
+            if vendor_margin and best["ms"] > r["torch_ms"] * vendor_margin:
+                out.append({"when": when, "config": {"VENDOR": True},
+                            "measured": {"shapes": [shape], "ms": round(r["torch_ms"], 5),
+                                         "torch_ms": round(r["torch_ms"], 5), "worst_ratio": 1.0,
+                                         "best_kernel_ratio": round(r["torch_ms"] / best["ms"], 3)}})
+                continue
             if best["cfg"].get("TMA"):
                 out.append({"when": {"variant": "tma", **when}, "config": best["cfg"], "measured": measured(best)})
             if pointer is not None:
@@ -141,8 +151,9 @@ def merge(rows: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["N"], r["K"], r["M"], r["act"] or ""))
 
 
-def build(rows: list[dict[str, Any]], units: int, dtypes: list[str] = HALF) -> dict[str, Any]:
-    return {"rules": rules(rows, dtypes), "candidates": candidates(rows, dtypes, units)}
+def build(rows: list[dict[str, Any]], units: int, dtypes: list[str] = HALF,
+          vendor_margin: float = VENDOR_MARGIN) -> dict[str, Any]:
+    return {"rules": rules(rows, dtypes, vendor_margin), "candidates": candidates(rows, dtypes, units)}
 
 
 def install(path: Path, arch: str, built: dict[str, Any], source: str, dtypes: list[str]) -> None:
@@ -166,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source", required=True, help="the table's source line (device, date, versions, command)")
     p.add_argument("--install", type=Path, required=True, metavar="TABLE_DIR")
     p.add_argument("--op", default="linear,matmul")
+    p.add_argument("--vendor-margin", type=float, default=VENDOR_MARGIN,
+                   help="route a class to the device's BLAS when the best kernel is slower than torch by more "
+                        "than this factor (0: kernels only)")
     a = p.parse_args(argv)
     rows = [json.loads(line) for f in a.measurements for line in f.read_text().splitlines() if line.strip()]
     rows = [r for r in rows if "cfgs" in r]
@@ -174,9 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         if not merged:
             print(f"{op}: no measurements, table left as it is")
             continue
-        built = build(merged, a.units)
+        built = build(merged, a.units, HALF, a.vendor_margin)
         install(a.install / f"{op}.json", a.arch, built, a.source, HALF)
-        print(f"{op}: {len(merged)} shapes -> {len(built['rules'])} rules, "
+        vendor = sum(1 for r in built["rules"] if r["config"].get("VENDOR"))
+        print(f"{op}: {len(merged)} shapes -> {len(built['rules'])} rules ({vendor} to the vendor BLAS), "
               f"{len(built['candidates'][0]['configs'])} candidates with fitted costs")
     return 0
 

@@ -296,3 +296,37 @@ def test_split_k_applies_to_one_2d_product_only(backend, device):
         for args in ((a3, b3), short_k):
             assert "SPLIT_K" not in matmul.explain(*args).config
             assert_close(matmul(*args), args[0].double() @ args[1].double(), torch.float32, scale=4)
+
+
+def test_vendor_blas_rule_runs_the_torch_call_and_stays_hot(backend, device, monkeypatch):
+    """A ``{"VENDOR": true}`` selection (a class where the tuner measured the device's BLAS faster
+    than every kernel config) runs torch.matmul / F.linear + activation, says so in explain(), and
+    its hot entry computes each new call's own inputs."""
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel selection")
+    from xkernels.ops import matmul_config
+
+    vendor = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
+    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: vendor)
+    matmul._forget()
+    linear._forget()
+    try:
+        a0, b0 = rand((33, 70), torch.float32, device), rand((70, 45), torch.float32, device)
+        e = matmul.explain(a0, b0)
+        assert e.route == "vendor BLAS" and e.config == {"VENDOR": True} and "torch.matmul" in e.variant
+        assert "vendor BLAS" in str(e)
+        for _ in range(3):  # the first call plans, the next ones go through the hot entry
+            a, b = rand((33, 70), torch.float32, device), rand((70, 45), torch.float32, device)
+            w, bias = rand((45, 70), torch.float32, device), rand((45,), torch.float32, device)
+            with Unchanged(a, b, w, bias):
+                got, got_lin = matmul(a, b), linear(a, w, bias, "leaky_relu")
+            assert_close(got, a.double() @ b.double(), torch.float32, scale=_tol_scale(70))
+            assert_close(got_lin, reference_linear(a.double(), w.double(), bias.double(), "leaky_relu"),
+                         torch.float32, scale=_tol_scale(70))
+        assert matmul._hot and linear._hot
+        out = poisoned((33, 45), torch.float32, device)
+        assert matmul(a, b, out=out) is out
+        assert_close(out, a.double() @ b.double(), torch.float32, scale=_tol_scale(70))
+    finally:
+        matmul._forget()
+        linear._forget()

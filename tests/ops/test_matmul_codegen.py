@@ -59,10 +59,19 @@ def _ptx(op, *args, hints: bool = True, backend=None) -> str:
     return _compile(op, *args, hints=hints, backend=backend)[1].asm["ptx"]
 
 
+#: the config code-generation tests compile when none is forced (which config a shape gets is
+#: test_matmul_config's business; a table rule may even route it to the vendor BLAS)
+_POINTER = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+
+
 def _compile(op, *args, hints: bool = True, backend=None):
     """(plan, kernel compiled for sm90) of a call."""
     call = op.check(*args)
-    plan = op.make_plan(call, backend or _H100Pointers())
+    if tuning.forced_config() is None:
+        with tuning.force(_POINTER):
+            plan = op.make_plan(call, backend or _H100Pointers())
+    else:
+        plan = op.make_plan(call, backend or _H100Pointers())
     if not hints:  # what the kernel compiled to before the hints: every DIV_* = 1
         plan.constexprs.update({k: 1 for k in plan.constexprs if k.startswith("DIV_")})
     c = torch.empty(tuple(call.batch) + (call.a.shape[-2], call.b.shape[-1]), dtype=call.dtype, device="meta")
@@ -138,9 +147,12 @@ def test_hints_are_visible_in_explain_and_absent_for_multiples_of_16():
     (matmul, (_meta(3000, 1000), _meta(1000, 5000))),  # edges zero-filled by the TMA engine
 ], ids=["matmul 4096", "linear 4096 bias gelu", "matmul odd"])
 def test_large_sm90_calls_load_through_tensor_descriptors(op, args):
-    plan = op.make_plan(op.check(*args), _H100())
-    assert plan.config.get("TMA") is True and "TMA" in plan.variant
-    ptx = _ptx(op, *args, backend=_H100())
+    """A TMA config compiles to bulk tensor copies and wgmma, no per-thread operand copies (which
+    classes take TMA is the table's business: test_tma_follows_the_table_rule)."""
+    with tuning.force(_TMA):
+        plan = op.make_plan(op.check(*args), _H100())
+        assert plan.config.get("TMA") is True and "TMA" in plan.variant
+        ptx = _ptx(op, *args, backend=_H100())
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
     wide, narrow = _copies(ptx)
     assert wide == 0 and narrow <= 1, (wide, narrow)  # no per-thread operand copies; 1: linear's bias row

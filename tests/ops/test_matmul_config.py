@@ -140,10 +140,20 @@ def test_tables_rules_pair_tma_with_a_pointer_fallback_and_key_activations_first
     rows = [_row("linear", 128, 768, 768, 0.010, [(A, 0.012), (B, 0.009)]),
             _row("linear", 128, 768, 768, 0.010, [(A, 0.011), (B, 0.013)], act="gelu"),
             _row("linear", 8192, 768, 768, 0.02, [(A, 0.03), (B, 0.021)])]
-    rules = matmul_tables.rules(rows, ["bfloat16"])
+    rules = matmul_tables.rules(rows, ["bfloat16"], vendor_margin=0)
     assert rules[0]["when"]["activation"] == "gelu" and rules[0]["config"] == A
     plain = rules[1:]
     assert [r["when"].get("variant") for r in plain] == ["tma", None, "tma", None]
     assert plain[0]["when"]["m_max"] + 1 == plain[2]["when"]["m_min"]  # M classes split at the geometric mean
     assert plain[0]["when"]["m_max"] == 1024 and "m_max" not in plain[2]["when"]
     assert plain[1]["config"] == A and plain[1]["measured"]["worst_ratio"] == round(0.010 / 0.012, 3)
+
+
+def test_tables_route_a_class_to_the_vendor_blas_only_when_every_kernel_is_slower():
+    rows = [_row("linear", 128, 768, 768, 0.010, [(A, 0.0115), (B, 0.0112)]),  # best kernel 12% slower
+            _row("linear", 8192, 768, 768, 0.020, [(A, 0.0204), (B, 0.0203)])]  # within the 3% margin
+    rules = matmul_tables.rules(rows, ["bfloat16"])
+    assert rules[0]["config"] == {"VENDOR": True} and "variant" not in rules[0]["when"]
+    assert rules[0]["measured"]["best_kernel_ratio"] == round(0.010 / 0.0112, 3)
+    assert all(not r["config"].get("VENDOR") for r in rules[1:]) and len(rules) == 3
+    assert not any(r["config"].get("VENDOR") for r in matmul_tables.rules(rows, ["bfloat16"], vendor_margin=0))
