@@ -34,8 +34,29 @@ class CpuBackend(Backend):
             max_programs_per_launch=1,
             copy_bandwidth=peaks.cached_figure(self.name, name, "copy_bandwidth"),
             matmul_peak=peaks.cached_figure(self.name, name, "matmul_peak"),
-            extra={"torch_threads": torch.get_num_threads()},
+            extra={"torch_threads": torch.get_num_threads(), "llc_bytes": _last_level_cache()},
         )
+
+
+def _last_level_cache() -> int | None:
+    """Bytes of CPU 0's highest-level cache (Linux sysfs), ``None`` where it is not reported."""
+    best: tuple[int, int] | None = None
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for entry in os.listdir(root):
+            if not entry.startswith("index"):
+                continue
+            with open(f"{root}/{entry}/level") as f:
+                level = int(f.read())
+            with open(f"{root}/{entry}/size") as f:
+                size = f.read().strip()
+            unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(size[-1:].upper(), 1)
+            nbytes = int(size.rstrip("KMGkmg")) * unit
+            if best is None or (level, nbytes) > best:
+                best = (level, nbytes)
+    except (OSError, ValueError):
+        return None
+    return best[1] if best else None
 
 
 def _total_memory() -> int | None:

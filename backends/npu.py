@@ -6,41 +6,70 @@ machine without it. ``is_available()`` imports it on first use and reports why i
 Launch geometry follows triton-ascend: a grid maps to physical cores (at most 65535 programs).
 Element-wise kernels launch one program per vector core and tl.dot kernels one per AI (cube)
 core; each program loops over its share of the tiles (a persistent loop). Core counts come from
-the driver; the datasheet table below is shown beside them, never used for launching on a device.
+the driver; the SoC table (npu_socs.json) is shown beside them, never used for launching on a device.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 from xkernels.backend import Backend, DeviceProperties, Figure, Unit
 from xkernels.hookspecs import hookimpl
 
 MAX_GRID = 65535
+#: On-chip memory of the Atlas A2/A3 SoCs (every one in npu_socs.json has these sizes); used for
+#: an SoC the file does not list.
 UNIFIED_BUFFER_BYTES = 192 * 1024
 L0C_BYTES = 128 * 1024
 
-# Public figures for Atlas 800T/900 A2 parts (Ascend 910B family), labelled "datasheet".
+#: npu_socs.json: per SoC its family (the tuning-table keys it falls back to), core counts and
+#: on-chip memory sizes from the compiler's target description, and datasheet figures where
+#: public ones are known; "sources" says where each field comes from.
+SOC_TABLE: dict[str, Any] = json.loads(Path(__file__).with_name("npu_socs.json").read_text())
+SOCS: dict[str, dict[str, Any]] = SOC_TABLE["socs"]
+
+_COMPILER_NOTE = "bishengir-compile 1.2.0 target description"
+_FIGURES = {  # field -> (unit, note)
+    "cube_cores": ("cores", _COMPILER_NOTE), "vector_cores": ("cores", _COMPILER_NOTE),
+    "ub_bytes": ("B", _COMPILER_NOTE), "l0c_bytes": ("B", _COMPILER_NOTE), "l1_bytes": ("B", _COMPILER_NOTE),
+    "hbm_bytes": ("B", ""), "fp16_tflops": ("TFLOP/s", ""),
+}
+
+# Figures by SoC, labelled "datasheet" (the note names the compiler where it is the source).
 # cube = AI cores (matrix unit), vector = AI vector cores. fp16 dense TFLOP/s.
 DATASHEET: dict[str, dict[str, Figure]] = {
-    "Ascend910B1": {"cube_cores": Figure(24, "cores", "datasheet"), "vector_cores": Figure(48, "cores", "datasheet"),
-                    "hbm_bytes": Figure(64 * 2**30, "B", "datasheet"), "fp16_tflops": Figure(378, "TFLOP/s", "datasheet")},
-    "Ascend910B2": {"cube_cores": Figure(24, "cores", "datasheet"), "vector_cores": Figure(48, "cores", "datasheet"),
-                    "hbm_bytes": Figure(64 * 2**30, "B", "datasheet"), "fp16_tflops": Figure(354, "TFLOP/s", "datasheet")},
-    "Ascend910B3": {"cube_cores": Figure(20, "cores", "datasheet"), "vector_cores": Figure(40, "cores", "datasheet"),
-                    "hbm_bytes": Figure(64 * 2**30, "B", "datasheet"), "fp16_tflops": Figure(295, "TFLOP/s", "datasheet")},
-    "Ascend910B4": {"cube_cores": Figure(20, "cores", "datasheet"), "vector_cores": Figure(40, "cores", "datasheet"),
-                    "hbm_bytes": Figure(32 * 2**30, "B", "datasheet"), "fp16_tflops": Figure(246, "TFLOP/s", "datasheet")},
+    soc: {k: Figure(v, _FIGURES[k][0], "datasheet", _FIGURES[k][1]) for k, v in fields.items() if k in _FIGURES}
+    for soc, fields in SOCS.items()
 }
 
 
 def soc_family(soc: str) -> str:
-    """``"Ascend910B3"`` → ``"Ascend910B"``: the fallback key of the npu tuning tables."""
-    m = re.match(r"(Ascend\d+[A-Z]?)", soc)
+    """``"Ascend910B3"`` → ``"Ascend910B"``, ``"Ascend910_9392"`` → ``"Ascend910_93"``: the SoC's
+    family in npu_socs.json, else one read from the name."""
+    if soc in SOCS:
+        return str(SOCS[soc]["family"])
+    m = re.match(r"(Ascend910_93)\d", soc) or re.match(r"(Ascend\d+[A-Z]?)", soc)
     return m.group(1) if m else soc
+
+
+def table_keys(soc: str) -> list[str]:
+    """The npu tuning-table keys ``soc`` reads, most specific first: the SoC, its family, and the
+    families it falls back to (A3 → the A2 family's rules; see npu_socs.json)."""
+    family = soc_family(soc)
+    fallback = SOC_TABLE["families"].get(family, {}).get("table_keys", [family])
+    return list(dict.fromkeys([soc, family, *fallback]))
+
+
+def memory_bytes(soc: str) -> dict[str, int]:
+    """``{"unified_buffer_bytes", "l0c_bytes"}`` of ``soc`` (the A2/A3 sizes for an unlisted SoC)."""
+    sheet = SOCS.get(soc, {})
+    return {"unified_buffer_bytes": int(sheet.get("ub_bytes", UNIFIED_BUFFER_BYTES)),
+            "l0c_bytes": int(sheet.get("l0c_bytes", L0C_BYTES))}
 
 
 def grid_for(n_tiles: int, cores: int) -> int:
@@ -146,7 +175,7 @@ class NpuBackend(Backend):
             copy_bandwidth=peaks.cached_figure(self.name, name, "copy_bandwidth"),
             matmul_peak=peaks.cached_figure(self.name, name, "matmul_peak"),
             datasheet=dict(DATASHEET.get(name, {})),
-            extra={"unified_buffer_bytes": UNIFIED_BUFFER_BYTES, "l0c_bytes": L0C_BYTES},
+            extra=memory_bytes(name),
         )
 
     def arch(self, device: Any = None) -> str:
@@ -155,7 +184,7 @@ class NpuBackend(Backend):
         return torch.npu.get_device_name(self._index(device))
 
     def arch_fallbacks(self, arch: str) -> list[str]:
-        return [arch, soc_family(arch)] if soc_family(arch) != arch else [arch]
+        return table_keys(arch)
 
 
 @hookimpl

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from xkernels.ops import library
 from xkernels.ops.add import add
 from xkernels.ops.broadcast import broadcast
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
+
+library.register()
 
 __all__ = ["Explanation", "Op", "add", "broadcast", "explain", "linear", "matmul"]
 

@@ -20,7 +20,7 @@ import torch
 
 from xkernels import tuning
 from xkernels.backend import Backend
-from xkernels.launch import Launcher
+from xkernels.launch import ByValue, Launcher
 from xkernels.ops import checks
 from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
 from xkernels.ops.op import Op, Plan
@@ -42,6 +42,7 @@ class BinaryCall:
     device: torch.device
     kernel_ok: bool
     fallback_reason: str = ""
+    no_tensor: bool = False  # both operands are Python numbers (add(2, 3))
 
 
 def _as_scalar(v: Any) -> Any:
@@ -140,6 +141,7 @@ class BinaryPlan(Plan):
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
                                  backend.fast_launch, varying)
         self.source = choice.source
+        self.measured = choice.measured
         self.programs, self.tiles = programs, tiles
 
     def launch(self, x: Any, y: Any, out: torch.Tensor, alpha: Any) -> None:
@@ -165,6 +167,18 @@ class BinaryPlan(Plan):
         return (xa, ya, out, a, *self.tail)
 
 
+def _per_value(plan: BinaryPlan, template: tuple[Any, Any, torch.Tensor], ptrs: tuple[int, ...]) -> ByValue:
+    """Launch functions per (scalar operand, alpha) value (``launch.ByValue``); ``template`` holds
+    placeholders for the tensors at ``ptrs``."""
+    x_scalar, y_scalar = plan.constexprs["X_MODE"] == 2, plan.constexprs["Y_MODE"] == 2
+
+    def make(scalar: Any, alpha: Any) -> Any:
+        x, y, out = template
+        return plan.launcher.hot(plan.args(scalar if x_scalar else x, scalar if y_scalar else y, out, alpha), ptrs)
+
+    return ByValue(make)
+
+
 def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
     """The hot entry of ``op(x, y, out=out)``. Shapes, strides and dtypes are fixed by the entry's
     key; what can differ per call is aliasing, so ``check_out``'s rule (``out`` is an input's
@@ -172,7 +186,8 @@ def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
     the full path, which raises."""
     x, y, out = call.x, call.y, call.out
     assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor) and out is not None
-    launch = plan.launcher.hot(plan.args(x, y, out, 1), 3)
+    per_value = _per_value(plan, (x, y, out), (0, 1, 2)) if plan.constexprs["HAS_ALPHA"] else None
+    launch = plan.launcher.hot(plan.args(x, y, out, 1), 3) if per_value is None else None
 
     def extent(t: torch.Tensor) -> int:  # bytes from the first to past the last element
         return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
@@ -181,11 +196,42 @@ def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
     x_same = x.shape == out.shape and x.stride() == out.stride() and x.dtype == out.dtype
     y_same = y.shape == out.shape and y.stride() == out.stride() and y.dtype == out.dtype
 
-    def hot(x: torch.Tensor, y: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor | None:
+    def hot(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, alpha: Any = 1) -> torch.Tensor | None:
         po, px, py = out.data_ptr(), x.data_ptr(), y.data_ptr()
         if (po < px + ex and px < po + eo and not (x_same and po == px)) or (
                 po < py + ey and py < po + eo and not (y_same and po == py)):
             return None
+        return out if (launch or per_value(None, alpha))(x, y, out) else None
+
+    return hot
+
+
+def _hot_two_tensors(plan: BinaryPlan, call: BinaryCall) -> Any:
+    """The entry of ``op(x, y)`` with two device tensors and no ``alpha``: allocate, launch."""
+    x, y = call.x, call.y
+    if not all(isinstance(t, torch.Tensor) and t.device == call.device for t in (x, y)):
+        return None
+    shape, dtype, device = call.shape, call.dtype, call.device
+    like = 0 if x.shape == shape and x.dtype == dtype else 1 if y.shape == shape and y.dtype == dtype else -1
+    launch = plan.launcher.hot(plan.args(x, y, torch.empty(0, dtype=dtype, device=device), 1), 3)
+    if like >= 0 and (x, y)[like].is_contiguous():
+        # empty_like of a contiguous tensor is contiguous: skip the memory_format argument (the
+        # signature, strides included, is the same on every call of this entry)
+        src = like
+
+        def hot(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
+            out = torch.empty_like(y if src else x)
+            return out if launch(x, y, out) else None
+        return hot
+    contiguous = torch.contiguous_format
+
+    def hot(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
+        if like == 0:
+            out = torch.empty_like(x, memory_format=contiguous)
+        elif like == 1:
+            out = torch.empty_like(y, memory_format=contiguous)
+        else:
+            out = torch.empty(shape, dtype=dtype, device=device)
         return out if launch(x, y, out) else None
 
     return hot
@@ -207,12 +253,8 @@ class BinaryOp(Op):
         dtype = torch.result_type(x, y)
         tensors = {n: v for n, v in (("x", x), ("y", y)) if isinstance(v, torch.Tensor)}
         checks.check_out(self.name, out, shape, dtype, device, tensors)
-        if alpha != 1:
-            if not checks.is_number(alpha) or isinstance(alpha, complex) and not dtype.is_complex:
-                raise TypeError(f"xkernels.ops.{self.name}: 'alpha' must be a real number, got {checks.describe(alpha)}")
-            if not (dtype.is_floating_point or dtype.is_complex) and (isinstance(alpha, float) and not alpha.is_integer()):
-                raise TypeError(f"xkernels.ops.{self.name}: 'alpha' {alpha!r} is not an integer but the result "
-                                f"dtype is {dtype}")
+        if not (type(alpha) is int and alpha == 1):
+            checks.check_alpha(self.name, alpha, dtype)
         kinds = [t.dtype for t in tensors.values()]
         kernel_ok = dtype in checks.ELEMENTWISE_KERNEL_DTYPES and all(
             d in checks.ELEMENTWISE_KERNEL_DTYPES for d in kinds)
@@ -238,40 +280,50 @@ class BinaryOp(Op):
     def make_plan(self, call: BinaryCall, backend: Backend) -> Plan:
         return BinaryPlan(backend, call, self.name)
 
-    def make_hot(self, plan: Plan, call: BinaryCall, args: tuple[Any, ...]) -> Any:
-        """Two device tensors, no ``alpha``: allocate the result (or take ``out=``) and launch."""
+    def make_hot(self, plan: Plan, call: BinaryCall, canon: tuple[Any, ...]) -> Any:
+        """An entry ``hot(x, y, out=None, alpha=1)`` (``canon``: the call's arguments in
+        ``params`` order): allocate the result (or take ``out=``) and launch with the call's
+        tensors and by-value scalars (a Python number or CPU 0-d operand, ``alpha``)."""
         assert isinstance(plan, BinaryPlan)
-        x, y = call.x, call.y
-        if (len(args) != 2 or args[0] is not x or args[1] is not y or plan.materialize
-                or not all(isinstance(t, torch.Tensor) and t.device == call.device for t in (x, y))
-                or prod(call.shape) == 0):
+        x, y, alpha = call.x, call.y, call.alpha
+        if (canon[0] is not x or canon[1] is not y or plan.materialize or prod(call.shape) == 0
+                or not call.dtype.is_floating_point and isinstance(alpha, float) and alpha != 1):
+            return None  # (an integer result checks a float alpha's value: keep the full path)
+        scalar_x, scalar_y = plan.constexprs["X_MODE"] == 2, plan.constexprs["Y_MODE"] == 2
+        if scalar_x and scalar_y:
             return None
         shape, dtype, device = call.shape, call.dtype, call.device
         if call.out is not None:
-            return _hot_with_out(plan, call)
-        like = 0 if x.shape == shape and x.dtype == dtype else 1 if y.shape == shape and y.dtype == dtype else -1
-        launch = plan.launcher.hot(plan.args(x, y, torch.empty(0, dtype=dtype, device=device), 1), 3)
-        if like >= 0 and (x, y)[like].is_contiguous():
-            # empty_like of a contiguous tensor is contiguous: skip the memory_format argument (the
-            # signature, strides included, is the same on every call of this entry)
-            src = like
-
-            def hot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-                out = torch.empty_like(y if src else x)
-                return out if launch(x, y, out) else None
-            return hot
+            return None if scalar_x or scalar_y else _hot_with_out(plan, call)
+        if not scalar_x and not scalar_y and not plan.constexprs["HAS_ALPHA"]:
+            return _hot_two_tensors(plan, call)
+        tensor = y if scalar_x else x
+        like = isinstance(x, torch.Tensor) and x.shape == shape and x.dtype == dtype and not scalar_x
+        like_y = isinstance(y, torch.Tensor) and y.shape == shape and y.dtype == dtype and not scalar_y
         contiguous = torch.contiguous_format
+        empty = torch.empty(0, dtype=dtype, device=device)
+        ptrs = (1, 2) if scalar_x else (0, 2) if scalar_y else (0, 1, 2)
+        launches = _per_value(plan, (tensor if not scalar_x else None, tensor if not scalar_y else None, empty), ptrs)
+        if scalar_x or scalar_y:
+            def hot_scalar(x: Any, y: Any, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
+                s, t = (x, y) if scalar_x else (y, x)
+                if isinstance(s, torch.Tensor):  # a 0-d CPU tensor joining a device tensor
+                    s = s.item()
+                o = (torch.empty_like(t, memory_format=contiguous) if like or like_y
+                     else torch.empty(shape, dtype=dtype, device=device))
+                return o if launches(s, alpha)(t, o) else None
+            return hot_scalar
 
-        def hot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-            if like == 0:
-                out = torch.empty_like(x, memory_format=contiguous)
-            elif like == 1:
-                out = torch.empty_like(y, memory_format=contiguous)
+        def hot_alpha(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
+            if like:
+                o = torch.empty_like(x, memory_format=contiguous)
+            elif like_y:
+                o = torch.empty_like(y, memory_format=contiguous)
             else:
-                out = torch.empty(shape, dtype=dtype, device=device)
-            return out if launch(x, y, out) else None
+                o = torch.empty(shape, dtype=dtype, device=device)
+            return o if launches(None, alpha)(x, y, o) else None
 
-        return hot
+        return hot_alpha
 
     def run_plan(self, plan: Plan, call: BinaryCall) -> torch.Tensor:
         out = call.out if call.out is not None else torch.empty(call.shape, dtype=call.dtype, device=call.device)

@@ -7,7 +7,9 @@ from typing import Any
 import torch
 
 from xkernels.ops import checks
+from xkernels.ops.autograd import BinaryFunction, reject_out
 from xkernels.ops.binary import BinaryCall, BinaryOp
+from xkernels.ops.op import Param
 
 
 class Broadcast(BinaryOp):
@@ -19,6 +21,7 @@ class Broadcast(BinaryOp):
     """
 
     name = "broadcast"
+    params = (Param("x"), Param("bias"), Param("out", None, positional=False))
 
     def check(self, x: Any, bias: Any, *, out: torch.Tensor | None = None) -> BinaryCall:
         checks.require_tensor("broadcast", "x", x)
@@ -29,6 +32,15 @@ class Broadcast(BinaryOp):
             raise ValueError(f"xkernels.ops.broadcast: 'bias' of shape {tuple(bias.shape)} would grow 'x' of "
                              f"shape {tuple(x.shape)} to {tuple(shape)}; bias must broadcast to x's shape")
         return self._call(x, bias, 1, out, shape, device)
+
+    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        x, bias, out = canon
+        reject_out(self.name, out)
+        return BinaryFunction.apply(self.call_no_grad, x, bias, 1)
+
+    def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        return torch.ops.xkernels.broadcast.default(canon[0], canon[1])
+
 
 
 broadcast = Broadcast()

@@ -30,6 +30,21 @@ def is_number(v: Any) -> bool:
     return isinstance(v, numbers.Number) and not isinstance(v, torch.Tensor)
 
 
+def check_alpha(op: str, alpha: Any, dtype: torch.dtype) -> None:
+    """PyTorch's rules for ``alpha`` of a result of ``dtype``: a bool only for bool results, a
+    non-integer only for floating/complex results, a complex only for complex results."""
+    name = f"xkernels.ops.{op}: 'alpha'"
+    if not is_number(alpha):
+        raise TypeError(f"{name} must be a number, got {describe(alpha)}")
+    if isinstance(alpha, bool) and dtype != torch.bool:
+        raise TypeError(f"{name} {alpha!r} is a bool but the result dtype is {dtype}; PyTorch allows a bool "
+                        f"alpha only for bool results")
+    if isinstance(alpha, numbers.Complex) and not isinstance(alpha, numbers.Real) and not dtype.is_complex:
+        raise TypeError(f"{name} must be a real number for result dtype {dtype}, got {describe(alpha)}")
+    if not (dtype.is_floating_point or dtype.is_complex) and not isinstance(alpha, numbers.Integral):
+        raise TypeError(f"{name} {alpha!r} is not an integer but the result dtype is {dtype}")
+
+
 def common_device(op: str, named: dict[str, torch.Tensor]) -> torch.device:
     """The one device of the tensors; 0-d CPU tensors may join any device (as in PyTorch)."""
     it = iter(named.values())

@@ -14,6 +14,7 @@ calls: ``matmul_hot.py``; the Triton sources: ``matmul_kernels.py``. Layout hand
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +22,11 @@ import torch
 
 from xkernels.backend import Backend
 from xkernels.ops import checks, matmul_hot
+from xkernels.ops.autograd import LinearFunction, MatmulFunction, reject_out
 from xkernels.ops.layout import contiguous_strides
 from xkernels.ops.matmul_config import MATMUL_DEFAULT
 from xkernels.ops.matmul_plan import ACTIVATIONS, MatmulPlan, precision
-from xkernels.ops.op import Op, Plan
+from xkernels.ops.op import Op, Param, Plan
 
 __all__ = ["ACTIVATIONS", "MATMUL_DEFAULT", "Linear", "Matmul", "MatmulCall", "linear", "matmul", "reference_linear"]
 
@@ -79,9 +81,9 @@ class _MatmulBase(Op):
         c_strides = contiguous_strides(tuple(call.batch) + (M, N))
         return MatmulPlan(self.name, backend, call, c_strides)
 
-    def make_hot(self, plan: Plan, call: MatmulCall, args: tuple[Any, ...]) -> Any:
+    def make_hot(self, plan: Plan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
         assert isinstance(plan, MatmulPlan)
-        return matmul_hot.make_hot(plan, call, args)
+        return matmul_hot.make_hot(plan, call, canon)
 
     def run_plan(self, plan: Plan, call: MatmulCall) -> torch.Tensor:
         assert isinstance(plan, MatmulPlan)
@@ -108,6 +110,7 @@ class Matmul(_MatmulBase):
     """
 
     name = "matmul"
+    params = (Param("a"), Param("b"), Param("out", None, positional=False))
 
     def check(self, a: Any, b: Any, *, out: torch.Tensor | None = None) -> MatmulCall:
         _check_pair("matmul", a, b, ("a", "b"))
@@ -124,7 +127,7 @@ class Matmul(_MatmulBase):
         M, N = a2.shape[-2], b2.shape[-1]
         # fold the batch of a into M when b has none and a's batch + M dims are one stride run
         if b.dim() <= 2 and a2.dim() > 2 and _foldable(a2):
-            a2 = a2.reshape(-1, a2.shape[-1])
+            a2 = a2.reshape(math.prod(a2.shape[:-1]), a2.shape[-1])  # not -1: K may be 0
             batch = torch.Size()
         shape = list(checks.broadcast_shape("matmul", {"a batch": a.shape[:-2] if a.dim() > 1 else (),
                                                        "b batch": b.shape[:-2] if b.dim() > 1 else ()}))
@@ -136,6 +139,14 @@ class Matmul(_MatmulBase):
         checks.check_out("matmul", out, out_shape, a.dtype, device, {"a": a, "b": b})
         reason = _kernel_reason(a.dtype)
         return MatmulCall(a2, b2, None, None, 0.0, out, batch, out_shape, a.dtype, device, not reason, reason)
+
+    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        a, b, out = canon
+        reject_out(self.name, out)
+        return MatmulFunction.apply(self.call_no_grad, a, b)
+
+    def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        return torch.ops.xkernels.matmul.default(canon[0], canon[1])
 
     def torch_impl(self, call: MatmulCall) -> torch.Tensor:
         result = torch.matmul(call.a, call.b).reshape(call.out_shape)
@@ -155,10 +166,12 @@ def _foldable(a: torch.Tensor) -> bool:
 
 
 class Linear(_MatmulBase):
-    """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, silu, leaky_relu),
+    """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, gelu_tanh, silu, leaky_relu),
     with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's."""
 
     name = "linear"
+    params = (Param("x"), Param("weight"), Param("bias", None), Param("activation", None, key="value"),
+              Param("negative_slope", 0.01, positional=False, key="type"), Param("out", None, positional=False))
 
     def check(self, x: Any, weight: Any, bias: Any = None, activation: str | None = None, *,
               negative_slope: float = 0.01, out: torch.Tensor | None = None) -> MatmulCall:
@@ -187,10 +200,22 @@ class Linear(_MatmulBase):
             raise ValueError(f"xkernels.ops.linear: tensors must be on one device, got {listing}")
         out_shape = torch.Size((*x.shape[:-1], weight.shape[0]))
         checks.check_out("linear", out, out_shape, x.dtype, device, named)
-        a = x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+        a = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if x.dim() != 2 else x  # not -1: K may be 0
         reason = _kernel_reason(x.dtype)
         return MatmulCall(a, weight.t(), bias, activation, float(negative_slope), out, torch.Size(),
                           out_shape, x.dtype, device, not reason, reason)
+
+    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        x, weight, bias, activation, slope, out = canon
+        reject_out(self.name, out)
+        if activation not in ACTIVATIONS:  # before autograd keeps it for the backward
+            self.check(x, weight, bias, activation)
+        run = lambda x, w, b: self.call_no_grad(x, w, b, activation, negative_slope=slope)  # noqa: E731
+        return LinearFunction.apply(run, x, weight, bias, activation, slope)
+
+    def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        x, weight, bias, activation, slope, _ = canon
+        return torch.ops.xkernels.linear.default(x, weight, bias, activation, float(slope))
 
     def torch_impl(self, call: MatmulCall) -> torch.Tensor:
         result = reference_linear(call.a, call.b.t(), call.bias, call.activation, call.slope).reshape(call.out_shape)
@@ -208,6 +233,8 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return torch.relu(y)
     if activation == "gelu":
         return torch.nn.functional.gelu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
     if activation == "silu":
         return torch.nn.functional.silu(y)
     if activation == "leaky_relu":

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from xkernels.launch import ByValue
 from xkernels.ops.layout import prod
 from xkernels.ops.matmul_plan import MatmulPlan, precision
 
@@ -19,34 +20,55 @@ if TYPE_CHECKING:
     from xkernels.ops.matmul import MatmulCall
 
 
-def make_hot(plan: MatmulPlan, call: MatmulCall, args: tuple[Any, ...]) -> Any:
+def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
     """No ``out``, operands used in place (no copies or folds): allocate the result and launch.
 
-    ``args`` are (a, b) for matmul and (x, weight[, bias[, activation]]) for linear; the
-    kernel's a/b operands are views of the first two sharing their data pointers."""
-    a, b = args[0], args[1]
+    ``canon`` is the call's arguments in ``params`` order: (a, b, out) for matmul, (x, weight,
+    bias, activation, negative_slope, out) for linear; the kernel's a/b operands are views of the
+    first two sharing their data pointers. The entry takes the bias and leaky_relu's slope per
+    call."""
+    a, b = canon[0], canon[1]
     if plan.vendor and call.out is None:
         return _hot_vendor(plan, call)
     if (call.out is not None or plan.materialize or plan.align_a or plan.align_b
-            or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()
             or not all(isinstance(t, torch.Tensor) for t in (a, b)) or prod(call.out_shape) == 0
-            or any(isinstance(v, torch.Tensor) for v in args[2:] if v is not call.bias)):
+            or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()):
         return None
     if plan.tma is not None:
-        return _hot_tma(plan, call, b)
-    if plan.reduce_launcher is not None:
-        return _hot_split(plan, call)
+        entry = _hot_tma(plan, call, b)
+    elif plan.reduce_launcher is not None:
+        entry = _hot_split(plan, call)
+    else:
+        entry = _hot_pointer(plan, call)
+    if entry is None or len(canon) > 3:
+        return entry
+
+    def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor | None:
+        return entry(a, b)
+
+    return matmul_entry
+
+
+def _slope_of(call: MatmulCall) -> bool:
+    """Whether the slope matters (leaky_relu): then it is taken per call."""
+    return call.activation == "leaky_relu"
+
+
+def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
     out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
     c = torch.empty(out_shape, dtype=dtype, device=device)
-    launch = plan.launcher.hot(plan.args(call.a, call.b, c, call.bias, call.slope), 4)
+    leaky, fixed_slope = _slope_of(call), call.slope
+    by_slope = ByValue(lambda slope: plan.launcher.hot(plan.args(call.a, call.b, c, call.bias, float(slope)), 4))
+    launch = by_slope(fixed_slope)
     has_bias, planned = call.bias is not None, plan.constexprs["PRECISION"]
     follows_setting = dtype == torch.float32
 
-    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
+            out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
         c = torch.empty(out_shape, dtype=dtype, device=device)
-        return c if launch(a, b, c, bias if has_bias else c) else None
+        return c if (by_slope(slope) if leaky else launch)(a, b, c, bias if has_bias else c) else None
 
     return hot
 
@@ -54,36 +76,46 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, args: tuple[Any, ...]) -> Any:
 def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
     """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning."""
     if plan.op == "matmul":
-        return torch.matmul
+        def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
+            return torch.matmul(a, b)
+
+        return matmul_entry
     from xkernels.ops.matmul import reference_linear
 
-    slope = call.slope
+    activation, leaky, fixed_slope = call.activation, _slope_of(call), call.slope
 
-    def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor:
-        return reference_linear(x, weight, bias, activation, slope)
+    def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
+            out: None = None) -> torch.Tensor:
+        return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
 
     return hot
 
 
 def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
-    """The hot entry of a split-K plan: allocate C and the workspace, launch both kernels."""
-    assert plan.reduce_launcher is not None
+    """The hot entry of a split-K plan: allocate C and the workspace, launch both kernels (the
+    reduction applies bias and activation: per slope value for leaky_relu)."""
+    reducer = plan.reduce_launcher
+    assert reducer is not None
     out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
     ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
     main = plan.launcher.hot(plan.args(call.a, call.b, ws, None, call.slope), 4)
-    reduce = plan.reduce_launcher.hot(plan.reduce_args(ws, c, call.bias, call.slope), 3)
-    has_bias, planned, slope = call.bias is not None, plan.constexprs["PRECISION"], call.slope
+    leaky, fixed_slope = _slope_of(call), call.slope
+    by_slope = ByValue(lambda slope: reducer.hot(plan.reduce_args(ws, c, call.bias, float(slope)), 3))
+    fixed_reduce = by_slope(fixed_slope)
+    has_bias, planned = call.bias is not None, plan.constexprs["PRECISION"]
     follows_setting = dtype == torch.float32
 
-    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
+            out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
+        s = float(slope) if leaky else fixed_slope
         ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
         if not main(a, b, ws, ws):
             return None
-        if not reduce(ws, c, bias if has_bias else ws):  # the partials are written: finish ordinarily
-            assert plan.reduce_launcher is not None
-            plan.reduce_launcher(*plan.reduce_args(ws, c, bias if has_bias else None, slope))
+        if not (by_slope(s) if leaky else fixed_reduce)(ws, c, bias if has_bias else ws):
+            # the partials are written: finish ordinarily
+            reducer(*plan.reduce_args(ws, c, bias if has_bias else None, s))
         return c
 
     return hot
@@ -109,11 +141,11 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
     t = plan.tma
     assert t is not None
     (M, N, K), out_shape, dtype, device = plan.dims, call.out_shape, call.dtype, call.device
-    has_bias, slope = call.bias is not None, call.slope
+    has_bias, fixed_slope = call.bias is not None, call.slope
     # the launch's specs: descriptors have none (None stands in: this call's bases may be the
     # misaligned ones the full path copied), the bias pointer its alignment, M/N/K their classes
     spec_args = (None, None, None, call.bias if has_bias else torch.empty(16, dtype=dtype, device=device),
-                 M, N, K, float(slope))
+                 M, N, K, float(fixed_slope))
     launch = plan.launcher.hot_run(spec_args)
     if launch is None:
         return None
@@ -125,13 +157,17 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
     b_shape, b_st = list(b_base.shape), [b_base.stride(0), 1]
     a_shape, c_shape = [M, K], [M, N]
 
-    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None) -> torch.Tensor | None:
+    leaky = _slope_of(call)
+
+    def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
+            out: None = None) -> torch.Tensor | None:
         if (a.data_ptr() | b.data_ptr()) & 15 or (has_bias and (bias.data_ptr() % 16 == 0) != bias_aligned):
             return None
+        s = float(slope) if leaky else fixed_slope  # a float argument: no specialisation to keep
         c = torch.empty(out_shape, dtype=dtype, device=device)
         descs = (_HostDescriptor(a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1], t["a"]),
                  _HostDescriptor(b.t() if b_flip else b, b_shape, b_st, t["b"]),
                  _HostDescriptor(c if c.dim() == 2 else c.view(M, N), c_shape, [N, 1], t["c"]))
-        return c if launch(*descs, bias if has_bias else c, M, N, K, slope) else None
+        return c if launch(*descs, bias if has_bias else c, M, N, K, s) else None
 
     return hot

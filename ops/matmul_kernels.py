@@ -17,7 +17,9 @@ this tile's epilogue) and store C in two column halves (``PERSISTENT``, ``EPILOG
 Few rows (M <= 64) can split K (``SPLIT_K``): more programs stream B at once, and a second
 kernel, ``splitk_reduce_kernel``, adds the fp32 partials in a fixed order (deterministic).
 
-Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu.
+Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu,
+5 gelu_tanh (``F.gelu(approximate="tanh")``, GPT-2's). Every epilogue (pointer, TMA, split-K
+reduction) applies them through ``_activation``.
 """
 
 import triton
@@ -34,6 +36,9 @@ def _activation(x, slope, ACT: tl.constexpr):
         x = x / (1.0 + tl.exp(-x))
     elif ACT == 4:
         x = tl.where(x >= 0, x, x * slope)
+    elif ACT == 5:  # 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        x = x / (1.0 + tl.exp(-2.0 * u))
     return x
 
 

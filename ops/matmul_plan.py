@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from xkernels.ops.matmul import MatmulCall
 
 #: Epilogue activation codes of the kernels (``ACT`` constexpr).
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4}
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4, "gelu_tanh": 5}
 
 
 def precision(backend: Backend, dtype: torch.dtype) -> str:
@@ -70,7 +70,7 @@ class MatmulPlan(Plan):
         sel = matmul_config.select(op, backend, call.device, key, shape, tma)
         self.selection = sel
         cfg = sel.config
-        self.source, self.why = sel.source, sel.why
+        self.source, self.why, self.measured = sel.source, sel.why, sel.measured
         self.backend = backend
         self.op = op
         self.vendor = bool(cfg.get("VENDOR"))

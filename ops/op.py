@@ -1,5 +1,16 @@
 """The op front door shared by every op: validate, pick the backend, then route the call.
 
+``op(*args, **kwargs)`` (``Op.__call__``), first match wins:
+
+1. while ``torch.compile``/``torch.export`` trace (``torch.compiler.is_compiling()``): the
+   registered custom op ``torch.ops.xkernels.<op>`` (``op.library_call``, ``ops/library.py``),
+   one opaque graph node with a fake implementation and autograd;
+2. grad mode on and a tensor argument requiring grad: recorded by autograd (``op.autograd``,
+   ``ops/autograd.py``), whose forward is ``call_no_grad``;
+3. ``call_no_grad``: the eager path below.
+
+Either way the arguments are first bound to the op's ``params`` (``canonical``).
+
 Routing for a validated call on backend ``b``:
 
 1. a plugin's :class:`xkernels.OpImpl` for (op, ``b.name``), if one is registered;
@@ -9,13 +20,18 @@ Routing for a validated call on backend ``b``:
 ``op.explain(*args, **kwargs)`` answers which of these runs, with which kernel variant and
 config, and why, without running anything.
 
-Repeated calls. A call that took route 2 with positional arguments (and at most a tensor
-``out=``) leaves a *hot entry* keyed by its signature: the ``use_backend`` override in effect,
-each tensor's shape, strides, dtype and device, and every other argument by type and value. Everything ``check`` and the
-routing decided is a function of that signature, so the next call with the same signature skips
-them: it allocates the result and launches (``Launcher.hot``). Hot entries are not made or used
-while a tuning config is forced, and are dropped when a plugin registers. Other keyword
-arguments (``alpha=``) always take the full path.
+Repeated calls. A call that took route 2 leaves a *hot entry* keyed by its signature: its
+arguments bound to the op's ``params`` (positional or keyword, defaults filled in), then per
+parameter (``Param.key``): each tensor's shape, strides, dtype and device, a Python number's type,
+``alpha``'s type and whether it is 1, ``activation``'s value; plus the ``use_backend`` override in
+effect. Everything ``check`` and the routing decided is a function of that signature, so the next
+call with the same signature skips them: the entry allocates the result and launches
+(``Launcher.hot``), taking the call's own tensors and its scalar values (a Python number operand,
+``alpha``, ``negative_slope``) as arguments. Every documented call form repeats this way
+(``add(x, y, alpha=2)``, ``add(x, 2.0)``, ``linear(x, w, bias=b, activation="gelu")``,
+``broadcast(x, b, out=o)``); ``matmul``/``linear`` with ``out=`` and ``add`` of a Python number
+with ``out=`` keep the full path. Hot entries are not made or used while a tuning config is
+forced, and are dropped when a plugin registers.
 """
 
 from __future__ import annotations
@@ -30,8 +46,15 @@ import torch
 from xkernels import dispatch, tuning
 from xkernels.backend import Backend
 from xkernels.dispatch import _override
+from xkernels.ops import library
+from xkernels.ops.autograd import needs_grad, reject_out
 from xkernels.registry import registry
 from xkernels.tuning import _forced
+
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+_grad_enabled = torch.is_grad_enabled
+#: whether any tensor among the arguments requires grad (PyTorch's C helper where it has one)
+_any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (lambda *values: needs_grad(values))
 
 
 @dataclass(frozen=True)
@@ -75,18 +98,43 @@ class Plan:
     tiles: int
     why: str = ""
     route: str = "triton kernel"
+    measured: bool = False  # the config comes from a rule with a "measured" record
 
     def run(self, *args: Any) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
 
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an op's signature. ``key`` says what of its value a hot entry's key holds:
+    ``"layout"`` (a tensor's shape, strides, dtype, device; another value's type), ``"value"``
+    (the value itself: e.g. ``activation``), ``"alpha"`` (the type and whether it equals 1),
+    ``"type"`` (the type: e.g. ``negative_slope``); whatever the key does not hold (scalar values,
+    ``alpha``, the slope) is passed to the hot entry with every call and never baked into it."""
+
+    name: str
+    default: Any = REQUIRED
+    positional: bool = True
+    key: str = "layout"
+
+
 class Op:
-    """Base class of the public ops. Subclasses implement ``check``, ``torch_impl``, ``plan``."""
+    """Base class of the public ops. Subclasses implement ``check``, ``torch_impl``, ``plan``,
+    ``autograd`` and declare ``params`` (positional parameters first, in order)."""
 
     name: str = ""
+    params: tuple[Param, ...] = ()
     plan_cache_size = 512
 
     def __init__(self) -> None:
+        self._index = {p.name: i for i, p in enumerate(self.params)}
+        self._defaults = tuple(p.default for p in self.params)
+        self._n_positional = sum(p.positional for p in self.params)
+        self._n_required = sum(p.default is REQUIRED for p in self.params)
+        self._keys = tuple(p.key for p in self.params)
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
         self._hot: dict[Any, Callable[..., torch.Tensor | None]] = {}
         self._ready: set[str] = set()
@@ -115,10 +163,15 @@ class Op:
     def run_plan(self, plan: Plan, call: Any) -> torch.Tensor:
         raise NotImplementedError
 
-    def make_hot(self, plan: Plan, call: Any, args: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
-        """A function of the arguments of a call with this signature (positional ``args``, and
-        ``out=`` if ``call.out`` is set) that runs it, or returns ``None`` to have the full path
-        run it; ``None`` here when not applicable."""
+    def without_backend(self, call: Any) -> bool:
+        """Whether ``call`` has no tensor operand (``add(2, 3)``): then no backend is involved and
+        PyTorch computes it (``torch_impl``), as torch does, whatever backend is selected."""
+        return False
+
+    def make_hot(self, plan: Plan, call: Any, canon: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
+        """A function of the arguments of a call with this signature, in ``params`` order
+        (``canon``: this call's), that runs it, or returns ``None`` to have the full path run it;
+        ``None`` here when not applicable."""
         return None
 
     # -- routing ------------------------------------------------------------------------------
@@ -137,26 +190,90 @@ class Op:
         plan = self._plans.get(key)
         if plan is None:
             plan = self.make_plan(call, backend)
+            if forced is None and not plan.measured and tuning.autotune_enabled():
+                from xkernels import autotune  # tune this bucket once, then plan from the cached rule
+
+                plan = autotune.tune(self, call, backend, plan)
             self._plans[key] = plan
             if len(self._plans) > self.plan_cache_size:
                 self._plans.popitem(last=False)
         return plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Run the op: the registered custom op while compiling, recorded by autograd where a
+        gradient is required, else ``call_no_grad``."""
+        if _is_compiling():
+            return self._compiled(self._bind(args, kwargs))
+        if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
+            return self.autograd(self._bind(args, kwargs))
         return self.call_no_grad(*args, **kwargs)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The call's arguments in ``params`` order; a call that does not fit raises ``check``'s error."""
+        canon = self.canonical(args, kwargs)
+        if canon is None:
+            self.check(*args, **kwargs)  # raises the TypeError naming the argument
+            raise TypeError(f"xkernels.ops.{self.name}: arguments do not fit {self.signature()}")
+        return canon
+
+    def canonical(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """``(args, kwargs)`` as one tuple in ``params`` order with defaults filled in, or ``None``
+        for a call that does not fit the signature (``check`` then raises the TypeError)."""
+        n = len(args)
+        if not kwargs:
+            if self._n_required <= n <= self._n_positional:
+                return args + self._defaults[n:]
+            return None
+        if n > self._n_positional:
+            return None
+        values = [*args, *self._defaults[n:]]
+        index = self._index
+        for name, v in kwargs.items():
+            i = index.get(name)
+            if i is None or i < n:
+                return None
+            values[i] = v
+        for i in range(n, self._n_required):
+            if values[i] is REQUIRED:
+                return None
+        return tuple(values)
+
+    def signature(self) -> str:
+        pos = [p.name if p.default is REQUIRED else f"{p.name}={p.default!r}" for p in self.params if p.positional]
+        kw = [f"{p.name}={p.default!r}" for p in self.params if not p.positional]
+        return f"{self.name}({', '.join(pos + (['*', *kw] if kw else []))})"
+
+    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        """The call (arguments in ``params`` order) recorded by autograd; see ``ops/autograd.py``."""
+        raise NotImplementedError
+
+    def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        """The call (arguments in ``params`` order, ``out`` aside) as its ``torch.ops.xkernels``
+        custom op; see ``ops/library.py``."""
+        raise NotImplementedError
+
+    def _compiled(self, canon: tuple[Any, ...]) -> torch.Tensor:
+        out = canon[self._index["out"]]
+        if out is not None and torch.is_grad_enabled() and needs_grad(canon):
+            reject_out(self.name, out)
+        return library.finish_out(self.name, self.library_call(canon), out)
 
     def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The eager call without autograd recording: hot entry, else check, route and launch."""
         if self._hot and _forced.get() is None:
-            try:
-                hot = self._hot.get(_key(args) if not kwargs else _out_key(args, kwargs))
-            except TypeError:  # an unhashable argument
-                hot = None
-            if hot is not None:
-                result = hot(*args, **kwargs)
-                if result is not None:
-                    return result
+            found = self._hot_lookup(args, kwargs)
+            if found is not None:
+                try:
+                    hot = self._hot.get(found[0])
+                except TypeError:  # an unhashable argument
+                    hot = None
+                if hot is not None:
+                    result = hot(*found[1])
+                    if result is not None:
+                        return result
         call = self.check(*args, **kwargs)
+        if self.without_backend(call):
+            return self.torch_impl(call)
         backend = self._backend(call)
         impl = registry.op_impl(self.name, backend.name)
         if impl is not None:
@@ -169,18 +286,53 @@ class Op:
             self._remember(args, kwargs, plan, call)
         return result
 
-    def _remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Plan, call: Any) -> None:
+    def _hot_lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]] | None:
+        """(hot-entry key, arguments in ``params`` order) of a call, or ``None`` where it cannot
+        have an entry. Two positional tensors, the most common call, are spelled out for speed."""
+        if not kwargs and len(args) == 2:
+            a, b = args
+            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+                return ((_override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
+                         b.device), args + self._defaults[2:])
+        canon = self.canonical(args, kwargs)
+        if canon is None:
+            return None
+        key = [_override.get()]
+        for v, how in zip(canon, self._keys):
+            if how == "layout":
+                key.append((v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v))
+            elif how == "value":
+                key.append(v)
+            elif how == "alpha":
+                kind = type(v)
+                if kind not in _NUMBERS:
+                    return None
+                key.append((kind, v == 1))
+            else:  # "type"
+                key.append(type(v))
+        return tuple(key), canon
+
+    def hot_entry(self, *args: Any, **kwargs: Any) -> Callable[..., torch.Tensor | None] | None:
+        """The hot entry a call with these arguments would take, if there is one (for tests and
+        diagnostics; ``None`` means the call takes the full path)."""
+        found = self._hot_lookup(args, kwargs)
         try:
-            key = _key(args) if not kwargs else _out_key(args, kwargs)
-            hash(key)
+            return None if found is None else self._hot.get(found[0])
         except TypeError:
+            return None
+
+    def _remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Plan, call: Any) -> None:
+        found = self._hot_lookup(args, kwargs)
+        if found is None:
             return
-        if key is None:
-            return
-        if key in self._hot:
+        key, canon = found
+        try:
+            if key in self._hot:
+                return
+        except TypeError:  # an unhashable argument (e.g. an activation given as a list)
             return
         try:
-            hot = self.make_hot(plan, call, args)
+            hot = self.make_hot(plan, call, canon)
         except Exception:  # the call itself succeeded; its repeats keep the full path
             hot = None
         if hot is not None:
@@ -191,6 +343,8 @@ class Op:
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """Which backend, route, kernel variant and config a call with these arguments uses."""
         call = self.check(*args, **kwargs)
+        if self.without_backend(call):
+            return Explanation(self.name, "none", "torch", call.fallback_reason)
         backend = dispatch.select(call.device)
         how = "by override" if dispatch.override_name() else f"tensors are on {call.device.type}"
         impl = registry.op_impl(self.name, backend.name)
@@ -208,26 +362,5 @@ class Op:
                            plan.source, plan.programs, plan.tiles, plan.why or None)
 
 
-def _key(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """The hot-entry key of a call's positional arguments (two tensors: spelled out, for speed)."""
-    if len(args) == 2:
-        a, b = args
-        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-            return (_override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device)
-    return (_override.get(), *map(_signature, args))
 
-
-def _out_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-    """The hot-entry key of a call whose only keyword is a tensor ``out=``; else ``None``."""
-    if len(kwargs) == 1:
-        out = kwargs.get("out")
-        if isinstance(out, torch.Tensor):
-            return (*_key(args), "out", out.shape, out.stride(), out.dtype, out.device)
-    return None
-
-
-def _signature(arg: Any) -> Any:
-    """The part of one argument that ``check`` and planning depend on (see the module doc)."""
-    if isinstance(arg, torch.Tensor):
-        return (arg.shape, arg.stride(), arg.dtype, arg.device)
-    return (type(arg), arg)
+_NUMBERS = (bool, int, float, complex)

@@ -27,11 +27,25 @@ def _requested(config: pytest.Config) -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "uses_interpreter: runs on the interpreter backend whatever --backends says")
     for name in _requested(config):
         backend = xkernels.get_backend(name)
         reason = backend.unavailable_reason()
         if reason is not None:
             raise pytest.UsageError(f"requested test backend {name!r} is not available: {reason}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked ``uses_interpreter`` exercise machinery (tuning, autotune, the model bench) on
+    the interpreter backend whatever backends the op suites run on. Where the interpreter cannot
+    run (a GPU image's numpy, say) and the run did not ask for it, they are skipped with the
+    reason (``-rs`` lists them; ``tox -e cpu`` runs them); where it was asked for, the run has
+    already failed in :func:`pytest_configure`."""
+    if item.get_closest_marker("uses_interpreter") is None:
+        return
+    reason = xkernels.get_backend("interpreter").unavailable_reason()
+    if reason is not None and "interpreter" not in _requested(item.config):
+        pytest.skip(f"needs the interpreter backend, unavailable here ({reason}); tox -e cpu runs it")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

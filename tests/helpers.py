@@ -1,7 +1,13 @@
-"""Helpers for op tests: float64 reference comparison, NaN-poisoned outputs, input guards."""
+"""Helpers for op tests: float64 reference comparison, NaN-poisoned outputs, input guards, planted
+tuning tables."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import os
+
+import pytest
 import torch
 
 # max |err| <= atol + rtol * |ref|; low precision compared against a float64 reference.
@@ -55,3 +61,58 @@ class Unchanged:
         if exc[0] is None:
             for t, c in zip(self.tensors, self.copies):
                 assert torch.equal(t, c), "an input was modified"
+
+
+@contextlib.contextmanager
+def planted_tables(directory, backend: str, tables: dict):
+    """Write ``{op: {"archs": ..., "candidates": ...}}`` as tuning tables into ``directory`` and
+    register it for ``backend`` the way a plugin adds tables, for the block."""
+    import json
+
+    import xkernels
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for op, body in tables.items():
+        (directory / f"{op}.json").write_text(json.dumps({"op": op, "backend": backend, "source": "planted by a test",
+                                                          **body}))
+
+    class Planted:
+        @xkernels.hookimpl
+        def xkernels_add_tuning_dirs(self):
+            return [xkernels.TuningDir(backend=backend, path=directory)]
+
+    plugin = Planted()
+    xkernels.registry.register(plugin)
+    try:
+        yield
+    finally:
+        xkernels.registry.unregister(plugin)
+
+
+def assert_model_close(got: torch.Tensor, torch_result: torch.Tensor, ref64: torch.Tensor) -> None:
+    """A whole model's (or a loss curve's) ``got`` against the float64 run ``ref64``: its error
+    may be ``MODEL_ERROR_RATIO`` times the error of PyTorch's own run ``torch_result`` in the same
+    dtype, plus the dtype's torch.testing atol (xkernels/harness/tolerances.py)."""
+    from xkernels.harness.tolerances import ELEMENTWISE, MODEL_ERROR_RATIO
+
+    assert got.shape == torch_result.shape == ref64.shape, (got.shape, torch_result.shape, ref64.shape)
+    assert got.dtype == torch_result.dtype, (got.dtype, torch_result.dtype)
+    g, t, r = (v.detach().cpu().double() for v in (got, torch_result, ref64))
+    assert not torch.isnan(g).any() or torch.isnan(r).any(), "NaN in the result"
+    ratio, atol = MODEL_ERROR_RATIO[0], ELEMENTWISE[got.dtype].atol
+    err, torch_err = (g - r).abs().max().item(), (t - r).abs().max().item()
+    assert err <= ratio * torch_err + atol, (
+        f"max |error| {err:.3e} against float64; PyTorch's own error {torch_err:.3e}; allowed "
+        f"{ratio:g} x {torch_err:.3e} + atol {atol:.0e}")
+
+
+def require_transformers(submodule: str = ""):
+    """transformers (the ``models`` extra), or a skip naming it; a failure where
+    ``XKERNELS_REQUIRE_MODELS=1`` (``tox -e cpu`` installs it, so its absence there is a defect)."""
+    name = f"transformers.{submodule}" if submodule else "transformers"
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        if os.environ.get("XKERNELS_REQUIRE_MODELS") == "1":
+            raise
+        pytest.skip(f"{name} is not installed ({e}); pip install 'xkernels[models]'")

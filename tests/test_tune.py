@@ -1,68 +1,216 @@
-"""xkernels.tune without a device: the swept buckets and candidates, and the rules a sweep writes."""
+"""xkernels.tune and xkernels.sweep on the interpreter: planning, measuring (failures recorded,
+checkpoints resumed), choosing rules, and a torchrun sweep equal to a single-process one."""
 
 from __future__ import annotations
 
-from xkernels import tuning
-from xkernels.tune import _buckets, bucket_rules
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-WHEN = {"dtype": ["bfloat16", "float16"], "k_max": 1024}
-SHAPES = [[4096, 1024], [1024, 4096]]
-POINTER = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 4}
-TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 4, "TMA": True,
-       "PERSISTENT": True, "EPILOGUE_SUBTILE": True}
+import pytest
+import torch
 
+import xkernels
+from xkernels import matmul_tables, sweep, tune, tuning
+from xkernels.harness import Target
+from xkernels.harness.cases import Case, T
+from xkernels.harness.tolerances import tolerance
 
-def _first(rules: list[dict], key: dict) -> dict | None:
-    """The config a table of ``rules`` gives a call with bucket ``key`` (first match)."""
-    return next((r["config"] for r in rules if tuning.matches(r["when"], key)), None)
+sys.path.insert(0, str(Path(__file__).parent))
+from tune_fixed_timer import fixed_timer  # noqa: E402
 
+pytestmark = pytest.mark.uses_interpreter
 
-def test_a_tma_winner_gives_a_tma_rule_then_the_pointer_fallback():
-    rules = bucket_rules(WHEN, SHAPES, 0.1, (0.08, TMA), (0.125, POINTER))
-    assert [r["when"] for r in rules] == [{"variant": "tma", **WHEN}, WHEN]
-    assert [r["config"] for r in rules] == [TMA, POINTER]
-    assert rules[0]["measured"] == {"shapes": SHAPES, "ms": 0.08, "torch_ms": 0.1, "speedup": 1.25,
-                                    "best_ms": 0.08, "pointer_ms": 0.125}
-    assert rules[1]["measured"] == {"shapes": SHAPES, "ms": 0.125, "torch_ms": 0.1, "speedup": 0.8,
-                                    "best_ms": 0.08, "pointer_ms": 0.125}
-    # the matmul plan looks up twice: with variant "tma" (TMA-eligible calls), then without
-    key = {"dtype": "bfloat16", "m": 4096, "n": 4096, "k": 1000}
-    assert _first(rules, {**key, "variant": "tma"}) == TMA
-    assert _first(rules, key) == POINTER
-    assert _first(rules, {**key, "k": 2048}) is None  # outside the bucket
+ROOT = Path(__file__).resolve().parents[1]
+INTERP = "interpreter"
 
 
-def test_a_pointer_winner_gives_one_plain_rule():
-    rules = bucket_rules(WHEN, SHAPES, 0.1, (0.125, POINTER), (0.125, POINTER))
-    assert [(r["when"], r["config"]) for r in rules] == [(WHEN, POINTER)]
-    assert rules[0]["measured"]["ms"] == rules[0]["measured"]["best_ms"] == rules[0]["measured"]["pointer_ms"]
-    key = {"dtype": "float16", "m": 4096, "n": 4096, "k": 512}
-    assert _first(rules, {**key, "variant": "tma"}) == _first(rules, key) == POINTER  # so no TMA
+def _target() -> Target:
+    return Target(xkernels.get_backend(INTERP), torch.device("cpu"))
 
 
-def test_no_pointer_config_or_none_at_all():
-    rules = bucket_rules(WHEN, SHAPES, 0.1, (0.08, TMA), None)
-    assert [r["when"] for r in rules] == [{"variant": "tma", **WHEN}] and "pointer_ms" not in rules[0]["measured"]
-    assert bucket_rules(WHEN, SHAPES, 0.1, None, None) == []
+def _row(case: str, dtype: str, numel: int, times: dict[str, float], torch_ms: float = 1.0) -> dict:
+    return {"case": case, "dtype": dtype, "variant": "tiled", "numel": numel, "shape": [[numel // 8, 8], [8]],
+            "torch_ms": torch_ms, "cfgs": [{"cfg": {"BLOCK_M": int(k)}, "ms": v} for k, v in times.items()]
+            + [{"cfg": {"BLOCK_M": 99}, "err": "RuntimeError: does not compile"}]}
 
 
-def test_matmul_buckets_and_tma_candidates():
+def test_elementwise_rule_is_the_config_with_the_smallest_worst_slowdown():
+    # config 1 is fastest on one case and 3x slower on the other; config 2 is never more than 1.25x off
+    rows = [_row("a", "bfloat16", 4096, {"1": 1.0, "2": 1.25}), _row("b", "bfloat16", 8192, {"1": 3.0, "2": 1.0})]
+    rules = tune.elementwise_rules(rows)
+    assert len(rules) == 1
+    r = rules[0]
+    assert r["config"] == {"BLOCK_M": 2}
+    assert r["when"] == {"variant": "tiled", "dtype": ["bfloat16", "float16"], "numel_min": 0, "numel_max": 2**17}
+    assert r["measured"]["shapes"] == [[[512, 8], [8]], [[1024, 8], [8]]]
+    assert r["measured"]["worst_vs_best"] == 1.25 and r["measured"]["worst_ratio"] == 0.8
+    rows.append(_row("c", "float16", 2**20, {"1": 1.0}))  # fp16 measured: bf16 rules stop serving it
+    whens = [r["when"] for r in tune.elementwise_rules(rows)]
+    assert [w["dtype"] for w in whens] == [["bfloat16"], ["float16"]] and whens[1]["numel_min"] == 2**17 + 1
+
+
+def test_matmul_rules_split_classes_by_epilogue_and_record_measurements():
+    a, b = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}, {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}
+
+    def row(m, act, ta, tb):
+        return {"M": m, "N": 14336, "K": 4096, "act": act, "bias": False, "dtype": "bfloat16", "torch_ms": 1.0,
+                "cfgs": [{"cfg": a, "ms": ta}, {"cfg": b, "ms": tb}]}
+
+    rows = [row(1, "silu", 2.0, 1.0), row(128, "silu", 1.0, 2.0), row(1, None, 1.0, 2.0)]
+    built = tune.matmul_rules(rows, units=4)["bfloat16"]
+    assert built["dtypes"] == ["bfloat16", "float16"]
+    got = [(r["when"], r["config"]) for r in built["rules"]]
+    # silu's rules name it; the activation-free class follows unkeyed and catches every other epilogue
+    assert got == [({"dtype": ["bfloat16", "float16"], "n": 14336, "k": 4096, "activation": "silu", "m_min": 1,
+                     "m_max": 11}, b),
+                   ({"dtype": ["bfloat16", "float16"], "n": 14336, "k": 4096, "activation": "silu", "m_min": 12}, a),
+                   ({"dtype": ["bfloat16", "float16"], "n": 14336, "k": 4096, "m_min": 1}, a)]
+    assert built["rules"][0]["measured"] == {"shapes": [[1, 14336, 4096]], "ms": 1.0, "torch_ms": 1.0,
+                                             "worst_ratio": 1.0, "best_ms": 1.0}
+    key = {"dtype": "float16", "m": 5, "n": 14336, "k": 4096, "activation": "silu", "bias": False}
+    assert next(r["config"] for r in built["rules"] if tuning.matches(r["when"], key)) == b
+    gelu = {**key, "activation": "gelu"}  # never measured: the activation-free class's rule
+    assert next(r["config"] for r in built["rules"] if tuning.matches(r["when"], gelu)) == a
+    # one epilogue per (N, K): the rules do not name it (as matmul_tables always did)
+    assert "activation" not in matmul_tables.rules(rows[:2], ["bfloat16"])[0]["when"]
+
+
+def test_plan_takes_candidates_from_the_tables():
+    backend = xkernels.get_backend(INTERP)
+    planned = sweep.plan("linear", backend, "models", [torch.bfloat16], ["llama3-8b"])
+    assert len(planned) == 5 * 7
+    table = json.loads((ROOT / "ops/tuning/interpreter/linear.json").read_text())
+    assert [dict(c) for c in planned[0].configs] == table["candidates"]["default"][0]["configs"]
+    assert any(c.get("SPLIT_K") for c in planned[0].configs)
+    assert "linear.json [default] candidates" in planned[0].candidates_from
+    add = sweep.plan("add", backend, "quick")
+    assert [sweep.elementwise_variant(sc.case) for sc in add] == ["tiled", "flat"]
+    assert all("BLOCK" in c for c in add[1].configs) and all("BLOCK_M" in c for c in add[0].configs)
+    # the npu tables have no element-wise candidates: the built-in list, and the plan says so
+    npu = sweep.plan("broadcast", xkernels.get_backend("interpreter-npu"), "quick")
+    assert npu[0].candidates_from == "xkernels.sweep.ELEMENTWISE_CANDIDATES"
+    with pytest.raises(ValueError, match="needs --shapes models"):
+        sweep.plan("add", backend, "quick", models=["gpt2"])
+    seed = sweep.plan("matmul", backend, "seed")
+    assert {sc.case.shapes[0] for sc in seed} >= {(16, 4096), (4096, 256), (64, 4096)}
+
+
+def test_cuda_tables_list_fp32_and_split_k_candidates():
     for op in ("matmul", "linear"):
-        plain = _buckets(op, "meta")
-        tma = _buckets(op, "meta", tma=True)
-        whens = [w for w, _, _ in tma]
-        assert whens == [w for w, _, _ in plain]
-        bf16 = [{k: v for k, v in w.items() if k != "dtype"} for w in whens if "bfloat16" in w["dtype"]]
-        assert bf16 == [{"m_max": 16}, {"m_max": 64}, {"k_max": 256}, {"k_max": 1024}, {"m_max": 2048}, {}]
-        assert not any(c.get("TMA") for _, _, cs in plain for c in cs)
-        for (when, _, cands), (_, _, pointer) in zip(tma, plain):
-            extra = [c for c in cands if c.get("TMA")]
-            assert [c for c in cands if not c.get("TMA")] == pointer  # the pointer candidates stay
-            if "float32" in when["dtype"] or when.get("m_max") == 16:
-                assert not extra
-            elif when.get("m_max") == 64:
-                assert 1 <= len(extra) <= 6 and all(c["BLOCK_M"] == 64 for c in extra)
-            else:
-                assert 12 <= len(extra) <= 16
-                assert any(c.get("PERSISTENT") for c in extra) and any(c.get("EPILOGUE_SUBTILE") for c in extra)
-                assert len({tuple(sorted(c.items())) for c in extra}) == len(extra)
+        groups = json.loads((ROOT / f"ops/tuning/cuda/{op}.json").read_text())["candidates"]["sm90"]
+        fp32 = [g for g in groups if g["when"]["dtype"] == ["float32"]]
+        assert len(fp32) == 1 and {c.get("SPLIT_K", 1) for c in fp32[0]["configs"]} == {1, 2, 4, 8}
+        half = [g for g in groups if "bfloat16" in g["when"]["dtype"]][0]["configs"]
+        assert {c["BLOCK_M"] for c in half} >= {64, 128} and {c["BLOCK_N"] for c in half} >= {64, 128, 256}
+
+
+def test_assign_is_deterministic_balanced_and_complete():
+    planned = sweep.plan("linear", xkernels.get_backend(INTERP), "models", [torch.float16])
+    for n in (1, 2, 3):
+        split = sweep.assign(planned, n)
+        assert split == sweep.assign(planned, n)
+        assert sorted(i for r in split for i in r) == list(range(len(planned)))
+        loads = [sum(planned[i].cost() for i in r) for r in split]
+        assert max(loads) <= 1.2 * sum(loads) / n
+
+
+def _bias_case(rows: int = 8) -> Case:
+    return Case("broadcast", (T((rows, 64), torch.float32), T((64,), torch.float32)), "bias[N]", frozenset({"quick"}))
+
+
+def test_failures_and_inapplicable_configs_are_recorded_and_checkpoints_resume(tmp_path):
+    good = {"BLOCK_M": 8, "BLOCK_N": 64}
+    sc = sweep.SweepCase(_bias_case(), (good, {"BLOCK_M": 3, "BLOCK_N": 64}, {"BLOCK": 1024}), "test")
+    ckpt = sweep.Checkpoint(tmp_path, "broadcast", 0, INTERP, "interpreter")
+    calls = []
+
+    def timer(fn, label):
+        calls.append(label)
+        return fixed_timer(fn, label)
+
+    recs = sweep.measure_case(sc, _target(), timer, ckpt.load(), ckpt.append)
+    assert [("torch_ms" in r, "ms" in r, "err" in r, "not_applicable" in r) for r in recs] == [
+        (True, False, False, False), (False, True, False, False), (False, False, True, False),
+        (False, False, False, True)]
+    assert "BLOCK_M" in recs[2]["err"] or "power" in recs[2]["err"].lower() or recs[2]["err"]
+    assert len(calls) == 2  # torch and the one good config
+    row = sweep.rows([sc], {r["key"]: r for r in recs})[0]
+    assert [c["cfg"] for c in row["cfgs"]] == [good, {"BLOCK_M": 3, "BLOCK_N": 64}]  # not applicable: left out
+    with open(ckpt.path, "a") as f:
+        f.write('{"key": "cut sho')  # a crash in the middle of a line
+    calls.clear()
+    again = sweep.measure_case(sc, _target(), timer, ckpt.load(), ckpt.append)
+    assert calls == [] and [r["key"] for r in again] == [r["key"] for r in recs]
+    other = sweep.Checkpoint(tmp_path, "broadcast", 1, "interpreter-npu", "Ascend910B3")
+    assert other.load() == {}  # another backend's records are never reused
+
+
+def test_a_wrong_result_fails_the_check():
+    ref = torch.randn(4, 8, dtype=torch.float64)
+    tol = tolerance("add", torch.float32, xkernels.get_backend(INTERP))
+    sweep._check("add", ref.float(), ref, None, tol, 0.0)
+    bad = ref.float().clone()
+    bad[1, 2] += 1.0
+    with pytest.raises(ValueError, match="1 of 32 elements"):
+        sweep._check("add", bad, ref, None, tol, 0.0)
+    nan = ref.float().clone()
+    nan[0, 0] = float("nan")
+    with pytest.raises(ValueError):
+        sweep._check("add", nan, ref, None, tol, 0.0)
+
+
+def _rules(path: Path) -> list:
+    return json.loads(path.read_text())["archs"]["interpreter"]
+
+
+def _torchrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "tests")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_torchrun_sweep_writes_the_rules_of_a_single_process_sweep(tmp_path):
+    args = ["--backend", INTERP, "--op", "add", "--shapes", "quick"]
+    assert tune.main([*args, "--out-dir", str(tmp_path / "one")], timer=fixed_timer) == 0
+    single = json.loads((tmp_path / "one/add.json").read_text())
+    assert single["sweep"]["world_size"] == 1 and single["sweep"]["items_per_rank"] == [5]
+    proc = _torchrun([str(ROOT / "tests/tune_fixed_timer.py"), *args, "--out-dir", str(tmp_path / "two")], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = json.loads((tmp_path / "two/add.json").read_text())
+    assert two["sweep"]["world_size"] == 2 and sum(two["sweep"]["items_per_rank"]) == two["sweep"]["items"] == 5
+    assert all(two["sweep"]["items_per_rank"]) and two["sweep"]["failed"] == []
+    assert _rules(tmp_path / "two/add.json") == _rules(tmp_path / "one/add.json")
+    assert sorted((tmp_path / "two/checkpoints").glob("add.rank*.jsonl")) == [
+        tmp_path / "two/checkpoints/add.rank0.jsonl", tmp_path / "two/checkpoints/add.rank1.jsonl"]
+    # a restart with the checkpoints measures nothing again and writes the same rules
+    assert tune.main([*args, "--out-dir", str(tmp_path / "two")], timer=fixed_timer) == 0
+    again = json.loads((tmp_path / "two/add.json").read_text())
+    assert again["sweep"]["resumed"] == 5 and _rules(tmp_path / "two/add.json") == _rules(tmp_path / "one/add.json")
+
+
+def test_torchrun_module_command_with_the_device_timer(tmp_path):
+    proc = _torchrun(["-m", "xkernels.tune", "--backend", INTERP, "--op", "add", "--shapes", "quick", "--reps", "2",
+                      "--out-dir", str(tmp_path)], ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    t = json.loads((tmp_path / "add.json").read_text())
+    assert t["sweep"]["world_size"] == 2 and t["sweep"]["items"] == 5
+    assert {r["when"]["variant"] for r in t["archs"]["interpreter"]} == {"flat", "tiled"}
+    assert all(r["measured"]["ms"][0] > 0 for r in t["archs"]["interpreter"])
+    assert "100%" in proc.stderr  # rank 0's progress bar reached the end
+    rows = [json.loads(line) for line in (tmp_path / "add.measurements.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(len(r["cfgs"]) in (2, 3) for r in rows)
+
+
+def test_linear_sweep_writes_joint_rules_and_fitted_candidates(tmp_path):
+    assert tune.main(["--backend", INTERP, "--op", "linear", "--shapes", "quick", "--out-dir", str(tmp_path)],
+                     timer=fixed_timer) == 0
+    t = json.loads((tmp_path / "linear.json").read_text())
+    rules = t["archs"]["interpreter"]
+    assert {(r["when"]["n"], r["when"]["k"]) for r in rules} == {(32, 64), (32, 32)}
+    assert all(r["when"]["dtype"] == ["float32"] and r["measured"]["shapes"] for r in rules)
+    assert t["sweep"]["items"] == 12 and t["sweep"]["failed"] == []
+    fitted = t["candidates"]["interpreter"][0]["configs"]
+    assert fitted and all(len(c["cost"]) == 3 for c in fitted)

@@ -37,6 +37,7 @@ from xkernels.backend import (  # noqa: E402
 from xkernels.dispatch import get_backend, list_backends, use_backend  # noqa: E402
 from xkernels.hookspecs import hookimpl  # noqa: E402
 from xkernels.registry import OpImpl, TuningDir, registry  # noqa: E402
+from xkernels.routing import disable, enable, enabled, enabled_ops, routing_counts  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -49,18 +50,27 @@ __all__ = [
     "OpImpl",
     "TuningDir",
     "UnknownBackendError",
+    "disable",
+    "enable",
+    "enabled",
+    "enabled_ops",
     "get_backend",
     "hookimpl",
     "list_backends",
+    "nn",
     "ops",
+    "patch",
     "registry",
+    "routing_counts",
     "use_backend",
 ]
 
 
 def __getattr__(name: str):
-    if name == "ops":  # imported on first use: keeps `import xkernels` light
-        import importlib
+    import importlib
 
-        return importlib.import_module("xkernels.ops")
+    if name in ("ops", "nn"):  # imported on first use: keeps `import xkernels` light
+        return importlib.import_module(f"xkernels.{name}")
+    if name in ("patch", "PatchReport"):
+        return getattr(importlib.import_module("xkernels.patching"), name)
     raise AttributeError(f"module 'xkernels' has no attribute {name!r}")

@@ -1,13 +1,21 @@
 """``python -m xkernels.bench``: xkernels against PyTorch on one device, with roofline context.
 
     python -m xkernels.bench [--device D] [--backend NAME] [--op OP] [--dtype DT]
-                             [--size small|medium|large|all] [--fast] [--seed N]
+                             [--size small|medium|large|models|all] [--model M] [--fast] [--seed N]
                              [--json PATH] [--csv PATH] [--plot PATH] [--compare OLD.json]
+    python -m xkernels.bench --model bert-base|gpt2 [--config base|tiny] [--batch B] [--seq S] [--dtype DT]
 
 Defaults: the best device present; sizes ``all`` on an accelerator, ``small`` on the CPU;
-float16, bfloat16, float32. ``--fast``: the smallest case per op and dtype, few repetitions, no
-cache flush (a smoke run; use it with the interpreter backends). Exit codes: 0 done, 1 some case
+float16, bfloat16, float32. ``--size models``: the real-model shape corpus
+(``xkernels.harness.models``), ``--model`` narrowing it to some models. ``--fast``: the smallest
+case per op and dtype, few repetitions, no cache flush (a smoke run; use it with the interpreter
+backends). Exit codes: 0 done, 1 some case
 raised, 2 the device is not usable here (one line on stderr says why) or bad arguments.
+
+The header says what the ratio measures: on the cpu backend both sides are PyTorch (the ratio is
+xkernels' front-door overhead), on the interpreter backends the kernels run in Triton's
+interpreter. "% peak" is left blank ("-") where the ceiling does not bound the case
+(``perf.peak_misleads``; the JSON row says why).
 """
 
 from __future__ import annotations
@@ -29,10 +37,12 @@ import torch
 from xkernels.check import split_list
 from xkernels.harness import Target, TargetUnavailable, perf, resolve_target
 from xkernels.harness.cases import BENCH_SIZES, FLOAT_DTYPES, OP_NAMES, Case, cases, parse_dtype
+from xkernels.harness.models import SIZE_TAG as MODELS
+from xkernels.harness.models import model_names
 
 COLUMNS = (("op", 9), ("dtype", 8), ("shape", 22), ("layout", 18), ("ms", 9), ("p20-p80", 17),
            ("torch ms", 9), ("speedup", 7), ("band", 8), ("GB/s", 8), ("TFLOP/s", 8), ("% peak", 6),
-           ("bound", 7), ("host us", 8))
+           ("bound", 7), ("host us", 8), ("torch host us", 8))
 KEY = ("op", "dtype", "shape", "layout")
 SAME = 0.05  # --compare: changes within 5% are "same"
 
@@ -52,13 +62,17 @@ def format_row(r: dict[str, Any]) -> str:
         return _row([r["op"], r["dtype"], r["shape"], r["layout"], "ERROR"]) + f"  {r['error']}"
     return _row([r["op"], r["dtype"], r["shape"], r["layout"], _g(r["time_ms"]),
                  f"{_g(r['p20_ms'], 3)}-{_g(r['p80_ms'], 3)}", _g(r["torch_time_ms"]), f"{r['speedup']:.2f}x",
-                 r["band"], _g(r["gbps"], 3), _g(r["tflops"], 3), f"{r['pct_of_peak']:.0f}%", r["bound"],
-                 _g(None if r["host_ms"] is None else r["host_ms"] * 1e3, 3)])
+                 r["band"], _g(r["gbps"], 3), _g(r["tflops"], 3),
+                 "-" if r["pct_of_peak"] is None else f"{r['pct_of_peak']:.0f}%", r["bound"],
+                 _g(None if r["host_ms"] is None else r["host_ms"] * 1e3, 3),
+                 _g(None if r.get("torch_host_ms") is None else r["torch_host_ms"] * 1e3, 3)])
 
 
-def select_cases(ops: list[str], dtypes: list[torch.dtype] | None, sizes: list[str], fast: bool) -> list[Case]:
-    """Benchmark cases; with ``fast`` only the smallest per op and dtype."""
-    picked = cases(ops, dtypes or list(FLOAT_DTYPES), sizes)
+def select_cases(ops: list[str], dtypes: list[torch.dtype] | None, sizes: list[str], fast: bool,
+                 models: list[str] | None = None) -> list[Case]:
+    """Benchmark cases; with ``fast`` only the smallest per op and dtype; ``models``: only corpus
+    cases of these models."""
+    picked = cases(ops, dtypes or list(FLOAT_DTYPES), sizes, models)
     if not fast:
         return picked
     smallest: dict[tuple[str, torch.dtype], Case] = {}
@@ -77,6 +91,27 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def what_is_measured(target: Target) -> str:
+    """What the speedup column compares, for this backend."""
+    b = target.backend
+    if not b.runs_triton:
+        return (f"the {b.name} backend runs PyTorch: the ratio measures xkernels' front-door overhead "
+                f"(checks, dispatch) over calling PyTorch directly, not a kernel")
+    if target.device.type == "cpu":
+        return (f"the {b.name} backend runs the Triton kernels in Triton's interpreter on the CPU: "
+                f"times measure the interpreter, not a kernel's speed")
+    return f"xkernels' Triton kernels on {b.name} against PyTorch on the same inputs"
+
+
+def peak_rule(target: Target, ceil: perf.Ceilings) -> str:
+    """When the % peak column is filled in, for this device."""
+    if target.device.type != "cpu":
+        return "every case (a cache flush before each timed call)"
+    cache = f"{ceil.cache_bytes >> 20} MiB" if ceil.cache_bytes else f"{perf.DEFAULT_CACHE_BYTES >> 20} MiB (assumed)"
+    return (f"memory-bound cases with a working set >= {perf.CACHE_FACTOR}x the {cache} last-level cache, and "
+            f"bf16 compute-bound cases; '-' elsewhere (the ceiling does not bound them)")
+
+
 def header(target: Target, ceil: perf.Ceilings, fast: bool, seed: int) -> dict[str, Any]:
     def fig(f: Any) -> dict[str, Any]:
         return {"value": f.value, "unit": f.unit, "source": f.source, "note": f.note}
@@ -85,6 +120,7 @@ def header(target: Target, ceil: perf.Ceilings, fast: bool, seed: int) -> dict[s
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
             "triton": _version("triton") or _version("triton-ascend"), "python": platform.python_version(),
             "host": platform.node(), "platform": platform.platform(), "fast": fast, "seed": seed,
+            "measures": what_is_measured(target), "pct_of_peak_shown_for": peak_rule(target, ceil),
             "copy_bandwidth": fig(ceil.copy_bandwidth), "matmul_peak": fig(ceil.matmul_peak),
             "datasheet": {k: fig(v) for k, v in ceil.datasheet.items()}}
 
@@ -96,6 +132,8 @@ def print_header(h: dict[str, Any], ceil: perf.Ceilings) -> None:
     print(f"  copy bandwidth {ceil.copy_bandwidth}")
     print(f"  matmul peak    {ceil.matmul_peak}")
     print(f"  datasheet      {sheet}")
+    print(f"  speedup        {h['measures']}")
+    print(f"  % peak         {h['pct_of_peak_shown_for']}")
     print(_row([name for name, _ in COLUMNS]))
 
 
@@ -156,19 +194,30 @@ def write_csv(rows: list[dict[str, Any]], path: str) -> None:
             w.writerow({**r, "config": ";".join(f"{k}={v}" for k, v in cfg.items())})
 
 
+WHOLE_MODELS = ("bert-base", "gpt2")  # bench --model without --size: xkernels/bench_models.py
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m xkernels.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", help="torch device type: cuda, npu, cpu (default: best present)")
     p.add_argument("--backend", help="force an xkernels backend, e.g. interpreter, interpreter-npu")
     p.add_argument("--op", action="append", help=f"op(s), repeat or comma-separate: {', '.join(OP_NAMES)}")
     p.add_argument("--dtype", action="append", help="dtype(s): float16, bfloat16, float32 (int32, int64 for add)")
-    p.add_argument("--size", choices=(*BENCH_SIZES, "all"), help="size class (default: all; small on cpu)")
+    p.add_argument("--size", choices=(*BENCH_SIZES, MODELS, "all"),
+                   help="size class (default: all; small on cpu); models: the real-model shape corpus")
+    p.add_argument("--model", action="append",
+                   help="with --size models: only the corpus cases of these models "
+                        f"({', '.join(model_names())}); without --size: a whole transformers model "
+                        f"({', '.join(WHOLE_MODELS)}), torch eager vs enable() vs patch() (xkernels/bench_models.py)")
     p.add_argument("--fast", action="store_true", help="smallest case per op/dtype, few repetitions")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", metavar="PATH", help="write header + rows as JSON")
     p.add_argument("--csv", metavar="PATH", help="write rows as CSV")
     p.add_argument("--plot", metavar="PATH", help="write a roofline PNG (needs matplotlib)")
     p.add_argument("--compare", metavar="OLD.json", help="show what got faster/slower against an earlier --json")
+    p.add_argument("--config", choices=("base", "tiny"), help="--model size: base (default) or tiny (2 layers, hidden 64)")
+    p.add_argument("--batch", type=int, help="--model batch (default: 16 bert-base, 8 gpt2; 2 tiny)")
+    p.add_argument("--seq", type=int, help="--model sequence length (default: 512 bert-base, 1024 gpt2; 16 tiny)")
     return p.parse_args(argv)
 
 
@@ -192,11 +241,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = resolve_target(args.device, args.backend)
     except TargetUnavailable as exc:
         return _fail(str(exc))
+    if args.model and args.size is None:
+        if args.op:
+            return _fail(f"--op picks op cases: with --model it needs --size {MODELS} (without --size, --model "
+                         f"benches a whole model, every op, and takes no --op)")
+        whole = split_list(args.model)
+        if len(whole) != 1 or whole[0] not in WHOLE_MODELS:
+            return _fail(f"--model {','.join(whole)}: a whole-model bench takes one of {', '.join(WHOLE_MODELS)} "
+                         f"(with --size {MODELS}, --model picks corpus models: {', '.join(model_names())})")
+        from xkernels import bench_models
+
+        args.model = whole[0]
+        return bench_models.main(args, target)
     size = args.size or ("small" if target.device.type == "cpu" else "all")
+    if args.model and size != MODELS:
+        return _fail(f"--model picks cases of the real-model corpus: it needs --size {MODELS}")
     try:
         dtypes = [parse_dtype(d) for d in split_list(args.dtype)] or None
         selected = select_cases(split_list(args.op) or list(OP_NAMES), dtypes,
-                                list(BENCH_SIZES) if size == "all" else [size], args.fast)
+                                list(BENCH_SIZES) if size == "all" else [size], args.fast,
+                                split_list(args.model) or None)
     except ValueError as exc:
         return _fail(str(exc))
     settings = perf.FAST if args.fast else perf.FULL

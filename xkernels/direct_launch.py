@@ -65,20 +65,23 @@ def pack_slot(ty: str, value: Any) -> bytes:
     return raw.ljust(8, b"\0")
 
 
-def pack_slots(signature: dict[str, str], values: tuple[Any, ...], n_ptrs: int) -> tuple[bytes, tuple[int, ...]] | None:
-    """Slots of every non-constexpr parameter in order (the first ``n_ptrs`` values are the
-    tensors, packed as 0 for now) plus the two scratch pointers Triton 3.6 appends, and the
-    slot index of each tensor. ``None`` where a type is not packable here."""
+def pack_slots(signature: dict[str, str], values: tuple[Any, ...],
+               ptrs: int | tuple[int, ...]) -> tuple[bytes, tuple[int, ...]] | None:
+    """Slots of every non-constexpr parameter in order (the values at positions ``ptrs``, the
+    first ``ptrs`` when an int, are the tensors, packed as 0 for now) plus the two scratch
+    pointers Triton 3.6 appends, and the slot index of each tensor. ``None`` where a type is not
+    packable here."""
+    tensor_at = set(range(ptrs)) if isinstance(ptrs, int) else set(ptrs)
     types = list(signature.values())
     if len(types) != len(values):
         return None
     slots, ptr_slots = [], []
     for i, (ty, v) in enumerate(zip(types, values)):
         if ty == "constexpr":
-            if i < n_ptrs:
+            if i in tensor_at:
                 return None
             continue
-        if i < n_ptrs:
+        if i in tensor_at:
             if not ty.startswith("*"):
                 return None
             ptr_slots.append(len(slots))
@@ -90,10 +93,11 @@ def pack_slots(signature: dict[str, str], values: tuple[Any, ...], n_ptrs: int) 
     return b"".join(slots), tuple(ptr_slots)
 
 
-def record(compiled: Any, grid: tuple[int, int, int], values: tuple[Any, ...], n_ptrs: int,
+def record(compiled: Any, grid: tuple[int, int, int], values: tuple[Any, ...], ptrs: int | tuple[int, ...],
            get_device: Any, get_stream: Any, enter_hook: Any, exit_hook: Any) -> Any:
     """A ``Record`` launching ``compiled`` on ``grid`` with ``values`` (all kernel arguments,
-    constexprs included; the first ``n_ptrs`` are replaced by the record's call arguments), or
+    constexprs included; those at positions ``ptrs`` (the first ``ptrs`` when an int) are replaced
+    by the record's call arguments, in order), or
     ``None`` where it does not apply (see the module doc)."""
     mod = module()
     run = getattr(compiled, "run", None)
@@ -110,7 +114,7 @@ def record(compiled: Any, grid: tuple[int, int, int], values: tuple[Any, ...], n
     if num_ctas != 1:
         return None
     try:
-        packed = pack_slots(signature, values, n_ptrs)
+        packed = pack_slots(signature, values, ptrs)
     except (struct.error, TypeError, KeyError):
         return None
     if packed is None:

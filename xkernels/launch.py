@@ -152,28 +152,43 @@ class Launcher:
 
         return go
 
-    def hot(self, args: tuple[Any, ...], n_ptrs: int) -> Callable[..., bool]:
-        """A launch function for calls that differ from ``args`` only in the first ``n_ptrs``
-        arguments (tensors). It takes those tensors and returns whether it launched; ``False``
-        means nothing ran and the caller must launch the ordinary way (``self(*args)``)."""
-        direct = self._direct(args, n_ptrs)
+    def hot(self, args: tuple[Any, ...], ptrs: int | tuple[int, ...]) -> Callable[..., bool]:
+        """A launch function for calls that differ from ``args`` only in the tensors at positions
+        ``ptrs`` (the first ``ptrs`` arguments when an int; ascending positions otherwise, e.g.
+        ``(0, 2)`` when argument 1 is a scalar passed by value). It takes those tensors and returns
+        whether it launched; ``False`` means nothing ran and the caller must launch the ordinary
+        way (``self(*args)``). Every other argument is fixed: scalar values included."""
+        pos = tuple(range(ptrs)) if isinstance(ptrs, int) else tuple(ptrs)
+        direct = self._direct(args, pos)
         if direct is not None:
             return direct
-        fixed = args[n_ptrs:]
+        if pos == tuple(range(len(pos))):
+            fixed = args[len(pos):]
 
-        def ordinary(*tensors: Any) -> bool:
-            self(*tensors, *fixed)
+            def ordinary(*tensors: Any) -> bool:
+                self(*tensors, *fixed)
+                return True
+
+            return ordinary
+        template = list(args)
+
+        def placed(*tensors: Any) -> bool:
+            full = template.copy()
+            for p, t in zip(pos, tensors):
+                full[p] = t
+            self(*full)
             return True
 
-        return ordinary
+        return placed
 
-    def _direct(self, args: tuple[Any, ...], n_ptrs: int) -> Callable[..., bool] | None:
-        """The C launch of ``hot``: a ``direct_launch.Record`` where one can be made, else a closure
-        over Triton's C launch function; ``None`` where neither applies (see module doc)."""
-        if not self.fast or self._tail is None or n_ptrs not in (3, 4):
+    def _direct(self, args: tuple[Any, ...], pos: tuple[int, ...]) -> Callable[..., bool] | None:
+        """The C launch of ``hot``: a ``direct_launch.Record`` where one can be made, else (for
+        3 or 4 leading tensors) a closure over Triton's C launch function; ``None`` where neither
+        applies (see module doc)."""
+        if not self.fast or self._tail is None or not 2 <= len(pos) <= 4:
             return None
-        pos = self.varying if self.varying is not None else range(len(args))
-        key = tuple(True if i < n_ptrs else _spec(args[i]) for i in pos)  # the all-aligned variant
+        varying = self.varying if self.varying is not None else range(len(args))
+        key = tuple(True if i in pos else _spec(args[i]) for i in varying)  # the all-aligned variant
         entry = self._compiled.get(key)
         if entry is None:
             return None
@@ -184,10 +199,13 @@ class Launcher:
                 or not callable(launch) or not hasattr(enter, "calls") or not hasattr(leave, "calls")):
             return None
         if getattr(getattr(compiled.metadata, "target", None), "backend", None) == "cuda":
-            rec = direct_launch.record(compiled, self._g, (*args, *self._tail), n_ptrs, self._device,
+            rec = direct_launch.record(compiled, self._g, (*args, *self._tail), pos, self._device,
                                        self._stream, enter, leave)
             if rec is not None:
                 return rec
+        if pos != tuple(range(len(pos))) or len(pos) < 3:
+            return None
+        n_ptrs = len(pos)
         coop, pdl = bool(run.launch_cooperative_grid), bool(run.launch_pdl)
         gx, gy, gz = self._g
         stream, device = self._stream, self._device
@@ -210,3 +228,25 @@ class Launcher:
                    None, None, None, p0, p1, p2, p3, *fixed)
             return True
         return go4
+
+
+class ByValue:
+    """Launch functions of one plan, one per value of the call's by-value scalars (a Python
+    number operand, ``alpha``, ``negative_slope``): ``Launcher.hot`` packs every scalar into its
+    launch record, so each value gets its own, made by ``make(*values)`` on first use (at most
+    ``LIMIT`` at a time). Zeros are keyed with their sign (``-0.0 == 0.0`` as dict keys)."""
+
+    LIMIT = 16
+
+    def __init__(self, make: Callable[..., Callable[..., bool]]) -> None:
+        self.make = make
+        self.fns: dict[Any, Callable[..., bool]] = {}
+
+    def __call__(self, *values: Any) -> Callable[..., bool]:
+        key = tuple(v if v != 0 else (v, repr(v)) for v in values)
+        fn = self.fns.get(key)
+        if fn is None:
+            if len(self.fns) >= self.LIMIT:
+                self.fns.clear()
+            fn = self.fns[key] = self.make(*values)
+        return fn

@@ -4,23 +4,25 @@ with fitted costs for the wave model (see ``xkernels.ops.matmul_config``).
     python -m xkernels.matmul_tables RUN1.jsonl [RUN2.jsonl ...] --arch sm90 --units 132 \\
         --source "..." --install ops/tuning/cuda --op linear,matmul
 
-A measurement file has one JSON object per line and shape: ``{"op", "M", "N", "K", "act", "torch_ms",
-"cfgs": [{"cfg": {...}, "ms": ...} | {"cfg": {...}, "err": "..."}]}`` (what a sweep over the
-shape corpus writes; a row without ``"op"`` counts for every op that has no row of its own for that
-shape). Rows of the same op and shape from
-several files are merged: each config's time is the **median** of all its measurements (so one
-glitched timing that a later run re-measured does not decide anything), torch's likewise. Each
-op's tables are built from its own rows (matmul's B is row-major, linear's K-contiguous). From them:
+A measurement file has one JSON object per line and shape: ``{"op", "M", "N", "K", "act", "bias",
+"torch_ms", "cfgs": [{"cfg": {...}, "ms": ...} | {"cfg": {...}, "err": "..."}]}`` (what
+``python -m xkernels.tune`` writes; a row without ``"op"`` is linear's, as the first sweeps wrote
+them). Rows of the same op, shape and epilogue from several files are merged: each config's time is
+the **median** of all its measurements (so one glitched timing that a later run re-measured does not
+decide anything), torch's likewise. Each op's tables are built from its own rows only (matmul's B is
+row-major, linear's K-contiguous: one op's winners are not the other's). From them:
 
 * **rules**: per measured (N, K) and M class, the fastest config, as a rule over
   ``n`` = N, ``k`` = K and the M range between the geometric midpoints of its measured
-  neighbours, keyed by activation where the row had one (those rules come first); a TMA winner
-  is followed by the fastest pointer-kernel config of the same class (for calls that cannot
-  take TMA). Where even the fastest config is more than ``--vendor-margin`` (default 3%) slower
-  than torch on the device's own BLAS, the rule is ``{"VENDOR": true}`` instead: calls of that
-  class run the PyTorch call (``explain()`` says so), so no measured class is slower than torch
-  by more than the front door's cost. Each rule records the shapes it was measured on, its time,
-  torch's and the ratio (and, for vendor rules, the best kernel's ratio).
+  neighbours. An (N, K) measured with one epilogue gives rules for any epilogue; one measured with
+  several gives rules keyed by ``activation`` (and ``bias``) for all but the activation-free one,
+  which follows them unkeyed. A TMA winner is followed by the fastest pointer-kernel config of the
+  same class (for calls that cannot take TMA). Where even the fastest config is more than
+  ``--vendor-margin`` (default 3%) slower than torch on the device's own BLAS, the rule is
+  ``{"VENDOR": true}`` instead: calls of that class run the PyTorch call (``explain()`` says so), so
+  no measured class is slower than torch by more than the front door's cost. Each rule records the
+  shapes it was measured on, its time, torch's and the ratio (and, for vendor rules, the best
+  kernel's ratio).
 * **candidates**: every config that ran on at least three shapes, with a fitted
   ``"cost": [a, b, c]`` (``matmul_config.fit_cost``), so shapes no rule covers get the config of
   the smallest estimated time. Configs whose measurements the fit cannot explain (any shape more
@@ -59,43 +61,64 @@ def _m_ranges(ms: list[int]) -> dict[int, tuple[int, int | None]]:
     return out
 
 
+def _epilogue(r: dict[str, Any]) -> tuple[str, bool | None]:
+    """(activation, bias) of a measurement row (bias ``None`` where the row does not say)."""
+    return r.get("act") or "none", r.get("bias")
+
+
 def rules(rows: list[dict[str, Any]], dtypes: list[str], vendor_margin: float = VENDOR_MARGIN) -> list[dict[str, Any]]:
-    """Measured rules, one (or a TMA + pointer pair) per measured shape class."""
-    by_nk: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    """Measured rules, one (or a TMA + pointer pair) per measured shape class. An (N, K) measured
+    with one epilogue gets rules for every epilogue; one measured with several (Llama's gate with
+    silu, up without) gets rules naming ``activation`` (and ``bias``) in ``when`` for all but one
+    (the activation-free one where measured), which follows them without an epilogue key."""
+    by_nk: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in rows:
-        by_nk.setdefault((r.get("act") or "", r["N"], r["K"]), []).append(r)
+        by_nk.setdefault((r["N"], r["K"]), []).append(r)
     out = []
-    # activation-keyed classes first: a rule without ``activation`` matches every epilogue
-    for (_, n, k), group in sorted(by_nk.items(), key=lambda kv: (kv[0][0] == "", kv[0])):
-        ranges = _m_ranges([r["M"] for r in group])
-        for r in sorted(group, key=lambda r: r["M"]):
-            ok = [c for c in r["cfgs"] if "ms" in c]
-            if not ok:
-                continue
-            best = min(ok, key=lambda c: c["ms"])
-            pointer = min((c for c in ok if not c["cfg"].get("TMA")), key=lambda c: c["ms"], default=None)
-            lo, hi = ranges[r["M"]]
-            when: dict[str, Any] = {"dtype": dtypes, "n": n, "k": k, "m_min": lo}
-            if r.get("act"):
-                when["activation"] = r["act"]
-            if hi is not None:
-                when["m_max"] = hi
-            shape = [r["M"], r["N"], r["K"]]
+    for (n, k), nk_group in sorted(by_nk.items()):
+        epilogues = sorted({_epilogue(r) for r in nk_group}, key=lambda e: (e[0] == "none", str(e)))
+        for i, (act, bias) in enumerate(epilogues):
+            group = [r for r in nk_group if _epilogue(r) == (act, bias)]
+            extra: dict[str, Any] = {}
+            if i < len(epilogues) - 1:  # keyed; the last one catches every other epilogue
+                extra["activation"] = act
+                if bias is not None and len({b for _, b in epilogues}) > 1:
+                    extra["bias"] = bias
+            out += _class_rules(group, dtypes, n, k, extra, vendor_margin)
+    return out
 
-            def measured(c: dict[str, Any]) -> dict[str, Any]:
-                return {"shapes": [shape], "ms": round(c["ms"], 5), "torch_ms": round(r["torch_ms"], 5),
-                        "worst_ratio": round(r["torch_ms"] / c["ms"], 3), "best_ms": round(best["ms"], 5)}
 
-            if vendor_margin and best["ms"] > r["torch_ms"] * vendor_margin:
-                out.append({"when": when, "config": {"VENDOR": True},
-                            "measured": {"shapes": [shape], "ms": round(r["torch_ms"], 5),
-                                         "torch_ms": round(r["torch_ms"], 5), "worst_ratio": 1.0,
-                                         "best_kernel_ratio": round(r["torch_ms"] / best["ms"], 3)}})
-                continue
-            if best["cfg"].get("TMA"):
-                out.append({"when": {"variant": "tma", **when}, "config": best["cfg"], "measured": measured(best)})
-            if pointer is not None:
-                out.append({"when": when, "config": pointer["cfg"], "measured": measured(pointer)})
+def _class_rules(group: list[dict[str, Any]], dtypes: list[str], n: int, k: int, extra: dict[str, Any],
+                 vendor_margin: float) -> list[dict[str, Any]]:
+    """The rules of one (N, K, epilogue) class: per measured M, over the M range around it."""
+    out = []
+    ranges = _m_ranges([r["M"] for r in group])
+    for r in sorted(group, key=lambda r: r["M"]):
+        ok = [c for c in r["cfgs"] if "ms" in c]
+        if not ok:
+            continue
+        best = min(ok, key=lambda c: c["ms"])
+        pointer = min((c for c in ok if not c["cfg"].get("TMA")), key=lambda c: c["ms"], default=None)
+        lo, hi = ranges[r["M"]]
+        when: dict[str, Any] = {"dtype": dtypes, "n": n, "k": k, **extra, "m_min": lo}
+        if hi is not None:
+            when["m_max"] = hi
+        shape = [r["M"], r["N"], r["K"]]
+
+        def measured(c: dict[str, Any]) -> dict[str, Any]:
+            return {"shapes": [shape], "ms": round(c["ms"], 5), "torch_ms": round(r["torch_ms"], 5),
+                    "worst_ratio": round(r["torch_ms"] / c["ms"], 3), "best_ms": round(best["ms"], 5)}
+
+        if vendor_margin and best["ms"] > r["torch_ms"] * vendor_margin:
+            out.append({"when": when, "config": {"VENDOR": True},
+                        "measured": {"shapes": [shape], "ms": round(r["torch_ms"], 5),
+                                     "torch_ms": round(r["torch_ms"], 5), "worst_ratio": 1.0,
+                                     "best_kernel_ratio": round(r["torch_ms"] / best["ms"], 3)}})
+            continue
+        if best["cfg"].get("TMA"):
+            out.append({"when": {"variant": "tma", **when}, "config": best["cfg"], "measured": measured(best)})
+        if pointer is not None:
+            out.append({"when": when, "config": pointer["cfg"], "measured": measured(pointer)})
     return out
 
 
@@ -121,16 +144,16 @@ def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> lis
     return [{"when": {"dtype": dtypes}, "configs": fitted}]
 
 
-def merge(rows: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
-    """``op``'s rows (and rows without an op), one per shape, config times merged by median."""
-    own = {(r["M"], r["N"], r["K"], r.get("act")) for r in rows if r.get("op") == op and "torch_ms" in r}
+def merge(rows: list[dict[str, Any]], op: str, untagged: str = "linear") -> list[dict[str, Any]]:
+    """``op``'s rows, one per shape and epilogue, config times merged by median. Rows without an
+    ``"op"`` (the first sweeps wrote none; they timed linear) count as ``untagged``'s."""
     shapes: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in rows:
-        key = (r["M"], r["N"], r["K"], r.get("act"))
-        if r.get("op", op) != op or ("op" not in r and key in own):
+        if r.get("op", untagged) != op:
             continue
+        key = (r["M"], r["N"], r["K"], r.get("act"), r.get("bias"))
         m = shapes.setdefault(key, {"M": r["M"], "N": r["N"], "K": r["K"], "act": r.get("act"),
-                                    "torch": [], "times": {}, "cfg": {}, "err": {}})
+                                    "bias": r.get("bias"), "torch": [], "times": {}, "cfg": {}, "err": {}})
         if "torch_ms" in r:
             m["torch"].append(r["torch_ms"])
         for c in r.get("cfgs", ()):
@@ -146,7 +169,7 @@ def merge(rows: list[dict[str, Any]], op: str) -> list[dict[str, Any]]:
             continue  # re-measurements of configs only: merged into the shape's own row
         cfgs = [{"cfg": m["cfg"][k], "ms": statistics.median(t)} for k, t in m["times"].items()]
         cfgs += [{"cfg": m["cfg"][k], "err": e} for k, e in m["err"].items() if k not in m["times"]]
-        out.append({"op": op, "M": m["M"], "N": m["N"], "K": m["K"], "act": m["act"],
+        out.append({"op": op, "M": m["M"], "N": m["N"], "K": m["K"], "act": m["act"], "bias": m["bias"],
                     "torch_ms": statistics.median(m["torch"]), "cfgs": cfgs})
     return sorted(out, key=lambda r: (r["N"], r["K"], r["M"], r["act"] or ""))
 

@@ -1,7 +1,7 @@
 """Offline Ascend NPU compile check: Triton frontend + on-chip memory planning, no CANN, no device.
 
 For every case that :func:`xkernels.compile_check.collect_cases` lists (one op, dtype, tuning
-entry and SoC each), this
+entry, epilogue, layout and SoC each; identical compilations run once), this
 
 1. compiles the ``@triton.jit`` kernel with **triton-ascend** for ``GPUTarget("npu", soc, 0)``
    down to ``<kernel>.ttadapter`` (the linalg/HIVM IR triton-ascend hands to its NPU compiler).
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import multiprocessing
 import os
@@ -89,6 +90,7 @@ class Result:
     frontend_s: float = 0.0
     plan_s: float = 0.0
     artifacts: str = ""  # the directory kept for this case (--keep), else ""
+    same_as: str = ""  # "op dtype config" of the identical compilation whose result this reuses
 
     @property
     def ok(self) -> bool:
@@ -347,14 +349,24 @@ def _work(index: int) -> tuple[int, Result]:
     return index, run_case(_WORK["cases"][index], _WORK["bishengir"], _WORK["keep"])
 
 
+def compilation_key(case: Any) -> tuple:
+    """What the compilers see for ``case``: the kernel, its signature, constants and the SoC. Two
+    cases with one key are one compilation (same input, same flags, same target)."""
+    kernel = _unwrap_kernel(case.kernel)
+    return (id(kernel), tuple(sorted(case.signature.items())),
+            tuple(sorted((k, repr(v)) for k, v in case.constants.items())), case.soc)
+
+
 def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | None = None,
-              bishengir: str | None = None, progress: Any = None) -> list[Result]:
+              bishengir: str | None = None, progress: Any = None, dedupe: bool = True) -> list[Result]:
     """Check ``cases`` (CompileCase-like objects) with ``jobs`` worker processes; results in order.
 
     ``jobs`` of 0 means one per CPU. The work always runs in forked worker processes, so the
     caller's process never holds an MLIR context (forking after a failed compile is unsafe).
-    ``progress``, if given, is called with each Result as it completes.
-    Raises RuntimeError when triton-ascend or bishengir-compile is missing.
+    With ``dedupe``, cases with one :func:`compilation_key` are compiled once; the others get its
+    result with ``same_as`` naming it and zero seconds. ``progress``, if given, is called with
+    each Result as it completes. Raises RuntimeError when triton-ascend or bishengir-compile is
+    missing.
     """
     cases = list(cases)
     if not cases:
@@ -363,7 +375,13 @@ def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | 
         bishengir, problem = check_environment()
         if problem:
             raise RuntimeError(problem)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(cases)))
+    first: dict[tuple, int] = {}
+    copies: dict[int, list[int]] = {}
+    for i, c in enumerate(cases):
+        j = first.setdefault(compilation_key(c), i) if dedupe else i
+        copies.setdefault(j, []).append(i)
+    unique = list(copies)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(unique)))
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
     _WORK.update(cases=cases, bishengir=bishengir, keep=str(keep) if keep else None)
@@ -371,10 +389,14 @@ def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | 
     ctx = multiprocessing.get_context("fork")
     try:
         with ctx.Pool(jobs) as pool:
-            for index, res in pool.imap_unordered(_work, range(len(cases)), chunksize=1):
-                results[index] = res
-                if progress is not None:
-                    progress(res)
+            for index, res in pool.imap_unordered(_work, unique, chunksize=1):
+                for i in copies[index]:
+                    c = cases[i]
+                    results[i] = res if i == index else dataclasses.replace(
+                        res, op=c.op, dtype=c.dtype, config=c.config, seconds=0.0, frontend_s=0.0, plan_s=0.0,
+                        same_as=f"{res.op} {res.dtype} {res.config}")
+                    if progress is not None:
+                        progress(results[i])
     finally:
         _WORK.clear()
     return [r for r in results if r is not None]
@@ -410,10 +432,11 @@ def format_table(results: Sequence[Result]) -> str:
 def summary(results: Sequence[Result], wall_s: float) -> str:
     counts = {k: sum(r.result == k for r in results) for k in RESULTS}
     parts = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
-    cpu = sum(r.seconds for r in results)
-    mean = cpu / len(results) if results else 0.0
-    return (f"{len(results)} cases: {parts or 'none'}; {wall_s:.1f} s wall, "
-            f"{cpu:.1f} s summed, {mean:.2f} s per case")
+    compiled = [r for r in results if not r.same_as]
+    cpu = sum(r.seconds for r in compiled)
+    mean = cpu / len(compiled) if compiled else 0.0
+    return (f"{len(results)} cases ({len(compiled)} distinct compilations): {parts or 'none'}; "
+            f"{wall_s:.1f} s wall, {cpu:.1f} s summed, {mean:.2f} s per compilation")
 
 
 def _split(values: list[str] | None) -> list[str] | None:
@@ -432,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--soc", action="append", metavar="SOC",
                    help="SoC to check, e.g. Ascend910B3 (repeat or comma-separate; "
-                        "default: the SoCs the project's cases name)")
+                        "default: every SoC of backends/npu_socs.json, Atlas A2 and A3)")
     p.add_argument("--op", action="append", metavar="OP",
                    help="op to check (repeat or comma-separate; default: all)")
     p.add_argument("--quick", action="store_true",
@@ -451,12 +474,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"xkernels.npu_compile: {problem}", file=sys.stderr)
         return 2
     try:
-        from xkernels.compile_check import collect_cases
+        from xkernels.compile_check import collect
     except ImportError as exc:
         print(f"xkernels.npu_compile: cannot import the case list xkernels.compile_check ({exc}); "
               "install xkernels into this environment (pip install -e .)", file=sys.stderr)
         return 2
-    cases = collect_cases(_split(args.soc), _split(args.op))
+    try:
+        cases, notes = collect(_split(args.soc), _split(args.op))
+    except ValueError as exc:
+        print(f"xkernels.npu_compile: {exc}", file=sys.stderr)
+        return 1
     if args.quick:
         cases = quick_subset(cases)
     if not cases:
@@ -469,14 +496,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def progress(r: Result) -> None:
         done[0] += 1
+        shared = " (same compilation as an earlier case)" if r.same_as else ""
         print(f"[{done[0]}/{len(cases)}] {r.op} {r.dtype} {r.config} {r.soc}: {r.result} "
-              f"({r.seconds:.2f} s){' ' + r.detail if r.detail else ''}", flush=True)
+              f"({r.seconds:.2f} s){shared}{' ' + r.detail if r.detail else ''}", flush=True)
 
     t0 = time.perf_counter()
     results = run_cases(cases, jobs, keep=args.keep, bishengir=bishengir, progress=progress)
     wall = time.perf_counter() - t0
     print()
     print(format_table(results))
+    if notes:
+        print("\nnot compiled:\n" + "\n".join(f"  {n}" for n in notes))
     print()
     print(summary(results, wall))
     return 0 if all(r.ok for r in results) else 1

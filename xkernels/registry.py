@@ -164,9 +164,12 @@ class Registry:
         return tuple(self._impls.values())
 
     def tuning_dirs(self, backend: Backend) -> tuple[Path, ...]:
-        """Plugin-added directories first, then the backend's own."""
+        """The user's autotune cache first (``xkernels.autotune.cache_dir``), then plugin-added
+        directories, then the backend's own."""
+        from xkernels.autotune import cache_dir
+
         self._ensure_loaded()
-        return self._tuning.get(backend.name, ()) + tuple(backend.tuning_dirs)
+        return (cache_dir(backend.name), *self._tuning.get(backend.name, ()), *backend.tuning_dirs)
 
 
 registry = Registry()

@@ -1,219 +1,182 @@
-"""Sweep kernel configs on the current device and write tuning tables from the measurements.
+"""Sweep kernel configs on this device (or on every rank ``torchrun`` starts) and write tuning tables.
 
-    python -m xkernels.tune --backend cuda --op broadcast,add,matmul --out-dir results/tune
+    python -m xkernels.tune --backend cuda --op linear --shapes models --dtype bf16 --out-dir tune-out
+    torchrun --nproc-per-node 4 -m xkernels.tune --backend cuda --op linear --shapes models --out-dir tune-out
+    python -m xkernels.tune --export-cache --backend cuda --out-dir tables
 
-For each op, each bucket (a representative case) and each candidate config, the op runs with
-``xkernels.tuning.force(config)``, is checked against PyTorch, and timed with the backend's
-events (each call alone after a cache flush, median of repeated runs; inputs never zero), so
-small buckets are measured by kernel time, not by how fast the host dispatches. The fastest correct config of each bucket
-becomes a rule of ``<out-dir>/<op>.json`` under the device's arch key, with the sweep command and
-device recorded in its "source". Copy reviewed tables into ``ops/tuning/<backend>/``.
+Plan, measure, choose (see ``xkernels.sweep``): the (case x candidate config) items of a shape
+set are split across the ranks, each measures its share on its local device (checked against
+PyTorch, timed with the harness timer, failures recorded) and checkpoints every record; rank 0
+gathers them and writes, per op, ``<out-dir>/<op>.json`` (a table for the device's arch, with a
+``"sweep"`` record: world size, items, items per rank, failed items, wall seconds) and
+``<out-dir>/<op>.measurements.jsonl``. Rules come from the measurements the same way whatever
+the number of processes:
 
-Where the backend has tensor descriptors (sm90+), the fp16/bf16 matmul/linear buckets also try
-``matmul_tma_kernel`` configs (``"TMA": true``, some persistent and/or with a subtiled epilogue).
-A TMA winner becomes a ``"variant": "tma"`` rule followed by the bucket's best pointer-kernel
-config, for the calls that cannot use TMA (see ``bucket_rules``).
+* ``matmul`` / ``linear``: ``xkernels.matmul_tables`` (joint (M, N, K) rules per dtype and
+  epilogue, each recording the shapes it was measured on and its worst ratio to PyTorch, plus
+  candidates with fitted costs);
+* ``add`` / ``broadcast``: per (kernel variant, dtype, size class), the config whose worst
+  slowdown against the best config of each measured case is smallest (:func:`elementwise_rules`).
+
+A restarted sweep with the same ``--out-dir`` measures only what its checkpoints lack.
+``--install DIR`` merges the swept arch's rules into ``DIR/<op>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import sys
-from dataclasses import replace
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import xkernels
-from xkernels import tuning
+from xkernels import matmul_tables, sweep
 from xkernels.harness import Target
-from xkernels.harness.perf import Settings, time_calls
-
-F16 = ["float16", "bfloat16"]
-
-
-#: Timing of one candidate: each call alone, behind a cache-flushing write, timed by the
-#: backend's events (``harness.perf.time_calls``), so host dispatch never enters the figure.
-SWEEP = Settings(warmup=3, warmup_s=0.05, min_reps=10, max_reps=60, budget_s=0.15, flush=True)
+from xkernels.harness.cases import parse_dtype
+from xkernels.sweep_world import Progress, World, join
 
 
-def _time_ms(backend: xkernels.Backend, fn, reps: int = 0) -> float:
-    """Median device milliseconds of one call of ``fn`` (``reps``: fixed repetitions, 0 = budget)."""
-    settings = SWEEP if not reps else replace(SWEEP, min_reps=reps, max_reps=reps)
-    target = Target(backend, torch.device(backend.device_type))
-    return time_calls(lambda _: fn(), [None], target, settings).median_ms
+def _dtypes_for(dt: str, measured: set[str]) -> list[str]:
+    """The dtypes a rule measured in ``dt`` serves: bf16 also serves fp16 when fp16 was not measured."""
+    return [dt] + (["float16"] if dt == "bfloat16" and "float16" not in measured else [])
 
 
-def _buckets(op: str, dev: str, tma: bool = False) -> list[tuple[dict[str, Any], Any, list[dict[str, Any]]]]:
-    """(table 'when', case maker, candidate configs) per bucket; ``tma``: add tensor-descriptor
-    kernel candidates to the fp16/bf16 matmul/linear buckets."""
-    ew_tiled = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w}
-                for m, n, w in itertools.product([1, 2, 4, 8, 16, 32], [256, 512, 1024, 2048], [4, 8])
-                if m * n <= 32768]
-    ew_flat = [{"BLOCK": b, "num_warps": w} for b, w in itertools.product([1024, 2048, 4096, 8192, 16384], [4, 8, 16])]
-    out: list = []
-    if op in ("broadcast", "add"):
-        for dt in ("float32", "bfloat16"):
-            # tiny tensors (launch latency dominates: enough programs matter more than big blocks),
-            # small, medium (L2-resident), large (HBM-bound)
-            for lo, hi, rows, cols in [(0, 2**17, 256, 256), (2**17 + 1, 2**20, 512, 1024),
-                                       (2**20 + 1, 2**24 - 1, 2048, 4096), (2**24, 2**62, 8192, 8192)]:
-                d = getattr(torch, dt)
-                def mk(rows=rows, cols=cols, d=d):
-                    x = torch.randn(rows, cols, device=dev).to(d)
-                    return x, torch.randn(cols, device=dev).to(d)
-                out.append(({"variant": "tiled", "dtype": [dt] + (["float16"] if dt == "bfloat16" else []),
-                             "numel_min": lo, "numel_max": hi}, mk, ew_tiled))
-                if op == "add":
-                    def mkf(rows=rows, cols=cols, d=d):
-                        return (torch.randn(rows, cols, device=dev).to(d), torch.randn(rows, cols, device=dev).to(d))
-                    out.append(({"variant": "flat", "dtype": [dt] + (["float16"] if dt == "bfloat16" else []),
-                                 "numel_min": lo, "numel_max": hi}, mkf, ew_flat))
-    elif op in ("matmul", "linear"):
-        tiles = [(128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 128, 64, 8, 4),
-                 (128, 256, 32, 8, 4), (64, 256, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
-                 (64, 64, 64, 4, 4), (64, 128, 128, 4, 3)]
-        # few rows: enough output tiles to fill the SMs, long K steps to keep loads in flight
-        skinny = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 5), (16, 64, 256, 4, 3), (16, 128, 128, 4, 4),
-                  (32, 32, 256, 4, 4), (32, 64, 128, 4, 5), (64, 32, 256, 4, 4), (64, 64, 128, 4, 4),
-                  (64, 64, 256, 4, 3), (64, 128, 128, 4, 3)]
-        # fp32 with IEEE dot runs on the FMA units: smaller K steps, more warps
-        ieee = [(128, 128, 32, 8, 3), (128, 64, 32, 4, 3), (64, 128, 32, 4, 4), (128, 128, 16, 8, 4),
-                (64, 64, 32, 4, 4), (128, 256, 16, 8, 3), (64, 256, 32, 8, 3), (256, 64, 32, 8, 3)]
+def _numel_class(numel: int) -> tuple[int, int]:
+    return next((lo, hi) for lo, hi, _ in sweep.NUMEL_CLASSES if lo <= numel <= hi)
 
-        # matmul_tma_kernel (sm90+): (BM, BN, BK, warps, stages, persistent, epilogue subtile). Each
-        # compiles for sm90 (matmul and linear + bias + gelu) within the 227 KiB of shared memory a
-        # block may use: a persistent kernel keeps C's staging buffer beside the pipeline's, which
-        # the subtiled epilogue halves (so 128x256x64 fits 4 stages). With 128 fp32 accumulators a
-        # thread, linear's bias + gelu epilogue spills registers (ptxas) unless stored in halves.
-        tma_tiles = [(128, 256, 64, 8, 3, 0, 0), (128, 256, 64, 8, 4, 0, 0), (128, 256, 64, 8, 4, 0, 1),
-                     (256, 128, 64, 8, 4, 0, 1), (128, 128, 64, 8, 4, 0, 0), (128, 128, 128, 8, 3, 0, 0),
-                     (64, 256, 64, 4, 4, 0, 1), (128, 256, 64, 8, 3, 1, 0), (128, 256, 64, 8, 3, 1, 1),
-                     (128, 256, 64, 8, 4, 1, 1), (256, 128, 64, 8, 3, 1, 0), (256, 128, 64, 8, 4, 1, 1),
-                     (128, 128, 64, 8, 4, 1, 0), (128, 128, 64, 8, 5, 1, 1), (128, 128, 128, 8, 3, 1, 1),
-                     (64, 256, 64, 4, 4, 1, 1)]
-        # M = 64: one 64-row block (wgmma's smallest), N / BN tiles, fewer than the SMs: not persistent
-        tma_skinny = [(64, 64, 128, 4, 4, 0, 0), (64, 128, 128, 4, 3, 0, 0), (64, 64, 256, 4, 3, 0, 0),
-                      (64, 128, 64, 4, 4, 0, 0)]
 
-        # split-K for few rows (BM, BN, BK, warps, stages, splits): every row in one block, B streamed
-        # by tiles x splits programs; the fp32 partials are summed by a second kernel
-        split = [(64, 64, 128, 4, 4, 4), (64, 64, 128, 4, 4, 2), (64, 128, 128, 4, 3, 4), (64, 64, 64, 4, 4, 8),
-                 (16, 64, 128, 4, 5, 2), (32, 64, 128, 4, 4, 4)]
-        split_ieee = [(64, 64, 32, 4, 4, 4), (64, 64, 32, 8, 3, 8), (32, 64, 64, 4, 4, 4), (64, 128, 32, 8, 3, 4)]
-
-        def configs(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
-            return [{"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "num_warps": w, "num_stages": st,
-                     **({"SPLIT_K": r[0]} if r else {})} for m, n, k, w, st, *r in rows]
-
-        def tma_configs(rows: list[tuple[int, ...]]) -> list[dict[str, Any]]:
-            """TMA kernel configs; none where the backend has no tensor descriptors."""
-            flags = ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE")
-            return [{**configs([r[:5]])[0], **{f: True for f, on in zip(flags, (1, *r[5:])) if on}}
-                    for r in rows] if tma else []
-
-        for dt in ("bfloat16", "float32"):
-            d = getattr(torch, dt)
-            dts = [dt] + (["float16"] if dt == "bfloat16" else [])
-            big = configs(tiles) + tma_configs(tma_tiles)
-            buckets = [({"m_max": 16}, (16, 4096, 4096), configs(skinny + split)),
-                       ({"m_max": 64}, (64, 4096, 4096), configs(skinny + split) + tma_configs(tma_skinny)),
-                       ({"k_max": 256}, (4096, 4096, 256), big), ({"k_max": 1024}, (4096, 4096, 1024), big),
-                       ({"m_max": 2048}, (2048, 2048, 2048), big), ({}, (4096, 4096, 4096), big)]
-            if dt == "float32":  # fp32 follows torch's default (IEEE): one table for all sizes
-                buckets = [({"m_max": 64}, (64, 4096, 4096), configs(skinny + ieee + split_ieee)),
-                           ({}, (4096, 4096, 4096), configs(ieee))]
-            for when, (M, N, K), cands in buckets:
-                def mkm(M=M, N=N, K=K, d=d):
-                    if op == "linear":  # x (M, K), weight (N, K): B is K-contiguous; bias + gelu epilogue
-                        return (torch.randn(M, K, device=dev).to(d), torch.randn(N, K, device=dev).to(d),
-                                torch.randn(N, device=dev).to(d), "gelu")
-                    return torch.randn(M, K, device=dev).to(d), torch.randn(K, N, device=dev).to(d)
-                out.append(({"dtype": dts, **when}, mkm, cands))
+def elementwise_rules(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rules of measured element-wise rows: per (variant, dtype, size class), among the configs
+    that ran on every case of the class, the one whose largest ratio to each case's fastest
+    config is smallest (then the smallest total time)."""
+    measured = {r["dtype"] for r in rows}
+    groups: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["dtype"], r["variant"], _numel_class(r["numel"])), []).append(r)
+    out = []
+    for (dt, variant, (lo, hi)), group in sorted(groups.items()):
+        times: dict[str, list[float]] = {}
+        cfgs: dict[str, dict[str, Any]] = {}
+        for r in group:
+            for c in r["cfgs"]:
+                if "ms" in c:
+                    key = json.dumps(c["cfg"], sort_keys=True)
+                    cfgs[key] = c["cfg"]
+                    times.setdefault(key, []).append(c["ms"])
+        best_case = [min((c["ms"] for c in r["cfgs"] if "ms" in c), default=None) for r in group]
+        full = {k: ms for k, ms in times.items() if len(ms) == len(group)}
+        if not full or None in best_case:
+            continue
+        key = min(full, key=lambda k: (max(ms / b for ms, b in zip(full[k], best_case)), sum(full[k]), k))
+        ms = full[key]
+        out.append({"when": {"variant": variant, "dtype": _dtypes_for(dt, measured), "numel_min": lo, "numel_max": hi},
+                    "config": cfgs[key],
+                    "measured": {"shapes": [r["shape"] for r in group], "ms": [round(v, 5) for v in ms],
+                                 "torch_ms": [round(r["torch_ms"], 5) for r in group],
+                                 "worst_ratio": round(min(r["torch_ms"] / v for r, v in zip(group, ms)), 3),
+                                 "worst_vs_best": round(max(v / b for v, b in zip(ms, best_case)), 3)}})
     return out
 
 
-def bucket_rules(when: dict[str, Any], shapes: list[list[int]], torch_ms: float,
-                 best: tuple[float, dict[str, Any]] | None,
-                 best_pointer: tuple[float, dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """The table rules of one swept bucket from (ms, config) of its fastest config and of its
-    fastest pointer-kernel config (no ``"TMA"``). A TMA winner gives ``{"variant": "tma", **when}``
-    (only the TMA lookup matches it) followed by the pointer config under ``when``, for calls
-    that cannot use TMA (misaligned rows, transposed A, ...); a pointer winner gives one rule."""
-    if best is None:
-        return []
-
-    def measured(ms: float) -> dict[str, Any]:
-        m = {"shapes": shapes, "ms": round(ms, 5), "torch_ms": round(torch_ms, 5),
-             "speedup": round(torch_ms / ms, 3), "best_ms": round(best[0], 5)}
-        if best_pointer is not None:
-            m["pointer_ms"] = round(best_pointer[0], 5)
-        return m
-
-    rules = []
-    if best[1].get("TMA"):
-        rules.append({"when": {"variant": "tma", **when}, "config": best[1], "measured": measured(best[0])})
-    if best_pointer is not None:
-        rules.append({"when": dict(when), "config": best_pointer[1], "measured": measured(best_pointer[0])})
-    return rules
+def matmul_rules(rows: list[dict[str, Any]], units: int) -> dict[str, dict[str, Any]]:
+    """``xkernels.matmul_tables.build`` per measured dtype: ``{dtype: {"dtypes", "rules", "candidates"}}``."""
+    measured = {r["dtype"] for r in rows}
+    out = {}
+    for dt in sorted(measured):
+        dts = _dtypes_for(dt, measured)
+        built = matmul_tables.build([r for r in rows if r["dtype"] == dt], units, dts)
+        built["candidates"] = [g for g in built["candidates"] if g["configs"]]
+        out[dt] = {"dtypes": dts, **built}
+    return out
 
 
-def sweep(backend_name: str, op_name: str, reps: int) -> dict[str, Any]:
+def table(op: str, backend: xkernels.Backend, rows: list[dict[str, Any]], source: str) -> dict[str, Any]:
+    """The table of one op from its measurement rows (see the module doc)."""
+    arch = backend.arch()
+    t: dict[str, Any] = {"op": op, "backend": backend.name, "source": source, "archs": {arch: []}}
+    if op in sweep.MATMUL_OPS:
+        by_dtype = matmul_rules(rows, backend.compute_units() or 1)
+        t["archs"][arch] = [r for b in by_dtype.values() for r in b["rules"]]
+        cands = [g for b in by_dtype.values() for g in b["candidates"]]
+        if cands:
+            t["candidates"] = {arch: cands}
+    else:
+        t["archs"][arch] = elementwise_rules(rows)
+    return t
+
+
+def run(op: str, backend_name: str, shapes: str, out_dir: Path, dtypes: list[torch.dtype] | None = None,
+        models: list[str] | None = None, timer: sweep.Timer | None = None, reps: int = 0, seed: int = 0,
+        world: World | None = None) -> dict[str, Any] | None:
+    """Sweep ``op`` (this rank's share) and, on rank 0, write and return its table."""
+    t0 = time.perf_counter()
     backend = xkernels.get_backend(backend_name)
     backend.require_available()
-    op = getattr(xkernels.ops, op_name)
-    dev = backend.device_type
+    world = world or join(backend.device_type)
+    target = Target(backend, torch.device(backend.device_type))
+    timer = timer or sweep.timer_for(target, reps)
     arch = backend.arch()
-    rules, report = [], []
-    for when, mk, candidates in _buckets(op_name, dev, backend.tensor_descriptors()):
-        args = mk()
-        from xkernels.ops.matmul import reference_linear
-
-        torch_fn = {"broadcast": lambda a, b: a + b, "add": torch.add, "matmul": torch.matmul,
-                    "linear": reference_linear}[op_name]
-        ref = torch_fn(*args)
-        torch_ms = _time_ms(backend, lambda: torch_fn(*args), reps)
-        best = best_pointer = None
-        with xkernels.use_backend(backend.name):
-            for cfg in candidates:
-                try:
-                    with tuning.force(cfg):
-                        if cfg.get("TMA") and not op.explain(*args).config.get("TMA"):
-                            raise ValueError("the call does not take the TMA kernel under this config")
-                        got = op(*args)
-                        torch.testing.assert_close(got.float(), ref.float(), rtol=2e-2, atol=2e-2)
-                        ms = _time_ms(backend, lambda: op(*args), reps)
-                except Exception as exc:  # a config that fails to compile or is wrong is skipped
-                    report.append({"when": when, "config": cfg, "error": repr(exc)[:200]})
-                    continue
-                report.append({"when": when, "config": cfg, "ms": ms, "torch_ms": torch_ms})
-                if best is None or ms < best[0]:
-                    best = (ms, cfg)
-                if not cfg.get("TMA") and (best_pointer is None or ms < best_pointer[0]):
-                    best_pointer = (ms, cfg)
-        shape = [list(a.shape) for a in args if isinstance(a, torch.Tensor)]
-        rules.extend(bucket_rules(when, shape, torch_ms, best, best_pointer))
-        if best is not None:
-            pointer = f", best pointer kernel {best_pointer[0]:.4f} ms" if best_pointer and best[1].get("TMA") else ""
-            print(f"{op_name} {when} {shape}: best {best[1]} {best[0]:.4f} ms{pointer}, torch {torch_ms:.4f} ms "
-                  f"({torch_ms / best[0]:.2f}x)", flush=True)
+    planned = sweep.plan(op, backend, shapes, dtypes, models)
+    mine = sweep.assign(planned, world.size)
+    ckpt = sweep.Checkpoint(out_dir, op, world.rank, backend.name, arch)
+    world.barrier()  # every rank reads the checkpoints before any writes
+    done = ckpt.load()
+    world.barrier()
+    total = sum(len(sc.configs) for sc in planned)
+    progress = Progress(world, total, f"xkernels.tune {op} ({shapes})")
+    my_items = [iid for i in mine[world.rank] for iid in planned[i].item_ids()]
+    resumed = sum(iid in done for iid in my_items)
+    progress.resumed(resumed)
+    records: dict[str, dict[str, Any]] = {}
+    for i in mine[world.rank]:
+        for rec in sweep.measure_case(planned[i], target, timer, done, ckpt.append, seed, on_item=progress.step):
+            records[rec["key"]] = rec
+    stats = {"items": len(my_items), "resumed": resumed, "seconds": round(time.perf_counter() - t0, 2)}
+    progress.wait_for_others()
+    gathered = world.gather((records, stats))
+    if gathered is None:
+        return None
+    merged: dict[str, dict[str, Any]] = {}
+    for recs, _ in gathered:
+        merged.update(recs)
+    rows = sweep.rows(planned, merged)
     props = backend.properties()
-    source = (f"python -m xkernels.tune --backend {backend_name} --op {op_name}; {props.name}; "
+    source = (f"python -m xkernels.tune --backend {backend_name} --op {op} --shapes {shapes}; {props.name}; "
               f"{datetime.date.today()}; torch {torch.__version__}; triton {_triton_version()}")
-    return {"table": {"op": op_name, "backend": backend_name, "source": source, "archs": {arch: rules}},
-            "report": report}
+    result = table(op, backend, rows, source)
+    failed = [{"case": r["case"], "cfg": r["cfg"], "err": r["err"]} for r in merged.values() if "err" in r]
+    result["sweep"] = {"world_size": world.size, "items": total, "items_per_rank": [s["items"] for _, s in gathered],
+                       "failed": failed, "not_applicable": sum("not_applicable" in r for r in merged.values()),
+                       "resumed": sum(s["resumed"] for _, s in gathered),
+                       "seconds": round(time.perf_counter() - t0, 2), "shapes": shapes}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{op}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out_dir / f"{op}.measurements.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"xkernels.tune {op}: {len(result['archs'][arch])} rules from {len(rows)} cases, {total} items on "
+          f"{world.size} process(es), {len(failed)} failed, {result['sweep']['not_applicable']} not applicable, "
+          f"{result['sweep']['seconds']} s -> {out_dir / (op + '.json')}", flush=True)
+    return result
 
 
-def install(table: dict[str, Any], path: Path) -> None:
-    """Merge ``table``'s arch rules into the table at ``path``: the swept arch is replaced, the
-    other archs (e.g. ``default``) stay; the source line names the sweep."""
-    old = json.loads(path.read_text()) if path.exists() else {"op": table["op"], "backend": table["backend"], "archs": {}}
-    old["archs"].update(table["archs"])
-    old["source"] = table["source"] + ". Other archs: kept from the previous table."
+def install(result: dict[str, Any], path: Path) -> None:
+    """Merge a sweep's table into the table at ``path``: for matmul/linear the swept dtypes'
+    rules and candidates of the arch are replaced (``matmul_tables.install``); for element-wise
+    ops the swept arch's rules are replaced. Other archs stay."""
+    arch = next(iter(result["archs"]))
+    if result["op"] in sweep.MATMUL_OPS:
+        dtypes = sorted({d for r in result["archs"][arch] for d in r["when"].get("dtype", [])})
+        built = {"rules": result["archs"][arch], "candidates": result.get("candidates", {}).get(arch, [])}
+        matmul_tables.install(path, arch, built, result["source"], dtypes)
+        return
+    old = json.loads(path.read_text()) if path.exists() else {"op": result["op"], "backend": result["backend"],
+                                                              "archs": {}}
+    old["archs"][arch] = result["archs"][arch]
+    old["source"] = result["source"] + ". Other archs: kept from the previous table."
     path.write_text(json.dumps(old, indent=1) + "\n")
 
 
@@ -226,27 +189,48 @@ def _triton_version() -> str:
         return "none"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, timer: sweep.Timer | None = None) -> int:
+    """The CLI; ``timer`` replaces the harness timer (tests: a deterministic one)."""
     p = argparse.ArgumentParser(prog="python -m xkernels.tune", description=__doc__.split("\n")[0])
     p.add_argument("--backend", default="cuda")
     p.add_argument("--op", default="broadcast,add,matmul")
+    p.add_argument("--shapes", default="seed", choices=sweep.SHAPE_SETS,
+                   help="models: the real-model corpus; seed: one shape per size class; quick: small (CI)")
+    p.add_argument("--dtype", action="append", help="only these dtypes (repeat or comma-separate)")
+    p.add_argument("--model", action="append", help="with --shapes models: only these models' shapes")
     p.add_argument("--out-dir", type=Path, default=Path("tune-out"))
     p.add_argument("--reps", type=int, default=0, help="timed calls per config (default: a time budget)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--install", type=Path, default=None, metavar="TABLE_DIR",
-                   help="also merge the swept arch's rules into TABLE_DIR/<op>.json (other archs kept), "
-                        "e.g. ops/tuning/cuda")
+                   help="also merge the swept arch's rules into TABLE_DIR/<op>.json, e.g. ops/tuning/cuda")
+    p.add_argument("--export-cache", action="store_true",
+                   help="write the autotune cache of --backend as tables to --out-dir (nothing is measured)")
     a = p.parse_args(argv)
+    if a.export_cache:
+        from xkernels import autotune
+
+        written = autotune.export(a.backend, a.out_dir)
+        print("\n".join(f"xkernels.tune: wrote {w}" for w in written) or
+              f"xkernels.tune: the autotune cache of {a.backend!r} is empty ({autotune.cache_dir(a.backend)})")
+        return 0
     reason = xkernels.get_backend(a.backend).unavailable_reason()
     if reason:
         print(f"xkernels.tune: backend {a.backend!r} is not available: {reason}", file=sys.stderr)
         return 2
-    a.out_dir.mkdir(parents=True, exist_ok=True)
-    for op in a.op.split(","):
-        res = sweep(a.backend, op, a.reps)
-        (a.out_dir / f"{op}.json").write_text(json.dumps(res["table"], indent=1))
-        (a.out_dir / f"{op}.sweep.json").write_text(json.dumps(res["report"], indent=1))
-        if a.install is not None:
-            install(res["table"], a.install / f"{op}.json")
+    split = lambda vs: [v.strip() for arg in vs or () for v in arg.split(",") if v.strip()]  # noqa: E731
+    world = join(xkernels.get_backend(a.backend).device_type)
+    try:
+        dtypes = [parse_dtype(d) for d in split(a.dtype)] or None
+        models = split(a.model) or None
+        for op in split([a.op]):
+            result = run(op, a.backend, a.shapes, a.out_dir, dtypes, models, timer, a.reps, a.seed, world)
+            if result is not None and a.install is not None:
+                install(result, a.install / f"{op}.json")
+    except ValueError as exc:
+        print(f"xkernels.tune: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        world.close()
     return 0
 
 

@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,24 @@ class Choice:
 
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("xkernels_forced", default=None)
+_autotune: contextvars.ContextVar[bool | None] = contextvars.ContextVar("xkernels_autotune", default=None)
+
+
+@contextlib.contextmanager
+def autotune(enabled: bool = True) -> Iterator[None]:
+    """Tune on first use in this block (``enabled=False``: not even with ``XKERNELS_AUTOTUNE=1``):
+    a call whose bucket has no measured rule is tuned once and the winner cached (``xkernels.autotune``)."""
+    token = _autotune.set(enabled)
+    try:
+        yield
+    finally:
+        _autotune.reset(token)
+
+
+def autotune_enabled() -> bool:
+    """Whether autotune on first use is on here: :func:`autotune`, else ``XKERNELS_AUTOTUNE=1``."""
+    on = _autotune.get()
+    return on if on is not None else os.environ.get("XKERNELS_AUTOTUNE", "") == "1"
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import xkernels
-from xkernels.backends.npu import DATASHEET, grid_for, soc_family
+from xkernels.backends.npu import DATASHEET, SOCS, grid_for, memory_bytes, soc_family, table_keys
 
 
 def test_host_event_times_in_milliseconds():
@@ -64,6 +64,25 @@ def test_interpreter_npu_soc_from_env(monkeypatch):
     monkeypatch.setenv("XKERNELS_NPU_SOC", "Ascend999")
     with pytest.raises(ValueError, match="XKERNELS_NPU_SOC='Ascend999' has no datasheet entry"):
         xkernels.get_backend("interpreter-npu").programs(1000)
+
+
+def test_a3_soc_geometry_memory_and_table_keys(monkeypatch):
+    """Atlas A3 SoCs: core counts and memory from the compiler's target description (npu_socs.json);
+    their tuning lookups fall back to the A2 family's rules."""
+    assert soc_family("Ascend910_9392") == "Ascend910_93" and soc_family("Ascend910_9399") == "Ascend910_93"
+    assert soc_family("Ascend910B4-1") == "Ascend910B"
+    assert table_keys("Ascend910_9362") == ["Ascend910_9362", "Ascend910_93", "Ascend910B"]
+    assert table_keys("Ascend910B1") == ["Ascend910B1", "Ascend910B"]
+    for soc in SOCS:
+        assert memory_bytes(soc) == {"unified_buffer_bytes": 192 * 1024, "l0c_bytes": 128 * 1024}
+        assert "compiler" in DATASHEET[soc]["cube_cores"].note or "bishengir" in DATASHEET[soc]["cube_cores"].note
+    monkeypatch.setenv("XKERNELS_NPU_SOC", "Ascend910_9392")
+    emu = xkernels.get_backend("interpreter-npu")
+    assert (emu.programs(1000, "cube"), emu.programs(1000, "vector")) == (24, 48)
+    assert emu.arch_fallbacks(emu.arch()) == ["Ascend910_9392", "Ascend910_93", "Ascend910B"]
+    x, b = torch.randn(64, 32), torch.randn(32)
+    with xkernels.use_backend("interpreter-npu"):
+        assert "broadcast.json [Ascend910B] rule" in str(xkernels.ops.broadcast.explain(x, b))
 
 
 def test_import_survives_a_broken_torch_npu(tmp_path):

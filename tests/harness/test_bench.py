@@ -44,11 +44,28 @@ def test_json_rows_and_header(cpu_run):
         assert r["device"] == "cpu" and r["backend"] == "cpu" and r["dtype"] == "float32"
         assert r["time_ms"] > 0 and r["torch_time_ms"] > 0 and r["p20_ms"] <= r["time_ms"] <= r["p80_ms"]
         assert r["speedup"] == pytest.approx(r["torch_time_ms"] / r["time_ms"])
-        assert r["gbps"] > 0 and 0 < r["pct_of_peak"]
+        assert r["gbps"] > 0
+        # cache-resident (add) / not bf16 (matmul float32): a % of the DRAM copy bandwidth or of the
+        # bf16 matmul peak would mislead, so there is none, and the row says why
+        assert r["pct_of_peak"] is None and "not bounded by" in r["pct_of_peak_omitted"]
+    assert "last-level cache" in rows[0]["pct_of_peak_omitted"]
+    assert "runs PyTorch" in data["header"]["measures"] and "front-door overhead" in data["header"]["measures"]
+    assert "last-level cache" in data["header"]["pct_of_peak_shown_for"]
     assert rows[0]["tflops"] is None and rows[0]["bound"] == "memory"
     assert rows[1]["tflops"] > 0 and rows[1]["flops"] == 2 * 256**3
     with open(out / "run.csv") as f:
         assert [r["op"] for r in csv.DictReader(f)] == ["add", "matmul"]
+
+
+def test_cpu_header_says_what_the_ratio_measures(capsys, peaks_dir, monkeypatch):
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(peaks_dir))
+    assert bench.main(["--device", "cpu", "--op", "add", "--dtype", "float32", "--fast"]) == 0
+    out = capsys.readouterr().out
+    assert ("  speedup        the cpu backend runs PyTorch: the ratio measures xkernels' front-door overhead "
+            "(checks, dispatch) over calling PyTorch directly, not a kernel") in out
+    assert "  % peak         memory-bound cases with a working set >= 4x the" in out
+    (row,) = [line for line in out.splitlines() if line.startswith("add ")]
+    assert " - " in row and "%" not in row, row
 
 
 def test_ceilings_are_cached(cpu_run):
@@ -93,7 +110,9 @@ def test_interpreter_backend_runs_the_kernel(capsys, tmp_path):
     rc = bench.main(["--backend", "interpreter", "--op", "broadcast", "--dtype", "float32", "--fast",
                      "--json", str(path)])
     assert rc == 0
-    (row,) = json.loads(path.read_text())["rows"]
+    data = json.loads(path.read_text())
+    (row,) = data["rows"]
+    assert "Triton's interpreter" in data["header"]["measures"]
     assert row["backend"] == "interpreter" and row["route"] == "triton kernel"
     assert {"BLOCK_M", "BLOCK_N"} <= set(row["config"])
 

@@ -23,9 +23,9 @@ def layouts(op: str, dtype: torch.dtype, sizes=("quick",)) -> set[str]:
     ("add", ["Python scalar right", "Python scalar left", "alpha=", "broadcast both sides", "transposed",
              "step-sliced", "expanded (stride 0)", "empty", "0-d", "out=", "in place", "int+float", "promotes"]),
     ("matmul", ["1-D @ 1-D", "1-D @ 2-D", "2-D @ 1-D", "batched", "broadcast batch dims", "K=0", "a transposed",
-                "b transposed", "out="]),
-    ("linear", ["bias + relu", "bias + gelu", "bias + silu", "bias + leaky_relu", "no bias", "1-D x",
-                "weight transposed", "out="]),
+                "b transposed", "out=", "batched @ 2-D, K=0", "M=0", "batch=0"]),
+    ("linear", ["bias + relu", "bias + gelu", "bias + gelu_tanh", "bias + silu", "bias + leaky_relu", "no bias",
+                "1-D x", "weight transposed", "out=", "K=0", "batched x, K=0"]),
 ])
 def test_quick_layouts(op, needles):
     have = layouts(op, torch.float16)
@@ -87,3 +87,23 @@ def test_parse_dtype():
     assert parse_dtype("bf16") is torch.bfloat16 and parse_dtype("float32") is torch.float32
     with pytest.raises(ValueError, match="unknown dtype"):
         parse_dtype("float8")
+
+
+@pytest.mark.uses_interpreter
+def test_add_of_two_python_numbers_is_checked_like_torch():
+    """add's Python-number pairs: in the quick list under PyTorch's result dtype, and the check
+    passes them on the cpu and interpreter backends (a 0-d CPU result, or out=)."""
+    from xkernels.harness import accuracy, resolve_target
+
+    pairs = [c for c in cases(["add"], None, ["quick"]) if not any(isinstance(s, tuple) for s in c.shapes)]
+    assert {c.dtype for c in pairs} == {torch.float32, torch.int64}
+    labels = {c.layout for c in pairs}
+    assert {"two Python floats", "two Python ints", "Python int + float", "Python bool + int",
+            "two Python floats, out=", "two Python ints, alpha=3"} <= labels
+    for c in pairs:
+        assert expected_result("add", c.make_inputs("cpu", 1)).shape == ()
+    for name in ("cpu", "interpreter"):
+        target = resolve_target(backend=name)
+        for c in pairs:
+            res = accuracy.check_case(c, target.backend, target.device, seed=4)
+            assert res.passed, (name, c.id, res.message)

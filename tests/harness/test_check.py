@@ -11,7 +11,7 @@ import torch
 
 import xkernels
 from xkernels import check
-from xkernels.harness import accuracy, resolve_target, tolerances
+from xkernels.harness import accuracy, memory, resolve_target, tolerances
 from xkernels.harness.cases import OPS, cases
 
 
@@ -187,3 +187,109 @@ def test_compare_in_chunks_finds_the_first_bad_element(monkeypatch):
     c = accuracy.compare(got, ref, None, tol, 0.0)
     assert (c.bad, c.left, c.max_abs) == (1, 0, 1.0) and c.max_rel == pytest.approx(1 / 21)
     assert accuracy.compare(ref, ref, None, tol, 0.0) == accuracy.Comparison()
+
+
+def _summary_with_skips(out: str) -> tuple[int, int, int, int]:
+    m = re.search(r"^(\d+) cases: (\d+) passed, (\d+) failed, (\d+) skipped", out, re.M)
+    assert m, out
+    return int(m[1]), int(m[2]), int(m[3]), int(m[4])
+
+
+def test_cases_over_the_memory_budget_are_skipped_and_reported(capsys, tmp_path):
+    """--max-memory: cases estimated above it are not run; the table, the summary and --json say
+    which and why, and the exit code is 3 (nothing failed, something was not checked)."""
+    path = tmp_path / "check.json"
+    budget = 66 << 20
+    rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "add", "--dtype", "float32",
+                  "--max-memory", "66M", "--json", str(path))
+    n, passed, failed, skipped = _summary_with_skips(out)
+    selected = cases(["add"], [torch.float32], ["quick"])
+    device = torch.device("cpu")
+    too_big = [c for c in selected if memory.footprint(c, device, accuracy.CHUNK).host > budget]
+    assert 0 < len(too_big) < len(selected)
+    assert (rc, n, passed, failed, skipped) == (3, len(selected), n - len(too_big), 0, len(too_big)), out
+    assert "skipped (not enough free memory" in out
+    assert out.count("skipped: needs ~") == len(too_big) and "allowed 66.0 MiB (--max-memory)" in out
+    data = json.loads(path.read_text())
+    assert data["header"]["summary"] == {"cases": n, "passed": passed, "failed": 0, "skipped": skipped}
+    assert data["header"]["memory"]["max_memory_bytes"] == budget and data["header"]["memory"]["host_free_bytes"] > 0
+    gone = [r for r in data["results"] if r["skipped"]]
+    assert {(r["shape"], r["layout"]) for r in gone} == {(c.shape_label, c.layout) for c in too_big}
+    assert all(not r["passed"] and "needs ~" in r["message"] for r in gone)
+
+
+def test_free_memory_decides_what_runs(capsys, monkeypatch):
+    """Without --max-memory the host's free memory (less the margin) is the limit: the 1024^3
+    float32 bias add that the OOM killer ended on a 24 GiB machine is skipped there, 8192^2 runs."""
+    monkeypatch.setattr(memory, "host_free", lambda: (24 << 30, "test"))
+    free = memory.free_memory(torch.device("cpu"))
+    full = {c.id: c for c in cases(["add", "matmul"], [torch.float32], ["full"])}
+    big = full["add/float32/y[N] (bias add)/1024x1024x1024 + 1024"]
+    need = memory.footprint(big, torch.device("cpu"), accuracy.CHUNK)
+    assert need.host > 24 << 30  # inputs, clones, result: 12 GiB; float64 input and reference: 16 GiB
+    assert "85% of 24.00 GiB free" in memory.does_not_fit(need, free)
+    square = memory.footprint(full["matmul/float32/square/8192x8192 @ 8192x8192"], torch.device("cpu"), accuracy.CHUNK)
+    assert memory.does_not_fit(square, free) is None
+    monkeypatch.setattr(memory, "host_free", lambda: (70 << 20, "test"))
+    rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "add", "--dtype", "int64")
+    n, passed, failed, skipped = _summary_with_skips(out)
+    assert rc == 3 and failed == 0 and skipped == n - passed > 0 and "85% of 70.0 MiB free" in out, out
+
+
+def test_accelerator_cases_need_device_and_host_memory():
+    case = next(c for c in cases(["add"], [torch.float32], ["full"]) if c.shape_label == "8192x8192 + 8192x8192")
+    need = memory.footprint(case, torch.device("cuda"), accuracy.CHUNK)
+    assert need.device >= 4 * (256 << 20)  # x, y, their clones (the result comes on top)
+    assert need.host >= 2 * (512 << 20)  # float64 x and y for the reference
+    assert memory.does_not_fit(need, memory.FreeMemory(1 << 40, 1 << 40, "test")) is None
+    assert "on the device" in memory.does_not_fit(need, memory.FreeMemory(need.device, 1 << 40, "test"))
+    assert "on the host" in memory.does_not_fit(need, memory.FreeMemory(1 << 40, need.host, "test"))
+    assert memory.device_free(torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("version, files", [
+    ("v2", {"memory.max": "2147483648", "memory.current": "1073741824", "memory.stat": "inactive_file 268435456"}),
+    ("v1", {"memory/memory.limit_in_bytes": "2147483648", "memory/memory.usage_in_bytes": "1073741824",
+            "memory/memory.stat": "total_inactive_file 268435456"}),
+])
+def test_host_free_respects_a_cgroup_limit(monkeypatch, tmp_path, version, files):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    monkeypatch.setattr(memory, "_CGROUP", tmp_path)
+    free, source = memory.host_free()
+    assert (free, source) == ((1 << 30) + (1 << 28), "cgroup limit - usage")
+    (tmp_path / next(iter(files))).write_text("max\n")  # unlimited: MemAvailable decides
+    assert memory.host_free()[1] != "cgroup limit - usage"
+
+
+def test_out_of_memory_in_the_harness_is_a_reported_skip(monkeypatch):
+    """An allocation failure while building inputs or the reference skips that case with the
+    error; the run goes on. Any other harness error is not swallowed."""
+    target = resolve_target("cpu")
+    picked = cases(["add"], [torch.float32], ["quick"])[:3]
+    real = accuracy.reference
+
+    def reference(op, inputs, dtype):
+        if inputs.args[0].numel() == 7:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 7 bytes")
+        return real(op, inputs, dtype)
+
+    monkeypatch.setattr(accuracy, "reference", reference)
+    results = accuracy.run_checks(picked, target.backend, target.device, seed=1)
+    assert [r.skipped for r in results] == [True, False, False] and all(r.passed for r in results[1:])
+    assert "ran out of memory building its inputs or reference (DefaultCPUAllocator" in results[0].message
+    monkeypatch.setattr(accuracy, "reference", lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        accuracy.run_checks(picked, target.backend, target.device, seed=1)
+
+
+@pytest.mark.parametrize("text, size", [("66M", 66 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("4096", 4096),
+                                        ("8kb", 8 << 10)])
+def test_max_memory_sizes(text, size):
+    assert check.parse_size(text) == size
+
+
+def test_bad_max_memory_exits_2(capsys):
+    assert check.main(["--quick", "--max-memory", "lots"]) == 2
+    assert "--max-memory 'lots'" in capsys.readouterr().err

@@ -87,5 +87,37 @@ def test_bench_case_row_on_cpu():
     row = perf.bench_case(case, target, ceil, seed=0, settings=perf.FAST)
     assert row["bound"] == "compute" and row["tflops"] > 0 and row["host_ms"] > 0
     assert row["intensity"] > ceil.ridge == pytest.approx(10.0)
-    assert row["pct_of_peak"] == pytest.approx(100 * row["tflops"] / 0.1)
+    assert row["pct_of_peak"] is None  # float32 on a cpu: the bf16 peak does not bound it
+    assert row["pct_of_peak_omitted"] == "float32 on a cpu is not bounded by the bf16 matmul peak"
     assert row["input_sets"] == 2  # a 256x256 working set fits the assumed cache: inputs rotate
+    bf16 = perf.bench_case(cases(["linear"], [torch.bfloat16], ["small"])[0], target, ceil, seed=0, settings=perf.FAST)
+    assert bf16["bound"] == "compute" and bf16["pct_of_peak_omitted"] is None
+    assert bf16["pct_of_peak"] == pytest.approx(100 * bf16["tflops"] / 0.1)
+
+
+def test_percent_of_peak_only_where_the_ceiling_bounds_the_case():
+    """On a cpu: memory-bound only with a working set >= 4x the last-level cache, compute-bound
+    only in bf16 (the ceiling's dtype); on an accelerator (cache flushed per call) always."""
+    figs = (Figure(10.0, "GB/s", "measured"), Figure(0.1, "TFLOP/s", "measured"))
+    llc = perf.Ceilings("test cpu", *figs, cache_bytes=32 << 20)
+    cpu = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    small = perf.peak_misleads("memory", 12 << 20, torch.float32, cpu, llc)
+    assert small == ("working set 12 MiB is under 4x the 32 MiB last-level cache: cache-resident, "
+                     "not bounded by the DRAM copy bandwidth")
+    assert perf.peak_misleads("memory", (128 << 20) - 1, torch.float32, cpu, llc) is not None
+    assert perf.peak_misleads("memory", 128 << 20, torch.float32, cpu, llc) is None
+    assert "(assumed)" in perf.peak_misleads("memory", 1 << 20, torch.float32, cpu, perf.Ceilings("c", *figs))
+    assert perf.peak_misleads("compute", 1 << 20, torch.float16, cpu, llc) is not None
+    assert perf.peak_misleads("compute", 1 << 20, torch.bfloat16, cpu, llc) is None
+    gpu = Target(xkernels.get_backend("cpu"), torch.device("cuda"))
+    for bound, dtype in (("memory", torch.float32), ("compute", torch.float32)):
+        assert perf.peak_misleads(bound, 1 << 10, dtype, gpu, llc) is None
+
+
+def test_cpu_reports_its_last_level_cache():
+    llc = xkernels.get_backend("cpu").properties().extra["llc_bytes"]
+    import os
+    if os.path.isdir("/sys/devices/system/cpu/cpu0/cache"):
+        assert llc and llc >= 1 << 16
+    else:
+        assert llc is None

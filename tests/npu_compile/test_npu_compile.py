@@ -12,6 +12,7 @@ import os  # noqa: E402
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -265,31 +266,67 @@ def test_project_cases_are_well_formed():
         npu_compile._full_signature(kernel, dict(c.signature), dict(c.constants))
 
 
-def test_planted_oversized_table_entry_fails_the_check(tmp_path):
-    """An npu tuning entry too big for the unified buffer, added the way a plugin adds tables,
-    is listed by the project's case collector and reported as ub-overflow."""
-    import json
+# One SoC per family (Atlas A2, Atlas A3) for the planted entries; every SoC runs in the CLI step.
+FAMILY_SOCS = {"Ascend910B": "Ascend910B1", "Ascend910_93": "Ascend910_9392"}
 
-    import xkernels
+
+@pytest.mark.parametrize("family", list(FAMILY_SOCS))
+def test_planted_oversized_entries_fail_per_family(tmp_path, family):
+    """An npu tuning entry too big for the unified buffer (flat add) and one too big for L0C (a
+    256x256 fp32 accumulator), added under the family key the way a plugin adds tables, are
+    listed by the project's case collector and fail with the compiler's own message."""
+    from helpers import planted_tables
     from xkernels.compile_check import collect_cases
 
-    (tmp_path / "add.json").write_text(json.dumps({
-        "op": "add", "backend": "npu", "source": "planted by a test",
-        "archs": {"Ascend910B3": [{"when": {"variant": "flat", "dtype": ["float32"]},
-                                   "config": {"BLOCK": 32768, "SUB": 32768}}]}}))
+    soc = FAMILY_SOCS[family]
+    tables = {
+        "add": {"archs": {family: [{"when": {"variant": "flat", "dtype": ["float32"]},
+                                    "config": {"BLOCK": 32768, "SUB": 32768}}]}},
+        "matmul": {"archs": {family: [{"when": {"dtype": ["float16"]},
+                                       "config": {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 64}}]}},
+    }
+    with planted_tables(tmp_path / "tables", "npu", tables):
+        cases = collect_cases([soc], ["add", "matmul"])
+    ub = [c for c in cases if c.op == "add" and c.dtype == "float32"
+          and c.config.startswith("BLOCK=32768,SUB=32768|contiguous")]
+    cc = [c for c in cases if c.op == "matmul" and c.dtype == "float16"
+          and c.config.startswith("BLOCK_M=256,BLOCK_N=256,BLOCK_K=64") and "|contiguous|" in c.config]
+    assert ub and cc, "the planted entries were not collected"
+    r_ub, r_cc = npu_compile.run_cases([ub[0], cc[0]], 2, keep=tmp_path / "keep", bishengir=_BISHENGIR)
+    assert (r_ub.soc, r_cc.soc) == (soc, soc)
+    assert r_ub.result == "ub-overflow" and "ub needs 256 KiB > 192 KiB" in r_ub.detail, r_ub
+    assert r_cc.result == "cc-overflow" and "cc needs 256 KiB > 128 KiB" in r_cc.detail, r_cc
+    # the compiler's own words, with the SoC's limits in bits (192 KiB UB, 128 KiB L0C)
+    ub_log = (Path(r_ub.artifacts) / "bishengir.log").read_text()
+    cc_log = (Path(r_cc.artifacts) / "bishengir.log").read_text()
+    assert f"--target={soc}" in ub_log and f"--target={soc}" in cc_log
+    assert "error: ub overflow, requires 2097152 bits while 1572864 bits available" in ub_log
+    assert "error: cc overflow, requires 2097152 bits while 1048576 bits available" in cc_log
 
-    class Planted:
-        @xkernels.hookimpl
-        def xkernels_add_tuning_dirs(self):
-            return [xkernels.TuningDir(backend="npu", path=tmp_path)]
 
-    plugin = Planted()
-    xkernels.registry.register(plugin)
-    try:
-        cases = [c for c in collect_cases(["Ascend910B3"], ["add"])
-                 if c.dtype == "float32" and c.config.startswith("BLOCK=32768,SUB=32768|contiguous")]
-    finally:
-        xkernels.registry.unregister(plugin)
-    assert cases, "the planted entry was not collected"
-    (r,) = check(cases[0])
-    assert r.result == "ub-overflow", r
+@pytest.mark.parametrize("soc", list(FAMILY_SOCS.values()))
+def test_planted_split_k_entry_compiles(tmp_path, soc):
+    """A linear rule with SPLIT_K: the partial-sums matmul and the reduction kernel (bias + gelu
+    epilogue) both plan within memory on A2 and A3."""
+    from helpers import planted_tables
+    from xkernels.compile_check import collect_cases
+
+    tables = {"linear": {"archs": {"Ascend910B": [
+        {"when": {"dtype": ["bfloat16"]}, "config": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 4}}]}}}
+    with planted_tables(tmp_path, "npu", tables):
+        cases = collect_cases([soc], ["linear"])
+    split = [c for c in cases if c.dtype == "bfloat16" and c.config.startswith("split-K", c.config.index("|") + 1)
+             and "x @ W.T + b, gelu|" in c.config]
+    assert [c.config.rsplit(" ", 1)[-1] for c in split] == ["(partials)", "(reduction)"], [c.config for c in split]
+    results = check(*split, jobs=2)
+    bad = [r for r in results if not r.ok]
+    assert not bad, npu_compile.format_table(bad)
+
+
+def test_identical_compilations_run_once():
+    a, b, c = add_case(), add_case(), add_case(soc="Ascend910_9392")
+    b = dataclasses.replace(b, op="add-again")
+    ra, rb, rc = npu_compile.run_cases([a, b, c], 2, bishengir=_BISHENGIR)
+    assert ra.ok and rb.ok and rc.ok
+    assert rb.same_as and rb.op == "add-again" and rb.seconds == 0.0 and rb.result == ra.result
+    assert not ra.same_as and not rc.same_as  # another SoC is another compilation

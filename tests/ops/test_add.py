@@ -104,15 +104,82 @@ def test_bad_input(backend, device):
         add(x, rand((4, 5), torch.float32, device), out=out)
     with pytest.raises(TypeError, match="argument 'y' must be a tensor or a Python number, got str"):
         add(x, "1")
-    with pytest.raises(TypeError, match="at least one of 'x' and 'y' must be a tensor"):
-        add(1, 2)
     with pytest.raises(TypeError, match="'alpha' 0.5 is not an integer but the result dtype is torch.int32"):
         add(rand((4, 6), torch.int32, device), rand((4, 6), torch.int32, device), alpha=0.5)
+    with pytest.raises(TypeError, match="'alpha' 2.0 is not an integer but the result dtype is torch.int64"):
+        add(rand((4, 6), torch.int64, device), 3, alpha=2.0)
+    with pytest.raises(TypeError, match="'alpha' True is a bool but the result dtype is torch.float32"):
+        add(x, x, alpha=True, out=out)
+    with pytest.raises(TypeError, match="'alpha' must be a real number for result dtype torch.float32"):
+        add(x, x, alpha=1j, out=out)
     with pytest.raises(ValueError, match=r"'out' has shape \(4, 7\)"):
         add(x, x, out=poisoned((4, 7), torch.float32, device))
     with pytest.raises(ValueError, match="internal overlap"):
         add(x, x, out=poisoned((1, 6), torch.float32, device).expand(4, 6))
     assert torch.isnan(out).all()
+
+
+NUMBERS = [-8.47, -1.77, 3, -4, 0, True, False, 1 + 2j, 2**62]
+ALPHAS = [None, 1, -3, 0.5, 1.0, True, False, 1j]
+
+
+def _same_as_torch(call, torch_call):
+    """``call()`` gives exactly ``torch_call()`` (value, dtype, device, shape), or both raise
+    (ours a TypeError/ValueError, never something else)."""
+    try:
+        want = torch_call()
+    except Exception:
+        with pytest.raises((TypeError, ValueError)):
+            call()
+        return
+    got = call()
+    assert (got.dtype, got.device, got.shape) == (want.dtype, want.device, want.shape)
+    assert torch.equal(got, want), (got, want)
+
+
+def test_two_python_numbers_match_torch(backend, device):
+    """torch.add of two Python numbers: a 0-d CPU tensor of torch's dtype, whatever the backend."""
+    for x in NUMBERS:
+        for y in NUMBERS:
+            for alpha in ALPHAS:
+                kw = {} if alpha is None else {"alpha": alpha}
+                _same_as_torch(lambda: add(x, y, **kw), lambda: torch.add(x, y, **kw))
+    assert add(-8.47, -1.77).dtype == torch.float32 and add(3, 4).dtype == torch.int64
+    assert add(True, False).dtype == torch.bool and add(1j, 2).dtype == torch.complex64
+    assert add(-8.47, -1.77).device == torch.device("cpu")
+    assert add.explain(3, 4.5).route == "torch"
+    with pytest.raises(ValueError, match="'x' 9223372036854775808 is outside int64"):
+        add(2**63, 1)
+    with pytest.raises(TypeError, match="argument 'y' must be a tensor or a Python number, got str"):
+        add(1, "2")
+
+
+def test_two_python_numbers_follow_the_default_dtype(backend, device):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        for x, y in ((-8.47, -1.77), (3, 0.1), (1j, 2), (4, 5)):
+            _same_as_torch(lambda: add(x, y, alpha=2), lambda: torch.add(x, y, alpha=2))
+        assert add(0.1, 0.2).dtype == torch.float64 and add(1j, 2).dtype == torch.complex128
+    finally:
+        torch.set_default_dtype(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.complex64], ids=str)
+def test_two_python_numbers_out(backend, device, dtype):
+    x, y = {torch.float32: (-8.47, 2), torch.int64: (3, -4), torch.bool: (True, False),
+            torch.complex64: (1 + 2j, 0.5)}[dtype]
+    out = torch.zeros((), dtype=dtype) if dtype == torch.bool else poisoned((), dtype, "cpu") \
+        if dtype != torch.complex64 else torch.full((), complex("nan"), dtype=dtype)
+    assert add(x, y, out=out) is out
+    want = torch.add(x, y)
+    assert out.dtype == want.dtype and torch.equal(out, want)
+    out = poisoned((), torch.float16, "cpu")
+    with pytest.raises(TypeError, match="'out' has dtype torch.float16, the result has dtype torch.float32"):
+        add(1.5, 2.5, out=out)
+    with pytest.raises(ValueError, match=r"'out' has shape \(1,\), the result has shape \(\)"):
+        add(1.5, 2.5, out=poisoned((1,), torch.float32, "cpu"))
+    assert torch.isnan(out)
 
 
 def test_meta_device_is_rejected_across_devices(backend, device):

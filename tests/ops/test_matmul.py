@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
-from helpers import Unchanged, assert_close, poisoned, rand
+from helpers import Unchanged, assert_close, planted_tables, poisoned, rand
 from xkernels import tuning
 from xkernels.backends.interpreter import InterpreterBackend
 from xkernels.ops import linear, matmul
@@ -39,6 +41,46 @@ def test_shapes(backend, device, dtype, sa, sb):
         got = matmul(a, b)
     ref = torch.matmul(a.double().cpu(), b.double().cpu())
     assert_close(got, ref, dtype, scale=_tol_scale(sa[-1]))
+
+
+def _empty_dim_cases():
+    """Every operand kind (1-D, 2-D, batched, broadcast batch) with K, M, N or batch = 0."""
+    for K, M, N, B in itertools.product((0, 3), (0, 2), (0, 4), (0, 2)):
+        if 0 not in (K, M, N, B):
+            continue
+        for sa in ((K,), (M, K), (B, M, K), (2, B, M, K), (B, 1, M, K)):
+            for sb in ((K,), (K, N), (B, K, N), (1, K, N), (2, 1, K, N)):
+                yield sa, sb
+
+
+def test_empty_dims_match_torch(backend, device):
+    """K = 0 gives zeros, M/N/batch = 0 give empty results, as torch.matmul (also with a batch
+    folded into M, and with out=); linear likewise for x of any rank."""
+    n = 0
+    for sa, sb in dict.fromkeys(_empty_dim_cases()):
+        a, b = rand(sa, torch.float32, device), rand(sb, torch.float32, device)
+        try:
+            want = torch.matmul(a.double().cpu(), b.double().cpu())
+        except RuntimeError:  # shapes torch rejects (batch dims 0 vs 2): ours must reject them too
+            with pytest.raises(ValueError, match="do not broadcast"):
+                matmul(a, b)
+            continue
+        with Unchanged(a, b):
+            got = matmul(a, b)
+            out = poisoned(want.shape, torch.float32, device)
+            assert matmul(a, b, out=out) is out
+        assert_close(got, want, torch.float32)
+        assert_close(out, want, torch.float32)
+        n += 1
+    assert n > 150
+    for K, M, N in itertools.product((0, 3), (0, 2), (0, 4)):
+        for sx in ((K,), (M, K), (2, M, K), (0, M, K), (2, 3, M, K)):
+            x, w = rand(sx, torch.float32, device), rand((N, K), torch.float32, device)
+            bias = rand((N,), torch.float32, device)
+            want = torch.nn.functional.linear(x.double().cpu(), w.double().cpu(), bias.double().cpu())
+            with Unchanged(x, w, bias):
+                assert_close(linear(x, w, bias, "gelu"), torch.nn.functional.gelu(want), torch.float32)
+                assert_close(linear(x, w), torch.nn.functional.linear(x.double().cpu(), w.double().cpu()), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
@@ -134,39 +176,51 @@ def test_fp32_follows_torch_tf32_setting(backend, device):
 
 
 def test_large_2d_calls_tma_where_available(backend, device):
-    """Shapes the sm90 table sends to the tensor-descriptor kernel (elsewhere: the pointer kernel),
-    including a base pointer 2 bytes past alignment (copied first) and ``out=``."""
+    """A TMA config runs the tensor-descriptor kernel where the device has it (elsewhere the same
+    config runs the pointer kernel), including a base pointer 2 bytes past alignment (copied first)
+    and ``out=``. The config is forced: which shapes the tables send to TMA changes with every
+    re-tune, the kernel's correctness must not depend on it."""
     uses_tma = backend.tensor_descriptors(device)
-    M, K, N = 256, 520, 264  # the smallest TMA bucket; 16-byte rows, not multiples of the tiles
+    M, K, N = 256, 520, 264  # 16-byte rows, not multiples of the tiles
+    tma_config = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "TMA": True}
     for dtype in (torch.bfloat16, torch.float16) if uses_tma else (torch.bfloat16,):  # interpreter: slow
-        x, w, b = rand((M, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
-        # matmul on weight.T: the TMA kernel's K-contiguous B (linear's TMA rule starts at M > 2048)
-        assert bool(matmul.explain(x, w.t()).config.get("TMA")) == uses_tma
-        got_t = poisoned((M, N), dtype, device)
-        matmul(x, w.t(), out=got_t)
-        assert_close(got_t, x.double() @ w.double().t(), dtype, scale=K / 16)
-        ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
-        out = poisoned((M, N), dtype, device)
-        with Unchanged(x, w, b):
-            linear(x, w, b, "gelu", out=out)
-            got = linear(x, w, b, "gelu")
-        assert_close(out, ref, dtype, scale=K / 16)
-        assert_close(got, ref, dtype, scale=K / 16)
-        buf = rand((M * K + 1,), dtype, device)
-        shifted = buf[1:].view(M, K)  # data_ptr % 16 == 2
-        bt = rand((K, N), dtype, device)
-        assert_close(matmul(shifted, bt), shifted.double() @ bt.double(), dtype, scale=K / 16)
+        with tuning.force(tma_config):
+            x, w, b = rand((M, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
+            # matmul on weight.T: the TMA kernel's K-contiguous B
+            assert bool(matmul.explain(x, w.t()).config.get("TMA")) == uses_tma
+            got_t = poisoned((M, N), dtype, device)
+            matmul(x, w.t(), out=got_t)
+            assert_close(got_t, x.double() @ w.double().t(), dtype, scale=K / 16)
+            ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
+            out = poisoned((M, N), dtype, device)
+            with Unchanged(x, w, b):
+                linear(x, w, b, "gelu", out=out)
+                got = linear(x, w, b, "gelu")
+            assert_close(out, ref, dtype, scale=K / 16)
+            assert_close(got, ref, dtype, scale=K / 16)
+            buf = rand((M * K + 1,), dtype, device)
+            shifted = buf[1:].view(M, K)  # data_ptr % 16 == 2
+            bt = rand((K, N), dtype, device)
+            assert_close(matmul(shifted, bt), shifted.double() @ bt.double(), dtype, scale=K / 16)
 
 
-def test_tma_repeat_calls_are_hot_and_match(backend, device):
+def test_tma_repeat_calls_are_hot_and_match(backend, device, tmp_path):
     """Repeated TMA calls skip checks and planning (hot entries build light descriptors): fresh
     data each time, linear with a 3-D x folded into M, matmul on a K-contiguous view, and a
-    misaligned base after aligned calls (the full path copies it)."""
+    misaligned base after aligned calls (the full path copies it). A planted table sends every
+    call to a TMA config (hot entries are made from table selections, not from forced configs)."""
     if not backend.tensor_descriptors(device):
         pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
-    from xkernels.ops.op import _key
 
+    rules = [{"when": {"variant": "tma"}, "config": _TMA_SMALL},
+             {"when": {}, "config": {k: v for k, v in _TMA_SMALL.items() if k != "TMA"}}]
+    tables = {op: {"archs": {backend.arch(device): rules}} for op in ("linear", "matmul")}
     dtype, (B, S, K, N) = torch.bfloat16, (2, 1100, 1000, 640)
+    with planted_tables(tmp_path, backend.name, tables):
+        _tma_repeat_calls(dtype, B, S, K, N, device)
+
+
+def _tma_repeat_calls(dtype, B, S, K, N, device):
     for trial in range(3):
         x, w, b = rand((B, S, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
         a2, bt = rand((B * S, K), dtype, device), rand((N, K), dtype, device)
@@ -175,8 +229,8 @@ def test_tma_repeat_calls_are_hot_and_match(backend, device):
             got = linear(x, w, b, "gelu")
             got_m = matmul(a2, bt.t())
         if trial:  # the first call made the entries
-            assert linear._hot.get(_key((x, w, b, "gelu"))) is not None
-            assert matmul._hot.get(_key((a2, bt.t()))) is not None
+            assert linear.hot_entry(x, w, b, "gelu") is not None
+            assert matmul.hot_entry(a2, bt.t()) is not None
         ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
         assert_close(got, ref, dtype, scale=K / 16)
         assert_close(got_m, a2.double() @ bt.double().t(), dtype, scale=K / 16)
@@ -214,7 +268,7 @@ def test_tma_kernel_variants_match_torch(backend, device, cfg):
             assert exp.programs == min(exp.tiles, backend.compute_units(device)) < exp.tiles
         assert_close(matmul(x, w.t()), x.double() @ w.double().t(), dtype, scale=K / 16)
         assert_close(matmul(x, bt), x.double() @ bt.double(), dtype, scale=K / 16)
-        for act in ("gelu", "relu"):
+        for act in ("gelu", "relu", "gelu_tanh"):
             ref = reference_linear(x.double(), w.double(), b.double(), act)
             assert_close(linear(x, w, b, act), ref, dtype, scale=K / 16)
 
@@ -247,7 +301,8 @@ def test_tma_kernel_variants_in_the_interpreter(cfg):
     x, w, b = rand((M, K), dtype, "cpu"), rand((N, K), dtype, "cpu"), rand((N,), dtype, "cpu")
     bt = rand((K, N), dtype, "cpu")
     cases = [(matmul, (x, w.t()), x.double() @ w.double().t()), (matmul, (x, bt), x.double() @ bt.double()),
-             (linear, (x, w, b, "gelu"), reference_linear(x.double(), w.double(), b.double(), "gelu"))]
+             (linear, (x, w, b, "gelu"), reference_linear(x.double(), w.double(), b.double(), "gelu")),
+             (linear, (x, w, b, "gelu_tanh"), reference_linear(x.double(), w.double(), b.double(), "gelu_tanh"))]
     for op, args, ref in cases:
         call = op.check(*args)
         with tuning.force(cfg):
@@ -280,6 +335,9 @@ def test_split_k_matches_torch(backend, device, dtype, M, K, N):
                 out = poisoned((M, N), dtype, device)
                 linear(a, w, bias, "gelu", out=out)
                 got_lin = linear(a, w, bias, "silu")
+                got_tanh = linear(a, w, bias, "gelu_tanh")
+            assert_close(got_tanh, reference_linear(a.double(), w.double(), bias.double(), "gelu_tanh"), dtype,
+                         scale=_tol_scale(K))
             assert_close(got, a.double() @ b.double(), dtype, scale=_tol_scale(K))
             assert_close(out, reference_linear(a.double(), w.double(), bias.double(), "gelu"), dtype,
                          scale=_tol_scale(K))

@@ -220,3 +220,144 @@ def test_split_k_repeat_is_hot(backend, device, tmp_path, monkeypatch):
         assert counter.n == (1 if _hot_expected(backend) else 3)
     finally:
         xkernels.registry.unregister(plugin)
+
+
+# -- every documented call form repeats through a hot entry, with per-call values -------------
+def _repeat(op, monkeypatch, backend, calls):
+    """Run ``calls`` (each: a function of fresh inputs returning (result, float64 reference,
+    dtype)) and check each result; return whether only the first one ran ``check``."""
+    counter = CheckCounter(op, monkeypatch)
+    for call in calls:
+        got, ref, dtype = call()
+        assert_close(got, ref, dtype, scale=10)
+    return counter.n == (1 if _hot_expected(backend) else len(calls))
+
+
+def test_add_alpha_keyword_is_hot_and_takes_each_alpha(backend, device, monkeypatch):
+    def call(alpha):
+        def run():
+            x, y = rand((9, 70), torch.float32, device), rand((70,), torch.float32, device)
+            with Unchanged(x, y):
+                return add(x, y, alpha=alpha), x.double() + alpha * y.double(), torch.float32
+        return run
+
+    alphas = [2.0, 3.0, -0.5, 0.0, -0.0, 1e-3, 2.0]
+    assert _repeat(add, monkeypatch, backend, [call(a) for a in alphas])
+    x, y = rand((9, 70), torch.float32, device), rand((70,), torch.float32, device)
+    assert (add.hot_entry(x, y, alpha=7.0) is not None) == _hot_expected(backend)
+    assert add.hot_entry(x, y, alpha=7) is None  # an int alpha is another signature
+    assert add.hot_entry(x, y) is None  # alpha == 1 is another kernel: another signature
+    got = add(x, y, alpha=1.0)
+    assert_close(got, x.double() + y.double(), torch.float32)
+
+
+def test_add_python_scalars_are_hot_and_take_each_value(backend, device, monkeypatch):
+    def right(v, alpha=1):
+        def run():
+            x = rand((5, 33), torch.float16, device)
+            with Unchanged(x):
+                return add(x, v, alpha=alpha), x.double() + alpha * v, torch.float16
+        return run
+
+    def left(v):
+        def run():
+            y = rand((5, 33), torch.float16, device)
+            return add(v, y), v + y.double(), torch.float16
+        return run
+
+    assert _repeat(add, monkeypatch, backend, [right(v) for v in (2.0, -3.5, 0.25, 2.0)])
+    assert _repeat(add, monkeypatch, backend, [right(v, alpha=a) for v, a in ((2.5, 2), (1.5, -3), (0.5, 4))])
+    assert _repeat(add, monkeypatch, backend, [left(v) for v in (1.5, -7.0, 0.0)])
+
+
+def test_int_scalars_across_specialisation_classes(backend, device, monkeypatch):
+    """Triton specialises int arguments on == 1 and on divisibility by 16: an entry made with
+    one value must launch the right variant for the others."""
+    def right(v):
+        def run():
+            x = rand((4, 40), torch.int32, device)
+            return add(x, v, alpha=3), x.long() + 3 * v, torch.int32
+        return run
+
+    assert _repeat(add, monkeypatch, backend, [right(v) for v in (5, 1, 16, 32, 7, 1)])
+    x = rand((4, 40), torch.int32, device)
+    with pytest.raises(TypeError, match="'alpha' 2.5 is not an integer"):  # checked per value: never hot
+        add(x, x, alpha=2.5)
+
+
+def test_broadcast_out_keyword_is_hot(backend, device, monkeypatch):
+    def run():
+        x, b = rand((6, 50), torch.bfloat16, device), rand((50,), torch.bfloat16, device)
+        out = torch.full((6, 50), float("nan"), dtype=torch.bfloat16, device=device)
+        with Unchanged(x, b):
+            assert broadcast(x, b, out=out) is out
+        return out, x.double() + b.double(), torch.bfloat16
+
+    assert _repeat(broadcast, monkeypatch, backend, [run] * 3)
+
+
+@pytest.mark.parametrize("form", ["activation=", "bias=", "bias=, activation="])
+def test_linear_keyword_forms_are_hot(backend, device, form, monkeypatch):
+    def run():
+        x, w, b = rand((7, 24), torch.float32, device), rand((20, 24), torch.float32, device), \
+            rand((20,), torch.float32, device)
+        if form == "activation=":
+            got, ref = linear(x, w, b, activation="gelu"), reference_linear(x.double(), w.double(), b.double(), "gelu")
+        elif form == "bias=":
+            got, ref = linear(x, w, bias=b), reference_linear(x.double(), w.double(), b.double(), None)
+        else:
+            got = linear(x, w, bias=b, activation="silu")
+            ref = reference_linear(x.double(), w.double(), b.double(), "silu")
+        return got, ref, torch.float32
+
+    assert _repeat(linear, monkeypatch, backend, [run] * 3)
+
+
+def test_linear_takes_each_slope_and_activation(backend, device, monkeypatch):
+    def leaky(slope):
+        def run():
+            x, w, b = rand((7, 24), torch.float32, device), rand((20, 24), torch.float32, device), \
+                rand((20,), torch.float32, device)
+            return (linear(x, w, b, "leaky_relu", negative_slope=slope),
+                    reference_linear(x.double(), w.double(), b.double(), "leaky_relu", slope), torch.float32)
+        return run
+
+    assert _repeat(linear, monkeypatch, backend, [leaky(s) for s in (0.1, 0.3, -0.2, 0.0, 0.1)])
+    x, w = rand((7, 24), torch.float32, device), rand((20, 24), torch.float32, device)
+    for act in ("relu", "gelu", "relu", None):  # the activation is part of the signature
+        assert_close(linear(x, w, None, act), reference_linear(x.double(), w.double(), None, act), torch.float32,
+                     scale=10)
+        assert_close(linear(x, w, activation=act), reference_linear(x.double(), w.double(), None, act),
+                     torch.float32, scale=10)
+
+
+def test_split_k_leaky_relu_takes_each_slope(backend, device, tmp_path):
+    """The split-K reduction applies the activation: its entries take the slope per call too."""
+    import json
+
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no table to add")
+    split = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+             "SPLIT_K": 2}
+    (tmp_path / "linear.json").write_text(json.dumps({
+        "op": "linear", "backend": backend.name, "source": "test",
+        "archs": {"default": [{"when": {"m_max": 64}, "config": split}]}}))
+
+    class Tables:
+        @xkernels.hookimpl
+        def xkernels_add_tuning_dirs(self):
+            return [xkernels.TuningDir(backend=backend.name, path=tmp_path)]
+
+    plugin = Tables()
+    xkernels.registry.register(plugin, name="test-op-split-k-slope")
+    try:
+        x, w, b = rand((8, 80), torch.float32, device), rand((24, 80), torch.float32, device), \
+            rand((24,), torch.float32, device)
+        assert linear.explain(x, w, b, "leaky_relu").config.get("SPLIT_K") == 2
+        for slope in (0.1, 0.5, -0.25):
+            got = linear(x, w, b, "leaky_relu", negative_slope=slope)
+            assert_close(got, reference_linear(x.double(), w.double(), b.double(), "leaky_relu", slope),
+                         torch.float32, scale=10)
+        assert linear.hot_entry(x, w, b, "leaky_relu", negative_slope=0.7) is not None
+    finally:
+        xkernels.registry.unregister(plugin)

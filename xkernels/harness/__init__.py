@@ -3,6 +3,7 @@
 * :mod:`~xkernels.harness.cases`: per-op cases (layouts, dtypes, sizes) and PyTorch's version of each op;
 * :mod:`~xkernels.harness.tolerances`: allowed error per dtype/op/backend, each with its source;
 * :mod:`~xkernels.harness.accuracy`: one case against a float64 reference;
+* :mod:`~xkernels.harness.memory`: a case's estimated peak memory and the memory free to run it;
 * :mod:`~xkernels.harness.perf`: timing with the backend's events, device ceilings, roofline.
 
 This module resolves what a run targets: a backend and a torch device that work here.

@@ -5,6 +5,11 @@ value for ints) unless it is an input (in place); the reference computed by PyTo
 in float64 (ints in int64) from clones of the inputs and cast back to the result dtype; after the
 call: result shape/dtype/identity with ``out``, no NaN/sentinel left where the reference has a
 number, inputs bit-identical to their clones, every element within :mod:`tolerances`.
+
+:func:`run_checks` first compares each case's estimated peak memory with what the device and
+the host have free (:mod:`memory`); a case that does not fit is skipped with the reason, as is
+one whose inputs or reference run out of memory anyway (an out-of-memory error of the op call
+itself is a failure).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 
 from xkernels.backend import Backend
 from xkernels.dispatch import use_backend
-from xkernels.harness import tolerances
+from xkernels.harness import memory, tolerances
 from xkernels.harness.cases import OPS, Case, Inputs, expected_result
 
 CHUNK = 1 << 24  # elements compared at a time
@@ -27,7 +32,7 @@ CHUNK = 1 << 24  # elements compared at a time
 
 @dataclass
 class CheckResult:
-    """The outcome of one case; ``message`` says why it failed (empty on a pass)."""
+    """The outcome of one case; ``message`` says why it failed or was skipped (empty on a pass)."""
 
     case: Case
     passed: bool
@@ -36,13 +41,14 @@ class CheckResult:
     tolerance: str
     message: str = ""
     seconds: float = 0.0
+    skipped: bool = False  # not run: not enough free memory (``message`` says how much it needs)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.case
         return {"op": c.op, "dtype": str(c.dtype).removeprefix("torch."), "shape": c.shape_label,
                 "layout": c.layout, "max_abs_err": self.max_abs, "max_rel_err": self.max_rel,
-                "tolerance": self.tolerance, "passed": self.passed, "message": self.message,
-                "seconds": round(self.seconds, 4)}
+                "tolerance": self.tolerance, "passed": self.passed, "skipped": self.skipped,
+                "message": self.message, "seconds": round(self.seconds, 4)}
 
 
 def op_function(op: str) -> Callable[..., Any]:
@@ -73,24 +79,28 @@ def _activation(op: str, inputs: Inputs) -> str | None:
     return inputs.args[3] if len(inputs.args) > 3 else inputs.kwargs.get("activation")
 
 
-def reference(op: str, inputs: Inputs, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """(float64/int64 reference on the CPU, ``|A|@|B|`` magnitude for matmul-like ops, K)."""
+def reference(op: str, inputs: Inputs, dtype: torch.dtype,
+              on: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """(float64/int64 reference on ``on`` (the CPU unless asked), ``|A|@|B|`` magnitude for
+    matmul-like ops, K)."""
     wide = torch.float64 if dtype.is_floating_point else torch.int64
 
     def up(v: Any) -> Any:
-        return v.detach().to("cpu", wide) if isinstance(v, torch.Tensor) else v
+        return v.detach().to(on, wide) if isinstance(v, torch.Tensor) else v
 
     spec = OPS[op]
     args = [up(a) for a in inputs.args]
+    if not any(isinstance(a, torch.Tensor) for a in args):  # Python numbers only (add(2.5, 3)): widen one
+        args[0] = torch.tensor(args[0], dtype=wide)
     kwargs = {k: up(v) for k, v in inputs.kwargs.items() if k != "out"}
     ref = spec.torch_fn(*args, **kwargs)
     if not spec.matmul_like:
         return ref, None, 0
     k = args[0].shape[-1]
     abs_args = [a.abs() if isinstance(a, torch.Tensor) else a for a in args]
-    if op == "linear":
+    if op == "linear":  # |x| @ |w|.T + |bias|, no activation
         abs_args = abs_args[:3]
-        kwargs = {}
+        kwargs = {"bias": kwargs["bias"].abs()} if "bias" in kwargs else {}
     mag = spec.torch_fn(*abs_args, **kwargs)
     return ref, mag, k
 
@@ -140,7 +150,8 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
     if tuple(result.shape) != tuple(expected.shape) or result.dtype != expected.dtype:
         return fail(f"returned {tuple(result.shape)} {result.dtype}, PyTorch gives {tuple(expected.shape)} "
                     f"{expected.dtype}")
-    want = torch.device(device)
+    # with Python numbers only and no out=, PyTorch's result is on the CPU whatever the device
+    want = torch.device(device) if named or out is not None else expected.device
     if (result.device.type, result.device.index if want.index is not None else None) != (want.type, want.index):
         return fail(f"returned a tensor on {result.device}, not {device}")
     if out is not None and not _same_view(result, out):
@@ -206,12 +217,39 @@ def compare(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor | None, tol:
     return c
 
 
+def _is_out_of_memory(exc: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    text = str(exc).lower()
+    return isinstance(exc, (MemoryError, oom)) or (
+        isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text))
+
+
+def skipped(case: Case, why: str) -> CheckResult:
+    """The result of a case that was not run, and why."""
+    return CheckResult(case, False, float("nan"), float("nan"), "", f"skipped: {why}", skipped=True)
+
+
 def run_checks(cases: Iterable[Case], backend: Backend, device: torch.device, seed: int,
-               on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Check every case in order; ``on_result`` sees each result as it comes."""
+               on_result: Callable[[CheckResult], None] | None = None,
+               max_memory: int | None = None) -> list[CheckResult]:
+    """Check every case in order; ``on_result`` sees each result as it comes. A case whose
+    estimated peak does not fit the free memory (or ``max_memory`` bytes per pool) is skipped."""
     results = []
     for case in cases:
-        res = check_case(case, backend, device, seed)
+        need = memory.footprint(case, device, CHUNK)
+        free = memory.free_memory(device)
+        why = memory.does_not_fit(need, free, max_memory)
+        if why is not None:
+            res = skipped(case, why)
+        else:
+            try:
+                res = check_case(case, backend, device, seed)
+            except Exception as exc:
+                if not _is_out_of_memory(exc):
+                    raise
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                res = skipped(case, f"ran out of memory building its inputs or reference ({first}); "
+                                    f"estimated ~{memory.gib(need.host)} host, ~{memory.gib(need.device)} device; {free}")
         results.append(res)
         if on_result is not None:
             on_result(res)

@@ -6,7 +6,9 @@ size tags:
 
 * ``quick``: small layouts users meet (CI runs these under the Triton interpreter on 2 cores);
 * ``full``: ``quick`` plus the seed sizes (256² … 8192², bias adds over (512,)*3 and (1024,)*3);
-* ``small`` / ``medium`` / ``large``: the benchmark sizes (every benchmark case is also ``full``).
+* ``small`` / ``medium`` / ``large``: the benchmark sizes (every benchmark case is also ``full``);
+* ``models``: the real-model shape corpus (:mod:`~xkernels.harness.models`: BERT-base, GPT-2,
+  Llama-3-8B, ViT-B/16 layers, ResNet-50 channel biases, ...), each case naming its models.
 
 ``OPS[op].torch_fn`` is the same work done by PyTorch: the reference (run in float64), the
 expected result shape and dtype (run on the meta device), and the benchmark baseline.
@@ -25,7 +27,7 @@ OP_NAMES = ("broadcast", "add", "matmul", "linear")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
 INT_RANGE = (-1000, 1000)  # random ints: sums and promotions to float16 stay exact
-SIZES = ("quick", "full", "small", "medium", "large")
+SIZES = ("quick", "full", "small", "medium", "large", "models")
 BENCH_SIZES = ("small", "medium", "large")
 
 
@@ -35,7 +37,10 @@ def _torch_broadcast(x: torch.Tensor, bias: torch.Tensor, *, out: torch.Tensor |
 
 
 def _torch_add(x: Any, y: Any, *, alpha: Any = 1, out: torch.Tensor | None = None) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):  # torch.add wants a tensor first; a 0-d one keeps promotion
+    if not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):
+        # two Python numbers: torch.add's result, a 0-d CPU tensor of their promoted dtype
+        x = torch.tensor(x, dtype=torch.result_type(x, y))
+    elif not isinstance(x, torch.Tensor):  # torch.add wants a tensor first; a 0-d one keeps promotion
         x = torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else torch.int64, device=y.device)
     return torch.add(x, y, alpha=alpha, out=out) if alpha != 1 else torch.add(x, y, out=out)
 
@@ -132,7 +137,8 @@ class Inputs:
 @dataclass(frozen=True)
 class Case:
     """One call of one op: operands, layout label, size tags. ``dtype`` is the dtype under test
-    (the first operand's); promotions are named in ``layout``."""
+    (the first tensor operand's; with Python numbers only, PyTorch's result dtype); promotions
+    are named in ``layout``."""
 
     op: str
     args: tuple[Any, ...]  # T specs or Python scalars
@@ -140,11 +146,13 @@ class Case:
     sizes: frozenset[str]
     kwargs: tuple[tuple[str, Any], ...] = ()
     out: str | None = None  # None | "new" | "inplace" (out is the first operand)
+    models: tuple[str, ...] = ()  # the models a corpus case comes from (see harness.models)
     dtype: torch.dtype = field(init=False)
 
     def __post_init__(self) -> None:
-        first = next(a for a in self.args if isinstance(a, T))
-        object.__setattr__(self, "dtype", first.dtype)
+        first = next((a for a in self.args if isinstance(a, T)), None)
+        dtype = first.dtype if first is not None else torch.result_type(*self.args[:2])
+        object.__setattr__(self, "dtype", dtype)
 
     @property
     def shapes(self) -> tuple[tuple[int, ...] | Any, ...]:
@@ -174,7 +182,7 @@ class Case:
         device = torch.device(device)
         gen = torch.Generator().manual_seed(self.seed_for(seed))
         args = tuple(_materialize(a, gen, device) if isinstance(a, T) else a for a in self.args)
-        kwargs = dict(self.kwargs)
+        kwargs = {k: _materialize(v, gen, device) if isinstance(v, T) else v for k, v in self.kwargs}
         if self.out == "inplace":
             kwargs["out"] = args[0]
         elif self.out == "new":
@@ -246,6 +254,8 @@ def broadcast_cases(d: torch.dtype) -> list[Case]:
         cases.append(Case("broadcast", (T((n, n), d), T((n,), d)), "bias[N]", _bench(size)))
     for n, size in CUBES:
         cases.append(Case("broadcast", (T((n, n, n), d), T((n,), d)), "bias[N]", _bench(size)))
+    cases.append(Case("broadcast", (T((64, 1024), d), T((1024,), d)), "form: broadcast(x, b, out=o)", _bench("small"),
+                      out="new"))
     cases += [Case("broadcast", (T((32, 64, 56, 56), d), T((64, 1, 1), d)), "per-channel (C,1,1) over NCHW",
                    _bench("medium")),
               Case("broadcast", (T((8, 16, 512, 512), d), T((8, 1, 1, 512), d)),
@@ -269,11 +279,32 @@ def add_cases(d: torch.dtype) -> list[Case]:
     ]
     if d.is_floating_point:
         cases.append(C(T((5, 33), d), T((5, 33), torch.int32), layout="y int32 (int+float)"))
+    cases += [c for c in _number_pairs() if c.dtype == d]
     for n, size in SEEDS:
         cases.append(Case("add", (T((n, n), d), T((n, n), d)), "same shape", _bench(size)))
     for n, size in CUBES:
         cases.append(Case("add", (T((n, n, n), d), T((n,), d)), "y[N] (bias add)", _bench(size)))
+    # host time per documented call form (1024 elements: bound by the host, not the device)
+    cases += [Case("add", (T((1024,), d), T((1024,), d)), "form: add(x, y)", _bench("small")),
+              Case("add", (T((1024,), d), T((1024,), d)), "form: add(x, y, alpha=2)", _bench("small"),
+                   kwargs=(("alpha", 2),)),
+              Case("add", (T((1024,), d), 2.0), "form: add(x, 2.0)", _bench("small"))]
     return cases
+
+
+def _number_pairs() -> list[Case]:
+    """``add`` of two Python numbers: a 0-d tensor of the default float dtype, or int64."""
+    N = lambda x, y, layout, **kw: Case("add", (x, y), layout, Q, **kw)  # noqa: E731
+    return [
+        N(-8.47, -1.77, "two Python floats"),
+        N(3, -1.77, "Python int + float"),
+        N(-8.47, -1.77, "two Python floats, alpha=0.5", kwargs=(("alpha", 0.5),)),
+        N(-8.47, -1.77, "two Python floats, out=", out="new"),
+        N(3, -4, "two Python ints"),
+        N(True, 5, "Python bool + int"),
+        N(3, -4, "two Python ints, alpha=3", kwargs=(("alpha", 3),)),
+        N(3, -4, "two Python ints, out=", out="new"),
+    ]
 
 
 def matmul_cases(d: torch.dtype) -> list[Case]:
@@ -290,7 +321,9 @@ def matmul_cases(d: torch.dtype) -> list[Case]:
         C(T((4, 16, 17), d), T((17, 8), d), "batched @ 2-D"),
         C(T((2, 2, 2, 8, 9), d), T((2, 1, 9, 5), d), "3 batch dims"),
         C(T((5, 0), d), T((0, 6), d), "K=0"),
+        C(T((5, 5, 0), d), T((0, 5), d), "batched @ 2-D, K=0"),
         C(T((0, 8), d), T((8, 5), d), "M=0"),
+        C(T((0, 4, 5), d), T((0, 5, 3), d), "batch=0"),
         C(T((33, 17), d, "transposed"), T((17, 29), d), "a transposed"),
         C(T((33, 17), d), T((17, 29), d, "transposed"), "b transposed"),
         C(T((33, 17), d, "transposed"), T((17, 29), d, "transposed"), "a, b transposed"),
@@ -310,7 +343,7 @@ def linear_cases(d: torch.dtype) -> list[Case]:
     C = lambda *a, layout, **kw: Case("linear", a, layout, Q, **kw)  # noqa: E731
     cases = [C(T((5, 17), d), T((9, 17), d), T((9,), d), layout="bias")]
     cases += [C(T((8, 32), d), T((16, 32), d), T((16,), d), act, layout=f"bias + {act}")
-              for act in ("relu", "gelu", "silu", "leaky_relu")]
+              for act in ("relu", "gelu", "gelu_tanh", "silu", "leaky_relu")]
     cases += [
         C(T((8, 32), d), T((16, 32), d), T((16,), d), "leaky_relu", layout="leaky_relu slope 0.2",
           kwargs=(("negative_slope", 0.2),)),
@@ -321,11 +354,18 @@ def linear_cases(d: torch.dtype) -> list[Case]:
         C(T((5, 17), d), T((9, 17), d, "transposed"), T((9,), d), layout="weight transposed"),
         C(T((3, 1000), d), T((7, 1000), d), T((7,), d), "silu", layout="K=1000 + silu"),
         C(T((4, 0), d), T((3, 0), d), T((3,), d), layout="K=0"),
+        C(T((2, 3, 0), d), T((4, 0), d), T((4,), d), "gelu", layout="batched x, K=0 + gelu"),
         C(T((5, 17), d), T((9, 17), d), T((9,), d), "relu", layout="out=", out="new"),
     ]
     for n, size in SEEDS:
         cases.append(Case("linear", (T((n, n), d), T((n, n), d), T((n,), d), "gelu"), "bias + gelu",
                           _bench(size)))
+    # host time per documented call form (a small layer: bound by the host, not the device)
+    x, w, b = T((32, 512), d), T((512, 512), d), T((512,), d)
+    cases += [Case("linear", (x, w, b, "gelu"), 'form: linear(x, w, b, "gelu")', _bench("small")),
+              Case("linear", (x, w, b), 'form: linear(x, w, b, activation="gelu")', _bench("small"),
+                   kwargs=(("activation", "gelu"),)),
+              Case("linear", (x, w), "form: linear(x, w, bias=b)", _bench("small"), kwargs=(("bias", b),))]
     return cases
 
 
@@ -339,18 +379,27 @@ def dtypes_for(op: str) -> tuple[torch.dtype, ...]:
 
 
 def cases(ops: Iterable[str] = OP_NAMES, dtypes: Iterable[torch.dtype] | None = None,
-          sizes: Iterable[str] = ("quick",)) -> list[Case]:
-    """Cases of ``ops`` × ``dtypes`` (default: each op's own) carrying any of the ``sizes`` tags."""
+          sizes: Iterable[str] = ("quick",), models: Iterable[str] | None = None) -> list[Case]:
+    """Cases of ``ops`` × ``dtypes`` (default: each op's own) carrying any of the ``sizes`` tags;
+    ``models``: only corpus cases of these models (``harness.models.model_names()``)."""
+    from xkernels.harness.models import SIZE_TAG, model_cases, model_names
+
     want = set(sizes)
     unknown = want - set(SIZES)
     if unknown:
         raise ValueError(f"unknown size tag(s) {sorted(unknown)}; known: {', '.join(SIZES)}")
+    wanted_models = None if models is None else set(models)
+    if wanted_models is not None and wanted_models - set(model_names()):
+        raise ValueError(f"unknown model(s) {sorted(wanted_models - set(model_names()))}; "
+                         f"known: {', '.join(model_names())}")
     picked: list[Case] = []
     for op in ops:
         if op not in _BUILDERS:
             raise ValueError(f"unknown op {op!r}; known: {', '.join(OP_NAMES)}")
         for d in dtypes_for(op) if dtypes is None else [d for d in dtypes if d in dtypes_for(op)]:
-            picked += [c for c in _BUILDERS[op](d) if c.sizes & want]
+            built = _BUILDERS[op](d) + (model_cases(op, d) if SIZE_TAG in want else [])
+            picked += [c for c in built if c.sizes & want
+                       and (wanted_models is None or wanted_models & set(c.models))]
     return picked
 
 

@@ -92,6 +92,15 @@ MATMUL: dict[tuple[torch.dtype, str], Tolerance] = {
                                        f"{HIGHAM}", TF32_U, FP32_U),
 }
 
+#: Whole models and training runs (many ops, each rounding): the result is compared with the same
+#: model run in float64, and xkernels' error may be at most ``ratio`` times the error of the same
+#: model run by PyTorch in the same dtype, plus ``atol``: both round at the same points (one dtype
+#: per op), so their errors are of one order and differ by summation order and fused epilogues.
+MODEL_ERROR_RATIO = (LAMBDA, "errors of one order: the probabilistic inner-product bound's lambda = 4 "
+                             "(Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019, doi:10.1137/18M1226312) "
+                             "as the allowed factor between two summation orders")
+
+
 #: Largest |f'(x)| of each linear activation, with where it comes from.
 ACTIVATION_SLOPE: dict[str | None, tuple[float, str]] = {
     None: (1.0, "identity"),
@@ -99,6 +108,8 @@ ACTIVATION_SLOPE: dict[str | None, tuple[float, str]] = {
     "leaky_relu": (1.0, "leaky_relu' is 1 or negative_slope (harness slopes are <= 1)"),
     "gelu": (1.13, "GELU (erf form) x*Phi(x): max slope 1.129 at x = sqrt(2) (d/dx = Phi + x*phi)"),
     "silu": (1.1, "SiLU x*sigmoid(x): max slope 1.0998 at x = 2.3994"),
+    "gelu_tanh": (1.13, "GELU tanh form 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))): max slope 1.129 at x = 1.4185 "
+                        "(d/dx of torch.nn.functional.gelu(approximate='tanh') over [-5, 5] in float64)"),
 }
 
 

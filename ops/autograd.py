@@ -1,0 +1,197 @@
+"""Gradients of the ops, shared by eager autograd and the registered custom ops (``library.py``).
+
+Eager calls that need a gradient (grad mode on, a tensor argument with ``requires_grad``) run
+through the ``torch.autograd.Function`` subclasses here: the forward is the op's
+``call_no_grad`` (hot entries, any backend); the backward is the op's derivative:
+
+* ``broadcast`` / ``add``: the incoming gradient (times ``alpha`` for ``y``) summed over the
+  dims the operand was broadcast along (``Tensor.sum_to_size``), cast to the operand's dtype;
+* ``matmul``: ``grad @ b^H`` and ``a^H @ grad`` through ``xkernels.ops.matmul`` (so they use the
+  tuned kernels), 1-D operands promoted and broadcast batch dims summed;
+* ``linear``: the activation's derivative (aten's own backward kernels: ``threshold_backward``,
+  ``gelu_backward``, ``silu_backward``, ``leaky_relu_backward``), then the two GEMMs through
+  ``xkernels.ops.matmul`` and the bias gradient as a sum over rows. relu and leaky_relu with a
+  slope >= 0 read their derivative off the output; gelu, gelu_tanh, silu and a negative slope
+  need the pre-activation, which the backward recomputes with ``xkernels.ops.linear`` (one more
+  GEMM in the backward, none in the forward).
+
+Reductions, the ``alpha`` scaling and the activation derivatives run in PyTorch. ``out=`` has no
+gradient (as in PyTorch): a call with ``out=`` where a gradient is required raises before
+anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+MatmulFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LinearFn = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
+
+
+def needs_grad(values: tuple[Any, ...]) -> bool:
+    """Whether any tensor among ``values`` requires grad (grad mode is checked by the caller)."""
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.requires_grad:
+            return True
+    return False
+
+
+def reject_out(op: str, out: Any) -> None:
+    if out is not None:
+        raise ValueError(f"xkernels.ops.{op}: 'out=' does not support autograd, and an argument requires grad; "
+                         f"call without 'out=' or under torch.no_grad()")
+
+
+# -- formulas (mm / lin: the GEMMs to use, eager ops or registered custom ops) ------------------
+def _to_operand(grad: torch.Tensor, shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``grad`` summed over the broadcast dims of an operand of ``shape``, in its dtype and device."""
+    g = grad.sum_to_size(shape) if grad.shape != shape else grad
+    if g.is_complex() and not dtype.is_complex:
+        g = g.real
+    if g.dtype != dtype:
+        g = g.to(dtype)
+    return g if g.device == device else g.to(device)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (bool, int, float, complex))
+
+
+def binary_backward(grad: torch.Tensor, x: Any, y: Any, alpha: Any,
+                    needs: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of ``x + alpha * y`` for the operands that need one (tensors, or anything with
+    their ``shape``, ``dtype`` and ``device``; Python numbers get none)."""
+    gx = gy = None
+    if needs[0] and not _is_number(x):
+        gx = _to_operand(grad, x.shape, x.dtype, x.device)
+    if needs[1] and not _is_number(y):
+        scaled = grad if alpha == 1 else grad * (alpha.conjugate() if isinstance(alpha, complex) else alpha)
+        gy = _to_operand(scaled, y.shape, y.dtype, y.device)
+    return gx, gy
+
+
+def matmul_backward(grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor, needs: tuple[bool, bool],
+                    mm: MatmulFn) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of ``torch.matmul(a, b)`` (1-D operands, broadcast batch dims)."""
+    a2 = a.unsqueeze(0) if a.dim() == 1 else a
+    b2 = b.unsqueeze(-1) if b.dim() == 1 else b
+    g = grad.unsqueeze(-1) if b.dim() == 1 else grad  # back to (..., M, N)
+    g = g.unsqueeze(-2) if a.dim() == 1 else g
+    ga = gb = None
+    if needs[0]:
+        ga = mm(g, b2.mT.conj()).sum_to_size(a2.shape).reshape(a.shape)
+    if needs[1]:
+        if b2.dim() == 2 and g.dim() > 2:  # b shared by the whole batch: one GEMM over batch * M rows
+            a_rows = a2.expand(*g.shape[:-2], *a2.shape[-2:]).reshape(-1, a2.shape[-1])
+            gb = mm(a_rows.mT.conj(), g.reshape(-1, g.shape[-1])).reshape(b.shape)
+        else:
+            gb = mm(a2.mT.conj(), g).sum_to_size(b2.shape).reshape(b.shape)
+    return ga, gb
+
+
+def activation_grad(grad: torch.Tensor, activation: str | None, slope: float, y: torch.Tensor,
+                    pre: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """d loss / d pre-activation, from the output ``y`` where that determines it, else from
+    ``pre()`` (the recomputed pre-activation)."""
+    if activation is None:
+        return grad
+    if activation == "relu":
+        return aten.threshold_backward(grad, y, 0)
+    if activation == "leaky_relu" and slope >= 0:  # y > 0 exactly where the pre-activation is
+        return aten.leaky_relu_backward(grad, y, slope, True)
+    z = pre()
+    if activation == "leaky_relu":
+        return aten.leaky_relu_backward(grad, z, slope, False)
+    if activation == "gelu":
+        return aten.gelu_backward(grad, z, approximate="none")
+    if activation == "gelu_tanh":
+        return aten.gelu_backward(grad, z, approximate="tanh")
+    if activation == "silu":
+        return aten.silu_backward(grad, z)
+    raise ValueError(f"xkernels.ops.linear: no derivative for activation {activation!r}")
+
+
+def linear_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    activation: str | None, slope: float, y: torch.Tensor, needs: tuple[bool, bool, bool],
+                    mm: MatmulFn, lin: LinearFn) -> tuple[torch.Tensor | None, ...]:
+    """Gradients of ``act(x @ weight.T + bias)`` for x, weight and bias."""
+    gz = activation_grad(grad, activation, slope, y, lambda: lin(x, weight, bias))
+    n, k = weight.shape
+    g2 = gz.reshape(-1, n)
+    gx = mm(g2, weight.conj()).reshape(x.shape) if needs[0] else None
+    gw = mm(g2.mT, x.reshape(-1, k).conj()) if needs[1] else None
+    gb = g2.sum(0) if needs[2] and bias is not None else None
+    return gx, gw, gb
+
+
+# -- eager autograd -----------------------------------------------------------------------------
+def _eager_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    from xkernels.ops.matmul import matmul
+
+    return matmul(a, b)
+
+
+def _eager_lin(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    from xkernels.ops.matmul import linear
+
+    return linear(x, w, bias)
+
+
+class BinaryFunction(torch.autograd.Function):
+    """``run(x, y)`` = x + alpha * y, with its gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, run: Callable[[Any, Any], torch.Tensor], x: Any, y: Any, alpha: Any) -> torch.Tensor:
+        ctx.operands = tuple(_Operand(v) if isinstance(v, torch.Tensor) else v for v in (x, y))
+        ctx.alpha = alpha
+        return run(x, y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, y = ctx.operands
+        gx, gy = binary_backward(grad, x, y, ctx.alpha, (ctx.needs_input_grad[1], ctx.needs_input_grad[2]))
+        return None, gx, gy, None
+
+
+class _Operand:
+    """Shape, dtype and device of an operand (its data is not needed for the gradient)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.shape, self.dtype, self.device = t.shape, t.dtype, t.device
+
+
+class MatmulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: Callable[[Any, Any], torch.Tensor], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return run(a, b)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        a, b = ctx.saved_tensors
+        ga, gb = matmul_backward(grad, a, b, (ctx.needs_input_grad[1], ctx.needs_input_grad[2]), _eager_mm)
+        return None, ga, gb
+
+
+class LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, activation: str | None, slope: float) -> torch.Tensor:
+        y = run(x, weight, bias)
+        # the output is kept only where the derivative is read off it (see activation_grad)
+        keep_y = activation == "relu" or activation == "leaky_relu" and slope >= 0
+        ctx.save_for_backward(x, weight, bias, y if keep_y else None)
+        ctx.activation, ctx.slope = activation, float(slope)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        x, weight, bias, y = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        gx, gw, gb = linear_backward(grad, x, weight, bias, ctx.activation, ctx.slope, y,
+                                     (needs[1], needs[2], needs[3]), _eager_mm, _eager_lin)
+        return None, gx, gw, gb, None, None

@@ -1,0 +1,170 @@
+"""``xkernels.enable()`` / ``disable()`` / ``enabled()``: aten ops of an unmodified model routed to
+xkernels on the backend under test (cpu tensors are routed while a kernel backend such as
+``interpreter`` is forced; the ``cpu`` backend runs no kernels, so nothing is routed there)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import xkernels
+from helpers import Unchanged, assert_model_close
+from xkernels import routing
+
+
+@pytest.fixture(autouse=True)
+def _routing_off():
+    routing.disable()
+    routing.routing_counts(reset=True)
+    yield
+    routing.disable()
+    assert routing.enabled_ops() == {}
+
+
+class Block(torch.nn.Module):
+    """Linear with bias (addmm), batched products (bmm), a bias-free linear (mm), a residual add."""
+
+    def __init__(self, d: int = 16, h: int = 24) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(d, h)
+        self.fc2 = torch.nn.Linear(h, d, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc1(x.reshape(-1, x.shape[-1]))).reshape(*x.shape[:-1], -1)
+        att = torch.softmax(torch.bmm(h, h.transpose(1, 2)) / h.shape[-1], dim=-1)
+        h = torch.bmm(att, h)
+        y = self.fc2(h.reshape(-1, h.shape[-1])).reshape(x.shape)
+        y.add_(0.5 * x)
+        return x + y
+
+
+def _run(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    x = x.detach().clone().requires_grad_(True)
+    model.zero_grad()
+    y = model(x)
+    (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype, device=y.device).reshape(y.shape)).sum().backward()
+    return y.detach(), [p.grad.detach().clone() for p in model.parameters()], x.grad.detach()
+
+
+def test_unmodified_model_output_and_gradients(backend, device):
+    model = Block().to(device)
+    model64 = copy.deepcopy(model).double()
+    x = torch.randn(2, 5, 16, device=device)
+    want = _run(model, x)
+    ref64 = _run(model64, x.double())
+    with Unchanged(x, *model.parameters()):
+        with xkernels.enabled():
+            got = _run(model, x)
+    counts = xkernels.routing_counts()
+    if backend.runs_triton:
+        # forward: addmm, bmm x2, mm, add_, add; backward: mm / bmm for the input and weight grads
+        for name, least in (("addmm", 1), ("bmm", 4), ("mm", 3), ("add.Tensor", 1), ("add_.Tensor", 1)):
+            assert counts[name].get("xkernels", 0) >= least, (name, counts)
+    else:
+        assert counts == {}, "the cpu backend runs no kernels: nothing may be routed"
+    for g, w, r in zip([got[0], *got[1], got[2]], [want[0], *want[1], want[2]], [ref64[0], *ref64[1], ref64[2]]):
+        assert_model_close(g, w, r)
+    assert got[0].requires_grad is False and all(p.grad is not None for p in model.parameters())
+
+
+def test_enable_disable_restore_aten(backend, device):
+    a, b = torch.randn(6, 5, device=device), torch.randn(5, 7, device=device)
+    xkernels.enable(ops=["matmul"])
+    xkernels.enable(ops=["matmul"])  # twice: one registration per op and key
+    keys = routing.dispatch_keys()
+    assert xkernels.enabled_ops() == {name: keys for name in ("bmm", "mm")} if keys else xkernels.enabled_ops() == {}
+    assert ("CPU" in keys) == (backend.runs_triton and backend.device_type == "cpu")
+    torch.testing.assert_close(a @ b, torch.ops.aten.mm.out(a, b, out=torch.empty(0, device=device)))
+    xkernels.disable()
+    xkernels.disable()  # disable without enable: nothing to undo
+    assert xkernels.enabled_ops() == {}
+    before = xkernels.routing_counts()
+    a @ b
+    a + a
+    assert xkernels.routing_counts() == before, "aten's own kernels run after disable()"
+    if backend.runs_triton:
+        assert before["mm"] == {"xkernels": 1}
+
+
+def test_nested_enabled_restores_outer_selection(backend):
+    with xkernels.enabled(ops=["add"]):
+        outer = xkernels.enabled_ops()
+        with xkernels.enabled(ops=["mm"]):
+            inner = set(xkernels.enabled_ops())
+        assert xkernels.enabled_ops() == outer
+    assert xkernels.enabled_ops() == {}
+    if backend.runs_triton and backend.device_type == "cpu":
+        assert set(outer) == {"add.Tensor", "add_.Tensor"} and inner == {"add.Tensor", "add_.Tensor", "mm"}
+
+
+def test_unknown_op_names():
+    with pytest.raises(ValueError, match=r"unknown op name\(s\) \['conv2d'\]; known: \["):
+        xkernels.enable(ops=["add", "conv2d"])
+    with pytest.raises(TypeError, match="must be a list of names"):
+        xkernels.enable(ops="add")
+    assert xkernels.enabled_ops() == {}
+
+
+def test_fallback_dtypes_reach_aten_without_recursion(backend, device):
+    a, b = torch.randn(4, 3, dtype=torch.float64, device=device), torch.randn(3, 5, dtype=torch.float64, device=device)
+    i = torch.randint(-5, 5, (4, 3), dtype=torch.int16, device=device)
+    with xkernels.enabled():
+        mm, add, iadd = a @ b, a + a.t().t(), i + i
+        bias = torch.randn(5, dtype=torch.float64, device=device)
+        addmm = torch.addmm(bias, a, b)
+    torch.testing.assert_close(mm, torch.ops.aten.mm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=device)))
+    torch.testing.assert_close(addmm, mm + bias)
+    torch.testing.assert_close(add, 2 * a)
+    assert torch.equal(iadd, 2 * i)
+    counts = xkernels.routing_counts()
+    if backend.runs_triton:
+        assert counts["mm"] == {"aten: dtype torch.float64": 1}
+        assert counts["addmm"] == {"aten: dtype torch.float64": 1}
+        assert counts["add.Tensor"] == {"aten: dtype torch.float64": 1, "aten: dtype torch.int16": 1}
+
+
+def test_reentrant_aten_call_inside_an_override_reaches_aten(backend, device, monkeypatch):
+    """An xkernels op that itself calls a routed aten op (as a plugin implementation may) gets
+    aten's kernel for it, not the override again."""
+    from xkernels.ops.add import add
+
+    real = add.call_no_grad
+    inner = []
+
+    def calls_torch_add(x, y, **kw):
+        inner.append(torch.add(x, y))  # re-enters aten::add.Tensor from inside the override
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(add, "call_no_grad", calls_torch_add)
+    x = torch.randn(3, 4, device=device)
+    with xkernels.enabled(ops=["add"]):
+        y = x + x
+    torch.testing.assert_close(y, 2 * x)
+    counts = xkernels.routing_counts()
+    if backend.runs_triton:
+        assert counts["add.Tensor"] == {"xkernels": 1, "aten: re-entrant call": 1}
+        torch.testing.assert_close(inner[0], 2 * x)
+
+
+def test_add_semantics_kept(backend, device):
+    x = torch.randn(3, 4, device=device)
+    t = x.t()  # non-contiguous: aten's result strides follow the input's
+    y = torch.randn(4, device=device)
+    with xkernels.enabled(ops=["add"]):
+        tt = t + t
+        scaled = x.add(y, alpha=2.5)
+        half = torch.randn(3, 4, device=device).half() + 1.5
+        inplace = x.clone().add_(y)
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+            y.clone().add_(x)
+    assert tt.stride() == (t + t).stride() and torch.equal(tt, t + t)
+    torch.testing.assert_close(scaled, x + 2.5 * y)
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(inplace, x + y)
+    counts = xkernels.routing_counts()
+    if backend.runs_triton:
+        assert counts["add.Tensor"]["aten: non-contiguous operand"] == 1
+        assert counts["add.Tensor"]["xkernels"] == 2
+        assert counts["add_.Tensor"] == {"xkernels": 1, "aten: broadcast grows self": 1}

@@ -1,0 +1,117 @@
+"""Modules that compute with xkernels: drop-in replacements for ``nn.Linear`` and transformers'
+``Conv1D``, with the activation fused into the matmul epilogue.
+
+    layer = xkernels.nn.Linear(768, 3072, activation="gelu")        # an nn.Linear (isinstance holds)
+    layer.load_state_dict(torch_linear.state_dict())                # same keys and shapes
+    fused = xkernels.nn.Linear.from_linear(torch_linear, "relu")    # shares torch_linear's parameters
+
+``forward`` is ``xkernels.ops.linear(x, weight, bias, activation)``: the backend of the tensors'
+device runs it, and its autograd is the op's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["Conv1D", "Linear", "linear_activations"]
+
+
+def linear_activations() -> tuple[str, ...]:
+    """The activation names ``xkernels.ops.linear`` fuses in this build."""
+    from xkernels.ops.matmul_plan import ACTIVATIONS
+
+    return tuple(k for k in ACTIVATIONS if k)
+
+
+def _check_activation(module: str, activation: str | None, negative_slope: Any) -> None:
+    if activation is not None and activation not in linear_activations():
+        raise ValueError(f"xkernels.nn.{module}: 'activation' must be one of {list(linear_activations())} or None, "
+                         f"got {activation!r}")
+    if isinstance(negative_slope, bool) or not isinstance(negative_slope, int | float):
+        raise TypeError(f"xkernels.nn.{module}: 'negative_slope' must be a number, got {negative_slope!r}")
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
+            negative_slope: float) -> torch.Tensor:
+    from xkernels.ops.matmul import linear
+
+    if activation == "leaky_relu":
+        return linear(x, weight, bias, activation, negative_slope=negative_slope)
+    return linear(x, weight, bias, activation)  # positional: repeated calls take the hot path
+
+
+class Linear(torch.nn.Linear):
+    """``nn.Linear`` followed by ``activation`` (``None`` or one of :func:`linear_activations`),
+    computed by ``xkernels.ops.linear``. Parameters, ``state_dict``, init and ``.to()`` are
+    ``nn.Linear``'s; ``negative_slope`` is leaky_relu's."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None, dtype: Any = None,
+                 *, activation: str | None = None, negative_slope: float = 0.01) -> None:
+        _check_activation("Linear", activation, negative_slope)
+        super().__init__(in_features, out_features, bias, device, dtype)
+        self.activation = activation
+        self.negative_slope = float(negative_slope)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, activation: str | None = None, *,
+                    negative_slope: float = 0.01) -> Linear:
+        """A module computing ``activation(linear(x))`` with ``linear``'s own parameters (shared,
+        not copied: an optimiser holding them keeps working); ``training`` is carried over."""
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"xkernels.nn.Linear.from_linear: 'linear' must be a torch.nn.Linear, got {type(linear)}")
+        new = cls(linear.in_features, linear.out_features, linear.bias is not None, device="meta",
+                  dtype=linear.weight.dtype, activation=activation, negative_slope=negative_slope)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.weight, self.bias, self.activation, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation!r}" if self.activation else ""
+        slope = f", negative_slope={self.negative_slope}" if self.activation == "leaky_relu" else ""
+        return super().extra_repr() + act + slope
+
+
+class Conv1D(torch.nn.Module):
+    """transformers' ``Conv1D`` (GPT-2's projections: ``x @ weight + bias`` with ``weight`` of
+    shape ``(nx, nf)`` = (in, out)) followed by ``activation``, computed by
+    ``xkernels.ops.linear``. Same parameters, ``state_dict`` keys and shapes, and init."""
+
+    def __init__(self, nf: int, nx: int, *, activation: str | None = None, negative_slope: float = 0.01,
+                 device: Any = None, dtype: Any = None) -> None:
+        _check_activation("Conv1D", activation, negative_slope)
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = torch.nn.Parameter(torch.empty(nx, nf, device=device, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
+        if self.weight.device.type != "meta":
+            torch.nn.init.normal_(self.weight, std=0.02)
+        self.activation = activation
+        self.negative_slope = float(negative_slope)
+
+    @classmethod
+    def from_conv1d(cls, conv: torch.nn.Module, activation: str | None = None, *,
+                    negative_slope: float = 0.01) -> Conv1D:
+        """A module computing ``activation(conv(x))`` for a transformers ``Conv1D`` (anything with
+        ``weight`` (nx, nf), ``bias`` (nf,), ``nf`` and ``nx``), sharing its parameters."""
+        weight = getattr(conv, "weight", None)
+        if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2:
+            raise TypeError(f"xkernels.nn.Conv1D.from_conv1d: 'conv' needs a 2-D 'weight' parameter, got {type(conv)}")
+        new = cls(weight.shape[1], weight.shape[0], activation=activation, negative_slope=negative_slope,
+                  device="meta", dtype=weight.dtype)
+        new.weight = weight
+        new.bias = conv.bias
+        new.train(conv.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.weight.t(), self.bias, self.activation, self.negative_slope)
+
+    def extra_repr(self) -> str:
+        act = f", activation={self.activation!r}" if self.activation else ""
+        return f"nf={self.nf}, nx={self.nx}{act}"

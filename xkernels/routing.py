@@ -1,0 +1,315 @@
+"""Route aten ops of an unmodified model to xkernels: ``enable()``, ``disable()``, ``enabled()``.
+
+    xkernels.enable()                      # add, mm, bmm, addmm on cuda / npu tensors -> xkernels
+    with xkernels.enabled(ops=["matmul"]):  # mm and bmm only, for this block
+        y = model(x)
+    xkernels.routing_counts()              # {'mm': {'xkernels': 24, 'aten: dtype torch.float64': 1}, ...}
+
+How: a ``torch.library.Library("aten", "IMPL")`` per routed aten overload and dispatch key,
+registered when an op is turned on and destroyed (which restores aten's own kernel) when it is
+turned off. The overrides sit on the backend dispatch keys (``CUDA``; ``PrivateUse1`` for npu;
+``CPU`` only when, at the time of the call that turns routing on, a kernel backend that serves
+cpu tensors is forced, e.g. ``use_backend("interpreter")``), i.e. below the Autograd key: aten's
+own derivative formulas record the graph and their backward ops are routed too.
+
+Inside an override the xkernels op runs through ``Op.call_no_grad``. Whatever goes to aten
+(float64, mixed dtypes, non-contiguous element-wise operands whose result strides aten derives
+from the inputs, ``beta``/``alpha`` of addmm, arguments xkernels' checks refuse, and every aten
+call made while an override is already running on this thread) goes to the ``.out`` overload of
+the same aten op, whose kernel is never overridden, so a routed call can never recurse.
+
+``aten::linear`` and ``aten::matmul`` are CompositeImplicitAutograd: aten decomposes them into
+``addmm`` / ``mm`` / ``bmm`` above the backend keys, so they are routed as those (``ops=["linear"]``
+routes ``addmm`` and ``mm``; ``ops=["matmul"]`` routes ``mm`` and ``bmm``). A kernel of their own
+on a backend key would take them away from autograd. Fused activations need ``xkernels.patch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from xkernels import dispatch
+from xkernels.backend import BackendUnavailableError
+from xkernels.registry import registry
+
+__all__ = ["OP_GROUPS", "disable", "enable", "enabled", "enabled_ops", "routing_counts"]
+
+#: User-facing names and the aten overloads each routes.
+OP_GROUPS: dict[str, tuple[str, ...]] = {
+    "add": ("add.Tensor", "add_.Tensor"),
+    "mm": ("mm",),
+    "bmm": ("bmm",),
+    "addmm": ("addmm",),
+    "matmul": ("mm", "bmm"),
+    "linear": ("addmm", "mm"),
+    "add.Tensor": ("add.Tensor",),
+    "add_.Tensor": ("add_.Tensor",),
+}
+ALL_ATEN = ("add.Tensor", "add_.Tensor", "mm", "bmm", "addmm")
+
+_lock = threading.RLock()
+_selected: frozenset[str] = frozenset()
+_libraries: dict[tuple[str, str], torch.library.Library] = {}
+_counts: Counter[tuple[str, str]] = Counter()
+
+
+class _ThreadState(threading.local):
+    inside = False  # an override of this thread is running an xkernels op
+
+
+_thread = _ThreadState()
+
+
+# -- public API --------------------------------------------------------------------------------
+def enable(ops: Iterable[str] | None = None) -> None:
+    """Route these ops (default: all of :data:`OP_GROUPS`) to xkernels from now on, replacing any
+    earlier ``enable()`` selection. Calling it twice is harmless."""
+    _apply(_resolve(ops))
+
+
+def disable() -> None:
+    """Stop routing; aten's own kernels run again. Without a prior ``enable()`` it does nothing."""
+    _apply(frozenset())
+
+
+@contextlib.contextmanager
+def enabled(ops: Iterable[str] | None = None) -> Iterator[None]:
+    """Route ``ops`` (default: all) in addition to what is routed already, for this block; the
+    routing in effect before the block is restored on exit (nested blocks nest)."""
+    wanted = _resolve(ops)
+    with _lock:
+        before = _selected
+        _apply(before | wanted)
+    try:
+        yield
+    finally:
+        _apply(before)
+
+
+def enabled_ops() -> dict[str, list[str]]:
+    """The aten overloads routed now, each with the dispatch keys it is registered on."""
+    with _lock:
+        result: dict[str, list[str]] = {}
+        for name, key in sorted(_libraries):
+            result.setdefault(name, []).append(key)
+        return result
+
+
+def routing_counts(reset: bool = False) -> dict[str, dict[str, int]]:
+    """Calls seen by the overrides: aten overload -> route (``"xkernels"`` or ``"aten: why"``) -> n."""
+    with _lock:
+        result: dict[str, dict[str, int]] = {}
+        for (name, route), n in sorted(_counts.items()):
+            result.setdefault(name, {})[route] = n
+        if reset:
+            _counts.clear()
+        return result
+
+
+# -- registration ------------------------------------------------------------------------------
+def _resolve(ops: Iterable[str] | None) -> frozenset[str]:
+    if ops is None:
+        return frozenset(ALL_ATEN)
+    if isinstance(ops, str):
+        raise TypeError(f"xkernels.enable: 'ops' must be a list of names, got the string {ops!r}; "
+                        f"write ops=[{ops!r}]")
+    names = list(ops)
+    unknown = [n for n in names if n not in OP_GROUPS]
+    if unknown:
+        raise ValueError(f"xkernels.enable: unknown op name(s) {unknown}; known: {sorted(OP_GROUPS)}")
+    return frozenset(aten for n in names for aten in OP_GROUPS[n])
+
+
+def dispatch_keys() -> list[str]:
+    """The dispatch keys routed now: those of devices whose default backend runs kernels and is
+    available here, plus ``CPU`` while a kernel backend for cpu tensors is forced."""
+    keys = []
+    privateuse1 = torch._C._get_privateuse1_backend_name()
+    for backend in registry.backends().values():
+        if not (backend.runs_triton and backend.default_for_device) or backend.device_type == "cpu":
+            continue
+        key = "CUDA" if backend.device_type == "cuda" else "PrivateUse1" if backend.device_type == privateuse1 else None
+        if key and key not in keys and backend.is_available():
+            keys.append(key)
+    forced = dispatch.override_name()
+    if forced:
+        backend = dispatch.get_backend(forced)
+        if backend.runs_triton and backend.device_type == "cpu" and backend.is_available():
+            keys.append("CPU")
+    return keys
+
+
+def _apply(selected: frozenset[str]) -> None:
+    global _selected
+    with _lock:
+        keys = dispatch_keys() if selected else []
+        wanted = {(name, key) for name in selected for key in keys}
+        for slot in [s for s in _libraries if s not in wanted]:
+            _libraries.pop(slot)._destroy()  # aten's own kernel is in effect again
+        for name, key in sorted(wanted - set(_libraries)):
+            lib = torch.library.Library("aten", "IMPL")
+            with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point here
+                warnings.simplefilter("ignore")
+                lib.impl(name, _OVERRIDES[name], key)
+            _libraries[(name, key)] = lib
+        _selected = selected
+
+
+# -- the overrides -----------------------------------------------------------------------------
+def _kernel_backend(device: torch.device) -> bool:
+    try:
+        return dispatch.select(device).runs_triton
+    except (ValueError, BackendUnavailableError):
+        return False
+
+
+def _run(name: str, fn: Callable[[], torch.Tensor], fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """Run the xkernels call ``fn`` with re-entrant aten calls going to aten; arguments that
+    xkernels' checks refuse (raised before any kernel runs, nothing written) go to aten."""
+    _thread.inside = True
+    try:
+        result = fn()
+    except (ValueError, TypeError) as e:
+        _counts[(name, f"aten: xkernels refused ({type(e).__name__})")] += 1
+        _thread.inside = False
+        return fallback()
+    finally:
+        _thread.inside = False
+    _counts[(name, "xkernels")] += 1
+    return result
+
+
+def _to_aten(name: str, why: str, fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
+    _counts[(name, f"aten: {why}")] += 1
+    return fallback()
+
+
+def _add_why(x: Any, y: Any, alpha: Any) -> str:
+    """Why ``add`` of these goes to aten, or "" when xkernels runs it."""
+    from xkernels.ops.checks import ELEMENTWISE_KERNEL_DTYPES
+
+    if _thread.inside:
+        return "re-entrant call"
+    if x.dtype not in ELEMENTWISE_KERNEL_DTYPES:
+        return f"dtype {x.dtype}"
+    if isinstance(y, torch.Tensor):
+        if y.dtype != x.dtype:
+            return "mixed dtypes"
+        if y.device != x.device:
+            return "operands on different devices"
+        if not (x.is_contiguous() and y.is_contiguous()):
+            return "non-contiguous operand"
+    elif isinstance(y, bool) or not isinstance(y, int | float) or torch.result_type(x, y) != x.dtype:
+        return "scalar promotes the dtype"
+    elif not x.is_contiguous():
+        return "non-contiguous operand"
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or (isinstance(alpha, float)
+                                                                         and not x.dtype.is_floating_point):
+        return "alpha"
+    if not _kernel_backend(x.device):
+        return "backend runs no kernels"
+    return ""
+
+
+def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
+    from xkernels.ops.add import add
+
+    def fallback() -> torch.Tensor:
+        dev = y.device if isinstance(y, torch.Tensor) and x.dim() == 0 and x.device.type == "cpu" else x.device
+        return torch.ops.aten.add.out(x, y, alpha=alpha, out=torch.empty(0, dtype=torch.result_type(x, y), device=dev))
+
+    why = _add_why(x, y, alpha)
+    if why:
+        return _to_aten("add.Tensor", why, fallback)
+    return _run("add.Tensor", (lambda: add.call_no_grad(x, y)) if alpha == 1 else
+                (lambda: add.call_no_grad(x, y, alpha=alpha)), fallback)
+
+
+def _add_(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
+    from xkernels.ops.add import add
+
+    def fallback() -> torch.Tensor:
+        shape = torch.broadcast_shapes(x.shape, y.shape if isinstance(y, torch.Tensor) else ())
+        if shape != x.shape:  # add.out would resize x; add_ refuses
+            raise RuntimeError(f"output with shape {list(x.shape)} doesn't match the broadcast shape {list(shape)}")
+        return torch.ops.aten.add.out(x, y, alpha=alpha, out=x)
+
+    why = _add_why(x, y, alpha)
+    if not why and isinstance(y, torch.Tensor) and torch.broadcast_shapes(x.shape, y.shape) != x.shape:
+        why = "broadcast grows self"
+    if why:
+        return _to_aten("add_.Tensor", why, fallback)
+    return _run("add_.Tensor", (lambda: add.call_no_grad(x, y, out=x)) if alpha == 1 else
+                (lambda: add.call_no_grad(x, y, alpha=alpha, out=x)), fallback)
+
+
+def _matmul_why(a: torch.Tensor, b: torch.Tensor, dims: int) -> str:
+    from xkernels.ops.checks import MATMUL_KERNEL_DTYPES
+
+    if _thread.inside:
+        return "re-entrant call"
+    if a.dim() != dims or b.dim() != dims:
+        return f"operands are not {dims}-D"
+    if a.dtype != b.dtype:
+        return "mixed dtypes"
+    if a.dtype not in MATMUL_KERNEL_DTYPES:
+        return f"dtype {a.dtype}"
+    if a.device != b.device:
+        return "operands on different devices"
+    if a.shape[-1] != b.shape[-2] or (dims == 3 and a.shape[0] != b.shape[0]):
+        return "shapes do not match"
+    if not _kernel_backend(a.device):
+        return "backend runs no kernels"
+    return ""
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    from xkernels.ops.matmul import matmul
+
+    fallback = lambda: torch.ops.aten.mm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=a.device))
+    why = _matmul_why(a, b, 2)
+    if why:
+        return _to_aten("mm", why, fallback)
+    return _run("mm", lambda: matmul.call_no_grad(a, b), fallback)
+
+
+def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    from xkernels.ops.matmul import matmul
+
+    fallback = lambda: torch.ops.aten.bmm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=a.device))
+    why = _matmul_why(a, b, 3)
+    if why:
+        return _to_aten("bmm", why, fallback)
+    return _run("bmm", lambda: matmul.call_no_grad(a, b), fallback)
+
+
+def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 1, alpha: Any = 1) -> torch.Tensor:
+    from xkernels.ops.matmul import linear
+
+    fallback = lambda: torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha,
+                                                out=torch.empty(0, dtype=a.dtype, device=a.device))
+    why = _matmul_why(a, b, 2)
+    if not why:
+        if beta != 1 or alpha != 1:
+            why = "beta or alpha is not 1"
+        elif bias.dim() != 1 or bias.shape[0] != b.shape[1] or bias.dtype != a.dtype or bias.device != a.device:
+            why = "self is not a bias of shape (N,)"
+    if why:
+        return _to_aten("addmm", why, fallback)
+    return _run("addmm", lambda: linear.call_no_grad(a, b.t(), bias), fallback)
+
+
+_OVERRIDES: dict[str, Callable[..., torch.Tensor]] = {
+    "add.Tensor": _add,
+    "add_.Tensor": _add_,
+    "mm": _mm,
+    "bmm": _bmm,
+    "addmm": _addmm,
+}

@@ -1,0 +1,150 @@
+"""The processes a sweep runs in: one, or the ranks ``torchrun`` starts (``torch.distributed``).
+
+Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set) each rank joins the default
+process group with its device's collective backend (NCCL on cuda, HCCL on npu, gloo on CPU),
+selects its local device (``LOCAL_RANK``), and Python objects are gathered through a gloo group.
+Progress is counted in the rendezvous store, so rank 0 can show one bar for every rank's items.
+Without ``torchrun`` the world is this process alone and nothing is initialised.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: The collective backend of each device type (gloo for everything on the host).
+COLLECTIVES = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
+#: How long a rank waits for the others at a collective: a rank may still be sweeping.
+TIMEOUT = datetime.timedelta(hours=6)
+PROGRESS_KEY = "xkernels_sweep_done"
+
+
+@dataclass
+class World:
+    """This process's place in the sweep."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    _objects: Any = field(default=None, repr=False)  # the gloo group objects travel through
+    _store: Any = field(default=None, repr=False)
+    _counts: dict[str, int] = field(default_factory=dict, repr=False)
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1 or self._objects is not None
+
+    def add_done(self, counter: str, n: int = 1) -> int:
+        """Count ``n`` more finished items on ``counter`` (one per sweep); the count over every
+        rank so far (this rank's alone when there is no store)."""
+        if self._store is None:
+            self._counts[counter] = self._counts.get(counter, 0) + n
+            return self._counts[counter]
+        return int(self._store.add(f"{PROGRESS_KEY}/{counter}", n))
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (``None`` on the others); ``[obj]`` alone."""
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        got: list[Any] = [None] * self.size if self.rank == 0 else None  # type: ignore[assignment]
+        dist.gather_object(obj, got, dst=0, group=self._objects)
+        return got
+
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._objects)
+
+    def close(self) -> None:
+        """Leave the process groups together (a rank tearing down its connections while rank 0
+        still writes would abort the others)."""
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._objects)
+            if self._objects is not dist.group.WORLD:
+                dist.destroy_process_group(self._objects)
+            dist.destroy_process_group()
+
+
+def join(device_type: str) -> World:
+    """The world of this process: ``torchrun``'s ranks (process groups initialised, local device
+    selected), else a world of one."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return World()
+    import torch.distributed as dist
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type != "cpu":
+        getattr(torch, device_type).set_device(local)  # before NCCL/HCCL binds a device
+    if not dist.is_initialized():
+        dist.init_process_group(backend=COLLECTIVES.get(device_type, "gloo"), timeout=TIMEOUT)
+    objects = dist.new_group(backend="gloo", timeout=TIMEOUT) if device_type != "cpu" else dist.group.WORLD
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        store = _get_default_store()
+    except Exception:  # noqa: BLE001 - no store: rank 0 counts its own items only
+        store = None
+    return World(rank, size, local, objects, store)
+
+
+class Progress:
+    """One progress line for the whole sweep, written by rank 0 to stderr (redrawn in place
+    on a terminal, a line every 10 s otherwise)."""
+
+    def __init__(self, world: World, total: int, label: str) -> None:
+        self.world, self.total, self.label = world, total, label
+        self.counter = label
+        self.start = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self.shown = -1.0
+        self.last_final = -1
+        self.failed = 0
+
+    def resumed(self, n: int) -> None:
+        """``n`` items of this rank were taken from checkpoints."""
+        self.world.add_done(self.counter, n)
+
+    def step(self, rec: dict[str, Any] | None = None) -> None:
+        """One item finished on this rank (``rec``: its record)."""
+        if rec is not None and "err" in rec:
+            self.failed += 1
+        done = self.world.add_done(self.counter, 1)
+        if self.world.rank == 0:
+            self.show(done, final=done >= self.total)
+
+    def show(self, done: int, final: bool = False) -> None:
+        now = time.perf_counter() - self.start
+        if (not final and not self.tty and now - self.shown < 10) or (final and done == self.last_final):
+            return
+        self.shown = now
+        if final:
+            self.last_final = done
+        pct = 100.0 * done / max(self.total, 1)
+        bar = "#" * int(pct // 5)
+        line = (f"{self.label}: [{bar:<20}] {done}/{self.total} items ({pct:.0f}%), {self.world.size} "
+                f"process{'es' if self.world.size > 1 else ''}, {now:.0f} s")
+        print(("\r\033[K" if self.tty else "") + line, end="\n" if final or not self.tty else "",
+              file=sys.stderr, flush=True)
+
+    def wait_for_others(self, poll_s: float = 0.5) -> None:
+        """On rank 0: keep the bar moving until every rank's items are counted."""
+        if self.world.rank != 0:
+            return
+        done = self.world.add_done(self.counter, 0)
+        while self.world._store is not None and done < self.total:
+            time.sleep(poll_s)
+            done = self.world.add_done(self.counter, 0)
+            self.show(done)
+        self.show(done, final=True)
