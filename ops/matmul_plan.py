@@ -5,9 +5,10 @@ into launches of ``matmul_kernels.matmul_kernel`` (pointer loads), ``matmul_tma_
 through tensor descriptors, sm90+) or, for split-K, ``matmul_kernel`` writing fp32 partials
 followed by ``splitk_reduce_kernel``; or, for a ``"VENDOR": true`` selection (a shape class where
 the tuner measured the device's own BLAS faster than every kernel config), into the PyTorch call
-itself. Host-side layout work lives here too: batch dims collapsed
-or materialised, 2-D operands copied to an aligned leading stride where the backend's matrix
-unit needs it, and ``DIV_*`` divisibility hints so 16-byte-aligned odd shapes vectorise.
+itself. Host-side layout work lives here too: batch dims collapsed or materialised, 2-D operands
+copied to an aligned leading stride where the backend's matrix unit needs it (or, on a backend
+with ``misaligned_to_vendor``, the call given to its BLAS), and ``DIV_*`` divisibility hints so
+16-byte-aligned odd shapes vectorise.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.launch import Launcher
 from xkernels.ops import matmul_config
@@ -67,7 +69,13 @@ class MatmulPlan(Plan):
         tma = (matmul_config.tma_layout(backend, call.device, call.dtype, a.element_size(), N, a_mk, b_kn, call.bias)
                if single and not self.align_a and not self.align_b else None)
         key = matmul_config.bucket_key(call.dtype, shape, call.activation, call.bias is not None)
-        sel = matmul_config.select(op, backend, call.device, key, shape, tma)
+        if (self.align_a or self.align_b) and backend.misaligned_to_vendor and tuning.forced_config() is None:
+            sel = matmul_config.Selection(
+                {"VENDOR": True}, f"{backend.name} backend: misaligned_to_vendor",
+                "an operand's leading stride is misaligned: the kernel would copy it first, the device's "
+                "BLAS reads it in place", measured=True)
+        else:
+            sel = matmul_config.select(op, backend, call.device, key, shape, tma)
         self.selection = sel
         cfg = sel.config
         self.source, self.why, self.measured = sel.source, sel.why, sel.measured

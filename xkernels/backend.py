@@ -125,6 +125,12 @@ class Backend:
     fast_launch: bool = False
     #: Whether ``tl.dot`` takes bfloat16 operands as they are (False: the kernel upcasts first).
     native_bf16_dot: bool = True
+    #: Whether a matmul/linear whose 2-D operand has a misaligned leading stride (rows not
+    #: starting on ``alignment`` bytes, e.g. GPT-2's 768 x 50257 vocabulary matrix used as
+    #: ``x @ W``) runs the device's own BLAS through torch instead of copying the operand into an
+    #: aligned buffer first. True where that was measured faster (cuda: see results/README.md);
+    #: False keeps the copy (and the kernel) everywhere else.
+    misaligned_to_vendor: bool = False
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).

@@ -149,8 +149,37 @@ def test_misaligned_leading_stride_is_realigned(backend, device, transposed):
         got = matmul(a, b)
     assert_close(got, a.double().cpu() @ b.double().cpu(), torch.float16, scale=_tol_scale(257))
     exp = matmul.explain(a, b)
-    if exp.route == "triton kernel":
+    if backend.runs_triton and backend.misaligned_to_vendor:  # cuda: the device's BLAS reads them in place
+        assert exp.route == "vendor BLAS" and "misaligned" in exp.why, exp
+    elif backend.runs_triton:
         assert "realign_a" in exp.config and "realign_b" in exp.config, exp
+    if backend.runs_triton:  # a forced kernel config (a sweep) always takes the copy
+        with tuning.force({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}):
+            exp = matmul.explain(a, b)
+            assert "realign_a" in exp.config and "realign_b" in exp.config, exp
+            assert_close(matmul(a, b), a.double().cpu() @ b.double().cpu(), torch.float16, scale=_tol_scale(257))
+
+
+def test_misaligned_operands_go_to_the_vendor_blas_where_the_backend_says(backend, device, monkeypatch):
+    """A backend with ``misaligned_to_vendor`` (cuda) runs the PyTorch call for a misaligned
+    operand, epilogue included; the result, ``out=`` and gradients are torch's."""
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch for every call")
+    monkeypatch.setattr(backend, "misaligned_to_vendor", True)
+    x, w = rand((300, 263), torch.float32, device), rand((96, 263), torch.float32, device)
+    bias = rand((96,), torch.float32, device)
+    exp = linear.explain(x, w, bias, "gelu")
+    assert exp.route == "vendor BLAS" and "F.linear" in exp.variant, exp
+    out = poisoned((300, 96), torch.float32, device)
+    with Unchanged(x, w, bias):
+        assert linear(x, w, bias, "gelu", out=out) is out
+    assert_close(out, reference_linear(x.double(), w.double(), bias.double(), "gelu"), torch.float32,
+                 scale=_tol_scale(263))
+    xg = x.clone().requires_grad_(True)
+    linear(xg, w, bias, "gelu").sum().backward()
+    xr = x.double().clone().requires_grad_(True)
+    reference_linear(xr, w.double(), bias.double(), "gelu").sum().backward()
+    assert_close(xg.grad, xr.grad, torch.float32, scale=_tol_scale(263))
 
 
 def test_fp32_follows_torch_tf32_setting(backend, device):

@@ -1,5 +1,5 @@
 # usage: gpu_bench.sh DTYPE [elementwise|small]...
-. .scratch/gpu_common.sh
+. tools/device_runs/common.sh
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 t0=$(date +%s)
 dt=$1; shift

@@ -1,4 +1,4 @@
-. .scratch/gpu_common.sh
+. tools/device_runs/common.sh
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 export XKERNELS_TEST_BACKENDS=cuda
 A=$(ls tests/ops/test_*.py | head -5 | tr '\n' ' ')

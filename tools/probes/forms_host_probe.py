@@ -1,0 +1,79 @@
+"""Host time of each documented call form, and where it goes: wall µs per back-to-back call
+(xkernels and the equivalent torch call), which hot entry serves it, whether its launch is the
+direct C record or Triton's launcher, and the top functions of a cProfile over 3000 calls.
+
+Question: the s5 small bench showed add(x, y, alpha=2) and add(x, 2.0) ~7 µs slower per call than
+add(x, y) on the host, and broadcast(x, b, out=o) ~4 µs slower than torch.add(x, b, out=o).
+Prediction: their launches miss the direct record (a by-value scalar's spec) and take the
+Python launcher.
+
+    python tools/probes/forms_host_probe.py
+"""
+
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from xkernels.ops import add, broadcast, linear
+
+
+def wall_us(fn, n=2000, rounds=5):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    res = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        res.append((time.perf_counter() - t) / n * 1e6)
+    return statistics.median(res)
+
+
+def main() -> None:
+    d = torch.device("cuda")
+    x, y = torch.randn(1024, device=d, dtype=torch.float16), torch.randn(1024, device=d, dtype=torch.float16)
+    X, b = torch.randn(64, 1024, device=d, dtype=torch.float16), torch.randn(1024, device=d, dtype=torch.float16)
+    o = torch.empty_like(X)
+    xl, w, bl = (torch.randn(32, 512, device=d, dtype=torch.float16), torch.randn(512, 512, device=d, dtype=torch.float16),
+                 torch.randn(512, device=d, dtype=torch.float16))
+    forms = [
+        ("add(x, y)", lambda: add(x, y), lambda: torch.add(x, y), (add, (x, y), {})),
+        ("add(x, y, alpha=2)", lambda: add(x, y, alpha=2), lambda: torch.add(x, y, alpha=2), (add, (x, y), {"alpha": 2})),
+        ("add(x, 2.0)", lambda: add(x, 2.0), lambda: torch.add(x, 2.0), (add, (x, 2.0), {})),
+        ("broadcast(x, b, out=o)", lambda: broadcast(X, b, out=o), lambda: torch.add(X, b, out=o),
+         (broadcast, (X, b), {"out": o})),
+        ('linear(x, w, b, activation="gelu")', lambda: linear(xl, w, bl, activation="gelu"),
+         lambda: F.gelu(F.linear(xl, w, bl)), (linear, (xl, w, bl), {"activation": "gelu"})),
+        ("linear(x, w, bias=b)", lambda: linear(xl, w, bias=bl), lambda: F.linear(xl, w, bl),
+         (linear, (xl, w), {"bias": bl})),
+    ]
+    for name, xk, th, (op, args, kwargs) in forms:
+        xk()
+        xk()
+        entry = op.hot_entry(*args, **kwargs)
+        cells = [c.cell_contents for c in (getattr(entry, "__closure__", None) or ())]
+        inner = [f for c in cells for f in getattr(c, "fns", {}).values()]  # ByValue's per-value launches
+        launch_kinds = sorted({type(c).__name__ + ":" + getattr(c, "__qualname__", "")
+                               for c in cells + inner if callable(c)})
+        print(f"{name:36} xk {wall_us(xk):6.1f} us  torch {wall_us(th):6.1f} us  entry "
+              f"{getattr(entry, '__qualname__', entry)}  closure callables {launch_kinds}", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(3000):
+            xk()
+        prof.disable()
+        torch.cuda.synchronize()
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(8)
+        print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[-1800:], flush=True)
+
+
+if __name__ == "__main__":
+    main()
