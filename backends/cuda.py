@@ -51,6 +51,7 @@ class CudaBackend(Backend):
     alignment = 16  # 128-bit loads (ld.global.v4)
     fast_launch = True
     misaligned_to_vendor = True  # cuBLAS reads misaligned rows in place; the copy cost 0.35-0.64x (s5 run)
+    m_major_a_to_vendor = True  # the TMA kernel on grad.T ran 0.68x cuBLAS (s6 run); no table measured it
     priority = 20
 
     @functools.cache  # noqa: B019 - one backend object per process

@@ -11,9 +11,13 @@ through the ``torch.autograd.Function`` subclasses here: the forward is the op's
 * ``linear``: the activation's derivative (aten's own backward kernels: ``threshold_backward``,
   ``gelu_backward``, ``silu_backward``, ``leaky_relu_backward``), then the two GEMMs through
   ``xkernels.ops.matmul`` and the bias gradient as a sum over rows. relu and leaky_relu with a
-  slope >= 0 read their derivative off the output; gelu, gelu_tanh, silu and a negative slope
-  need the pre-activation, which the backward recomputes with ``xkernels.ops.linear`` (one more
-  GEMM in the backward, none in the forward).
+  slope >= 0 read their derivative off the output. gelu, gelu_tanh, silu and a negative slope
+  need the pre-activation: eagerly, ``Linear.autograd`` runs them as ``linear`` + PyTorch's
+  activation, so autograd keeps it; the registered custom op (``library.py``, one fused node
+  under ``torch.compile``) recomputes it in the backward with ``xkernels.ops.linear``.
+
+Calls whose plan is the vendor BLAS do not come here: their hot entry runs torch's ops, which
+autograd records itself (``Op.__call__``).
 
 Reductions, the ``alpha`` scaling and the activation derivatives run in PyTorch. ``out=`` has no
 gradient (as in PyTorch): a call with ``out=`` where a gradient is required raises before

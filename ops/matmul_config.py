@@ -20,6 +20,12 @@ A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two step
    the larger of the tile's math at the unit's share of the matmul peak and the tile's operand
    bytes at its share of the copy bandwidth (:func:`analytic_ms`).
 
+   Where the table also fits the device's own BLAS on the same measurements (a candidate
+   ``{"VENDOR": true, "cost": [per GFLOP, per MB, per activation MB, fixed]}``, see
+   :func:`vendor_ms`), the best kernel must be estimated ``VENDOR_ADVANTAGE`` (1.1x) faster than
+   it, or the call runs the BLAS: a shape nobody measured gets a kernel only on clear evidence.
+   Launch-bound calls (best kernel under ``HOST_BOUND_MS``) keep the kernel: host time decides.
+
 TMA candidates (``"TMA": true``) compete only where the call can load through tensor
 descriptors (:func:`tma_layout`); split-K candidates only for one 2-D product with K long enough.
 ``explain()`` prints the selection's ``source`` and ``why``.
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -50,6 +56,16 @@ BUILTIN_CANDIDATES: list[dict[str, Any]] = [
 #: Assumed when the device reports no figures: an H100-class ratio of matmul peak to bandwidth.
 DEFAULT_RIDGE_FLOP_PER_BYTE = 300.0
 
+#: Where no rule matches and the table fits the device's own BLAS too (a ``{"VENDOR": true,
+#: "cost": ...}`` candidate), the wave model picks a kernel only when its estimate beats the
+#: BLAS's by this factor: both estimates come from other shapes, so a near tie is a coin toss
+#: that the BLAS, tuned for every shape, wins more often (results/README.md, session 6).
+VENDOR_ADVANTAGE = 1.10
+#: ... except for calls whose best kernel is estimated under this (ms): there the time is the
+#: host's, and a kernel's hot entry is one launch where the BLAS route is torch's own launches
+#: (two with an activation) behind the same front door (results/h100-2026-11-23-s6, forms probe).
+HOST_BOUND_MS = 0.02
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -62,6 +78,7 @@ class Shape:
     element_size: int
     split_ok: bool  # one 2-D product (see MatmulPlan)
     max_programs: int = 2**31 - 1  # programs one launch may have (split-K needs all at once)
+    a_mmajor: bool = False  # A is M-contiguous (grad.T); tables are measured on row-major A
 
 
 @dataclass(frozen=True)
@@ -78,25 +95,39 @@ class Selection:
 def bucket_key(dtype: torch.dtype, shape: Shape, activation: str | None, has_bias: bool) -> dict[str, Any]:
     """The fields table rules match on."""
     return {"dtype": str(dtype).removeprefix("torch."), "m": shape.m, "n": shape.n, "k": shape.k,
-            "batch": shape.batch, "activation": activation or "none", "bias": has_bias}
+            "batch": shape.batch, "activation": activation or "none", "bias": has_bias,
+            "a_layout": "m-major" if shape.a_mmajor else "row-major"}
+
+
+class TmaLayout(NamedTuple):
+    """How a call's operands load through tensor descriptors: A as its (K, M) transpose
+    (``a_mmajor``: M contiguous, a weight gradient's ``grad.T``) or row-major; B as the (N, K)
+    weight (``b_kmajor``) or row-major (K, N)."""
+
+    a_mmajor: bool
+    b_kmajor: bool
 
 
 def tma_layout(backend: Backend, device: torch.device, dtype: torch.dtype, element_size: int, n: int,
-               a_st: tuple[int, int], b_st: tuple[int, int], bias: torch.Tensor | None) -> str | None:
-    """``"kmajor"`` or ``"rowmajor"`` (B's layout) where the call can load its operands through
-    tensor descriptors: fp16/bf16, row-major A, B row-major or K-contiguous, 16-byte rows, a
-    unit-stride bias; ``None`` otherwise."""
+               a_st: tuple[int, int], b_st: tuple[int, int], bias: torch.Tensor | None) -> TmaLayout | None:
+    """The :class:`TmaLayout` where the call can load its operands through tensor descriptors:
+    fp16/bf16, A row-major or M-contiguous, B row-major or K-contiguous, 16-byte leading
+    strides and C rows, a unit-stride bias; ``None`` otherwise."""
     if dtype not in (torch.float16, torch.bfloat16) or not backend.tensor_descriptors(device):
         return None
     es = element_size
-    if a_st[1] != 1 or (a_st[0] * es) % 16 or (n * es) % 16:
+    if (n * es) % 16 or (bias is not None and bias.stride(0) != 1 and n > 1):
         return None
-    if bias is not None and bias.stride(0) != 1 and n > 1:
+    if a_st[1] == 1 and (a_st[0] * es) % 16 == 0:
+        a_mmajor = False
+    elif a_st[0] == 1 and (a_st[1] * es) % 16 == 0:
+        a_mmajor = True
+    else:
         return None
     if b_st[1] == 1 and (b_st[0] * es) % 16 == 0:
-        return "rowmajor"
+        return TmaLayout(a_mmajor, False)
     if b_st[0] == 1 and (b_st[1] * es) % 16 == 0:
-        return "kmajor"
+        return TmaLayout(a_mmajor, True)
     return None
 
 
@@ -150,7 +181,7 @@ def analytic_ms(cfg: dict[str, Any], shape: Shape, units: int, ridge: float) -> 
 
 
 def select(op: str, backend: Backend, device: torch.device, key: dict[str, Any], shape: Shape,
-           tma: str | None) -> Selection:
+           tma: Any) -> Selection:
     """The config for one call (see the module doc). ``tma``: :func:`tma_layout`'s answer."""
     arch = backend.arch(device)
     forced = tuning.forced_config()
@@ -170,8 +201,10 @@ def select(op: str, backend: Backend, device: torch.device, key: dict[str, Any],
 
 
 def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict[str, Any], shape: Shape,
-           tma: str | None) -> Selection:
+           tma: Any) -> Selection:
     cands, source = tuning.candidates(op, backend, arch, key)
+    vendor = next((c for c in cands if c.get("VENDOR")), None)
+    cands = [c for c in cands if not c.get("VENDOR")]
     fitted = any("cost" in c for c in cands)
     if not cands:
         cands, source = BUILTIN_CANDIDATES, f"built-in candidates of ops/matmul_config.py (no table for {arch!r})"
@@ -196,7 +229,50 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
     how = "fitted costs" if fitted else "device properties (no fitted costs for this arch)"
     why = (f"wave model over {len(estimates)} candidates from {how}: {tiles} tiles on {units} compute units "
            f"= {w} wave{'s' if w > 1 else ''}")
+    if fitted and vendor is not None and "cost" in vendor:
+        blas = vendor_ms(vendor["cost"], shape, key.get("activation", "none") != "none")
+        estimates["device BLAS"] = blas
+        if best[0] * VENDOR_ADVANTAGE > blas and best[0] >= HOST_BOUND_MS:
+            return Selection({"VENDOR": True}, source,
+                             f"{why}; its best kernel ({_label(cfg)}, {best[0] * 1e3:.1f} us estimated) is not "
+                             f"{VENDOR_ADVANTAGE:g}x faster than the device's BLAS ({blas * 1e3:.1f} us, fitted on "
+                             f"the same measurements)", False, estimates)
+        why += (f"; {VENDOR_ADVANTAGE:g}x faster than the device's BLAS estimate ({blas * 1e3:.1f} us)"
+                if best[0] * VENDOR_ADVANTAGE <= blas else
+                f"; launch-bound (under {HOST_BOUND_MS * 1e3:g} us estimated), where a kernel's one launch costs "
+                f"the host less than the BLAS route ({blas * 1e3:.1f} us estimated)")
     return Selection(cfg, source, why, False, estimates)
+
+
+def vendor_features(shape: Shape, activation: bool) -> list[float]:
+    """What the device's BLAS time is fitted on: GFLOP, MB of operands and result, MB of the
+    separate activation pass (read + write; 0 without one), and 1."""
+    mn = shape.batch * shape.m * shape.n
+    gflop = 2.0 * mn * shape.k * 1e-9
+    mb = (shape.batch * (shape.m + shape.n) * shape.k + mn) * shape.element_size * 1e-6
+    return [gflop, mb, 2.0 * mn * shape.element_size * 1e-6 if activation else 0.0, 1.0]
+
+
+def vendor_ms(cost: list[float], shape: Shape, activation: bool) -> float:
+    """The fitted time of the device's BLAS (torch's call, plus its activation) on ``shape``."""
+    return sum(c * f for c, f in zip(cost, vendor_features(shape, activation)))
+
+
+def fit_vendor_cost(points: list[tuple[Shape, bool, float]]) -> list[float] | None:
+    """Non-negative ``[per GFLOP, per MB, per activation MB, fixed]`` (ms) of the device's BLAS
+    from measured (shape, has activation, torch ms), relative error weighted, refitted without
+    points off by more than 2x; ``None`` with fewer than four points."""
+    pts = list(points)
+    coef: list[float] | None = None
+    for _ in range(3):
+        if len(pts) < 4:
+            break
+        coef = _nnls([([f / ms for f in vendor_features(s, act)], 1.0) for s, act, ms in pts], 4)
+        keep = [(s, a, ms) for s, a, ms in pts if 0.5 < ms / max(vendor_ms(coef, s, a), 1e-9) < 2.0]
+        if len(keep) == len(pts):
+            break
+        pts = keep
+    return coef
 
 
 def _ridge(backend: Backend, device: torch.device) -> float:
@@ -237,15 +313,19 @@ def fit_cost(points: list[tuple[Shape, float]], cfg: dict[str, Any], units: int)
 
 
 def _nnls_fit(points: list[tuple[Shape, float]], cfg: dict[str, Any], units: int) -> list[float]:
-    """Non-negative least squares on three features by projected coordinate descent (no SciPy)."""
     rows = []
     for s, ms in points:
         _, w = waves(cfg, s, units)
         rows.append(([w * s.k / split_of(cfg, s) / ms, w / ms, 1.0 / ms], 1.0))
-    x = [0.0, 0.0, 0.0]
+    return _nnls(rows, 3)
+
+
+def _nnls(rows: list[tuple[list[float], float]], n: int) -> list[float]:
+    """Non-negative least squares by projected coordinate descent (no SciPy)."""
+    x = [0.0] * n
     for _ in range(2000):
-        for j in range(3):
-            num = sum(r[j] * (y - sum(r[i] * x[i] for i in range(3) if i != j)) for r, y in rows)
+        for j in range(n):
+            num = sum(r[j] * (y - sum(r[i] * x[i] for i in range(n) if i != j)) for r, y in rows)
             den = sum(r[j] * r[j] for r, _ in rows)
             x[j] = max(0.0, num / den) if den else 0.0
     return x

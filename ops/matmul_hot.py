@@ -35,7 +35,7 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
             or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()):
         return None
     if plan.tma is not None:
-        entry = _hot_tma(plan, call, b)
+        entry = _hot_tma(plan, call, a, b)
     elif plan.reduce_launcher is not None:
         entry = _hot_split(plan, call)
     else:
@@ -74,11 +74,14 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
 
 
 def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
-    """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning."""
+    """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning. It is
+    marked ``records_autograd``: where a gradient is required the front door runs it as it is
+    and autograd records torch's ops (aten's backward: no Python ``autograd.Function``)."""
     if plan.op == "matmul":
         def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
             return torch.matmul(a, b)
 
+        matmul_entry.records_autograd = True  # type: ignore[attr-defined]
         return matmul_entry
     from xkernels.ops.matmul import reference_linear
 
@@ -88,6 +91,7 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
             out: None = None) -> torch.Tensor:
         return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
 
+    hot.records_autograd = True  # type: ignore[attr-defined]
     return hot
 
 
@@ -133,11 +137,12 @@ class _HostDescriptor(NamedTuple):
     padding: str = "zero"
 
 
-def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
+def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: torch.Tensor) -> Any:
     """The hot entry of a TMA plan: build the three descriptors from the call's tensors (the
     shapes, strides and block shapes are the first call's) and launch through Triton's compiled
     launcher. Bases must stay 16-byte aligned and the bias's alignment class the same, or the
-    full path runs (it copies misaligned bases)."""
+    full path runs (it copies misaligned bases). A read M-major (``a_mmajor``) is the call's
+    2-D ``a`` transposed."""
     t = plan.tma
     assert t is not None
     (M, N, K), out_shape, dtype, device = plan.dims, call.out_shape, call.dtype, call.device
@@ -153,9 +158,13 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
     # either (linear's weight, matmul's transposed view), fixed by the entry's strides
     b_flip = t["b_kmajor"] and tuple(b_arg.shape) == (K, N) and b_arg.stride() == call.b.stride()
     bias_aligned = call.bias.data_ptr() % 16 == 0 if has_bias else True
-    a_st, b_base = call.a.stride(0), (call.b.t() if t["b_kmajor"] else call.b)
+    a_mmajor = t["a_mmajor"]
+    if a_mmajor and a_arg.dim() != 2:  # a folded (B, S, K) x read M-major: the full path
+        return None
+    a_st = call.a.stride(1) if a_mmajor else call.a.stride(0)
+    b_base = call.b.t() if t["b_kmajor"] else call.b
     b_shape, b_st = list(b_base.shape), [b_base.stride(0), 1]
-    a_shape, c_shape = [M, K], [M, N]
+    a_shape, c_shape = ([K, M] if a_mmajor else [M, K]), [M, N]
 
     leaky = _slope_of(call)
 
@@ -165,7 +174,8 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, b_arg: torch.Tensor) -> Any:
             return None
         s = float(slope) if leaky else fixed_slope  # a float argument: no specialisation to keep
         c = torch.empty(out_shape, dtype=dtype, device=device)
-        descs = (_HostDescriptor(a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1], t["a"]),
+        descs = (_HostDescriptor(a.t() if a_mmajor else a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1],
+                                 t["a"]),
                  _HostDescriptor(b.t() if b_flip else b, b_shape, b_st, t["b"]),
                  _HostDescriptor(c if c.dim() == 2 else c.view(M, N), c_shape, [N, 1], t["c"]))
         return c if launch(*descs, bias if has_bias else c, M, N, K, s) else None

@@ -175,10 +175,13 @@ def _tma_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M:
 
 @triton.jit
 def _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, B_KMAJOR: tl.constexpr):
+                    BLOCK_K: tl.constexpr, A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr):
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
-        a = a_desc.load([off_m, k])
+        if A_MMAJOR:  # A given as its (K, M) transpose: a weight gradient's grad.T
+            a = a_desc.load([k, off_m]).T
+        else:
+            a = a_desc.load([off_m, k])
         if B_KMAJOR:
             acc = tl.dot(a, b_desc.load([off_n, k]).T, acc)
         else:
@@ -213,10 +216,12 @@ def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M: tl.con
 def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr,
-                      PERSISTENT: tl.constexpr = False, EPILOGUE_SUBTILE: tl.constexpr = False):
-    """C = act(A @ B + bias) for 2-D A (M, K) and B given as (K, N) or, ``B_KMAJOR``, as the
-    (N, K) weight of ``linear``: tiles move through tensor descriptors (the TMA engine on
-    sm90+), which zero-fill reads past the edges and clip writes, so no masks are needed.
+                      PERSISTENT: tl.constexpr = False, EPILOGUE_SUBTILE: tl.constexpr = False,
+                      A_MMAJOR: tl.constexpr = False):
+    """C = act(A @ B + bias) for 2-D A given as (M, K) or, ``A_MMAJOR``, as its (K, M) transpose
+    (a weight gradient's ``grad.T``), and B given as (K, N) or, ``B_KMAJOR``, as the (N, K)
+    weight of ``linear``: tiles move through tensor descriptors (the TMA engine on sm90+), which
+    zero-fill reads past the edges and clip writes, so no masks are needed.
 
     One program per output tile, grouped for L2 reuse; ``PERSISTENT``: one program per SM walking
     tiles ``pid, pid + nprog, ...`` in one flattened loop, so the next tile's loads overlap this
@@ -229,7 +234,7 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
         n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
         for tile in tl.range(pid, n_tiles, nprog, flatten=True):
             off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
+            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
             # the epilogue recounts its tile (as Triton's persistent-matmul tutorial does), so the
             # pipeliner need not carry the load offsets over to it
             tile_c += nprog
@@ -238,6 +243,6 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
                           EPILOGUE_SUBTILE)
     else:
         off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, B_KMAJOR)
+        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
         _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
                       EPILOGUE_SUBTILE)

@@ -64,16 +64,24 @@ class MatmulPlan(Plan):
         b_kn = _aligned_strides(b, self.align_b)
 
         # which config, and why (matmul_config); split-K needs every (tile, split) program at once
+        m_major = single and a_mk[0] == 1 and a_mk[1] != 1 and M > 1
         shape = matmul_config.Shape(M, N, Kd, n_batch, a.element_size(), split_ok=n_batch == 1 and not self.materialize,
-                                    max_programs=backend.max_programs("cube", call.device))
+                                    max_programs=backend.max_programs("cube", call.device), a_mmajor=m_major)
         tma = (matmul_config.tma_layout(backend, call.device, call.dtype, a.element_size(), N, a_mk, b_kn, call.bias)
                if single and not self.align_a and not self.align_b else None)
         key = matmul_config.bucket_key(call.dtype, shape, call.activation, call.bias is not None)
-        if (self.align_a or self.align_b) and backend.misaligned_to_vendor and tuning.forced_config() is None:
+        unforced = tuning.forced_config() is None
+        if (self.align_a or self.align_b) and backend.misaligned_to_vendor and unforced:
             sel = matmul_config.Selection(
                 {"VENDOR": True}, f"{backend.name} backend: misaligned_to_vendor",
                 "an operand's leading stride is misaligned: the kernel would copy it first, the device's "
                 "BLAS reads it in place", measured=True)
+        elif m_major and backend.m_major_a_to_vendor and unforced and not _rule_names_layout(op, backend, call,
+                                                                                                key, tma):
+            sel = matmul_config.Selection(
+                {"VENDOR": True}, f"{backend.name} backend: m_major_a_to_vendor",
+                "A is M-contiguous (a weight gradient's grad.T): no table rule measured that layout, the "
+                "device's BLAS reads it in place", measured=True)
         else:
             sel = matmul_config.select(op, backend, call.device, key, shape, tma)
         self.selection = sel
@@ -93,7 +101,7 @@ class MatmulPlan(Plan):
         self.reduce_launcher: Launcher | None = None
         self.split_k = 1
         if cfg.get("TMA") and tma:
-            self._plan_tma(backend, call, cfg, M, N, Kd, tma == "kmajor")
+            self._plan_tma(backend, call, cfg, M, N, Kd, tma)
         else:
             self._plan_pointer(backend, call, cfg, shape, sizes, (sa, sb, sc), a_mk, b_kn, c_strides)
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
@@ -163,11 +171,11 @@ class MatmulPlan(Plan):
         self.variant += f", K split {self.split_k} ways (fp32 partials, then a reduction kernel)"
 
     def _plan_tma(self, backend: Backend, call: MatmulCall, cfg: dict[str, Any], M: int, N: int, Kd: int,
-                  b_kmajor: bool) -> None:
-        """``matmul_tma_kernel``: A and C row-major, B row-major or K-contiguous (``b_kmajor``),
-        tiles loaded through tensor descriptors. ``"PERSISTENT": true`` runs one program per
-        compute unit walking tiles pid, pid + nprog, ...; ``"EPILOGUE_SUBTILE": true`` stores C
-        in two halves of BLOCK_N // 2 columns."""
+                  layout: matmul_config.TmaLayout) -> None:
+        """``matmul_tma_kernel``: C row-major, A row-major or M-contiguous (``a_mmajor``), B
+        row-major or K-contiguous (``b_kmajor``), tiles loaded through tensor descriptors.
+        ``"PERSISTENT": true`` runs one program per compute unit walking tiles pid, pid + nprog,
+        ...; ``"EPILOGUE_SUBTILE": true`` stores C in two halves of BLOCK_N // 2 columns."""
         from xkernels.ops import matmul_kernels as K
 
         bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
@@ -176,17 +184,20 @@ class MatmulPlan(Plan):
         programs = max(1, min(tiles, units)) if units else tiles
         subtile = bool(cfg.get("EPILOGUE_SUBTILE"))
         c_block = [bm, bn // 2] if subtile else [bm, bn]
-        self.tma = {"a": [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": c_block, "b_kmajor": b_kmajor}
+        a_mmajor, b_kmajor = layout.a_mmajor, layout.b_kmajor
+        self.tma = {"a": [bk, bm] if a_mmajor else [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": c_block,
+                    "a_mmajor": a_mmajor, "b_kmajor": b_kmajor}
         self.jit_fn = K.matmul_tma_kernel
         self.grid = (programs,)
         self.dims = (M, N, Kd)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
                                HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor,
-                               PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile)
+                               PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile, A_MMAJOR=a_mmajor)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.variant = ("matmul" + (" + bias" if call.bias is not None else "")
                         + (f" + {call.activation}" if call.activation else "")
-                        + ", tiles loaded through tensor descriptors (TMA)")
+                        + ", tiles loaded through tensor descriptors (TMA)"
+                        + (", A read as its (K, M) transpose" if a_mmajor else ""))
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
                        **self.options, "TMA": True}
         if units:
@@ -239,16 +250,26 @@ class MatmulPlan(Plan):
 
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:
-        """Tensor descriptors of the 2-D operands (B as the (N, K) weight when ``b_kmajor``)."""
+        """Tensor descriptors of the 2-D operands (A as its (K, M) transpose when ``a_mmajor``, B
+        as the (N, K) weight when ``b_kmajor``)."""
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         t = self.tma
         assert t is not None
+        at = a.t() if t["a_mmajor"] else a
         bt = b.t() if t["b_kmajor"] else b
         c2 = c.view(a.shape[0], b.shape[1])
-        return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], t["a"]),
+        return (TensorDescriptor(at, list(at.shape), [at.stride(0), 1], t["a"]),
                 TensorDescriptor(bt, list(bt.shape), [bt.stride(0), 1], t["b"]),
                 TensorDescriptor(c2, list(c2.shape), [c2.stride(0), 1], t["c"]))
+
+
+def _rule_names_layout(op: str, backend: Backend, call: MatmulCall, key: dict[str, Any], tma: Any) -> bool:
+    """Whether the table rule this call matches (as ``matmul_config.select`` looks it up) names
+    A's layout (``"a_layout"`` in its ``when``)."""
+    choice = tuning.lookup(op, backend, backend.arch(call.device), {**key, "variant": "tma"} if tma else key, {},
+                           rules_only=True)
+    return choice is not None and "a_layout" in choice.when
 
 
 REALIGN_MIN_ELEMENTS = 1 << 16  # below this a copy costs more than misaligned loads

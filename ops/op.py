@@ -5,8 +5,10 @@
 1. while ``torch.compile``/``torch.export`` trace (``torch.compiler.is_compiling()``): the
    registered custom op ``torch.ops.xkernels.<op>`` (``op.library_call``, ``ops/library.py``),
    one opaque graph node with a fake implementation and autograd;
-2. grad mode on and a tensor argument requiring grad: recorded by autograd (``op.autograd``,
-   ``ops/autograd.py``), whose forward is ``call_no_grad``;
+2. grad mode on and a tensor argument requiring grad: a signature whose hot entry computes with
+   PyTorch's own ops (a vendor-BLAS plan) runs that entry, and autograd records torch's ops and
+   their derivatives; any other is recorded by autograd through the op's ``autograd.Function``
+   (``op.autograd``, ``ops/autograd.py``), whose forward is ``call_no_grad``;
 3. ``call_no_grad``: the eager path below.
 
 Either way the arguments are first bound to the op's ``params`` (``canonical``).
@@ -135,6 +137,11 @@ class Op:
         self._n_positional = sum(p.positional for p in self.params)
         self._n_required = sum(p.default is REQUIRED for p in self.params)
         self._keys = tuple(p.key for p in self.params)
+        # op(a, b, name=value) with every other parameter defaulted: name -> (key kind, the
+        # defaults before and after it), for the hot lookup of that form
+        self._keyword_forms = {p.name: (p.key, self._defaults[2:i], self._defaults[i + 1:])
+                               for i, p in enumerate(self.params)
+                               if i >= 2 and all(j == i for j in range(2, self._n_required))}
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
         self._hot: dict[Any, Callable[..., torch.Tensor | None]] = {}
         self._ready: set[str] = set()
@@ -205,8 +212,39 @@ class Op:
         if _is_compiling():
             return self._compiled(self._bind(args, kwargs))
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
+            torch_entry = self._torch_entry(args, kwargs)
+            if torch_entry is not None:  # PyTorch's own ops: its autograd records them
+                return torch_entry
             return self.autograd(self._bind(args, kwargs))
-        return self.call_no_grad(*args, **kwargs)
+        if self._hot and _forced.get() is None:  # call_no_grad's hot entry, one call frame less
+            found = self._hot_lookup(args, kwargs)
+            if found is not None:
+                try:
+                    hot = self._hot.get(found[0])
+                except TypeError:  # an unhashable argument
+                    hot = None
+                if hot is not None:
+                    result = hot(*found[1])
+                    if result is not None:
+                        return result
+        return self._full_path(args, kwargs)
+
+    def _torch_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+        """The result of a call whose signature has a hot entry that computes with PyTorch ops
+        (a vendor-BLAS plan: ``records_autograd``), run with autograd recording those ops; else
+        ``None``. The backward is then aten's derivative, as for the unpatched model."""
+        if not self._hot or _forced.get() is not None:
+            return None
+        found = self._hot_lookup(args, kwargs)
+        if found is None:
+            return None
+        try:
+            hot = self._hot.get(found[0])
+        except TypeError:  # an unhashable argument
+            return None
+        if hot is None or not getattr(hot, "records_autograd", False):
+            return None
+        return hot(*found[1])
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The call's arguments in ``params`` order; a call that does not fit raises ``check``'s error."""
@@ -271,6 +309,10 @@ class Op:
                     result = hot(*found[1])
                     if result is not None:
                         return result
+        return self._full_path(args, kwargs)
+
+    def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """Check, route and launch; a kernel call leaves a hot entry for its signature."""
         call = self.check(*args, **kwargs)
         if self.without_backend(call):
             return self.torch_impl(call)
@@ -288,12 +330,24 @@ class Op:
 
     def _hot_lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]] | None:
         """(hot-entry key, arguments in ``params`` order) of a call, or ``None`` where it cannot
-        have an entry. Two positional tensors, the most common call, are spelled out for speed."""
-        if not kwargs and len(args) == 2:
+        have an entry. The documented short forms are spelled out for speed: two positional
+        tensors; a tensor and a Python number; two tensors and one keyword (``alpha=``,
+        ``out=``, ``bias=``, ...). Each form's key starts with its own tag, so keys of different
+        forms never meet; any other call builds the general key from ``params``."""
+        if len(args) == 2:
             a, b = args
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                return ((_override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype,
-                         b.device), args + self._defaults[2:])
+            if isinstance(a, torch.Tensor):
+                if not kwargs:
+                    if isinstance(b, torch.Tensor):
+                        return ((_override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
+                                 b.dtype, b.device), args + self._defaults[2:])
+                    if type(b) in _NUMBERS:
+                        return (("t+n", _override.get(), a.shape, a.stride(), a.dtype, a.device, type(b)),
+                                args + self._defaults[2:])
+                elif len(kwargs) == 1 and isinstance(b, torch.Tensor):
+                    found = self._one_keyword(a, b, kwargs)
+                    if found is not False:
+                        return found
         canon = self.canonical(args, kwargs)
         if canon is None:
             return None
@@ -311,6 +365,29 @@ class Op:
             else:  # "type"
                 key.append(type(v))
         return tuple(key), canon
+
+    def _one_keyword(self, a: torch.Tensor, b: torch.Tensor,
+                     kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]] | None | bool:
+        """``_hot_lookup`` of ``op(a, b, name=value)``; ``False`` where that is not a complete
+        call of the signature (the general path then decides)."""
+        (name, v), = kwargs.items()
+        form = self._keyword_forms.get(name)
+        if form is None:
+            return False
+        how, before, after = form
+        if how == "layout":
+            kv = (v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v)
+        elif how == "alpha":
+            kind = type(v)
+            if kind not in _NUMBERS:
+                return None
+            kv = (kind, v == 1)
+        elif how == "value":
+            kv = v
+        else:  # "type"
+            kv = type(v)
+        return (("2t+kw", _override.get(), name, kv, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
+                 b.dtype, b.device), (a, b, *before, v, *after))
 
     def hot_entry(self, *args: Any, **kwargs: Any) -> Callable[..., torch.Tensor | None] | None:
         """The hot entry a call with these arguments would take, if there is one (for tests and

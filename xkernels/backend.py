@@ -131,6 +131,11 @@ class Backend:
     #: aligned buffer first. True where that was measured faster (cuda: see results/README.md);
     #: False keeps the copy (and the kernel) everywhere else.
     misaligned_to_vendor: bool = False
+    #: Whether a matmul whose A is M-contiguous (``grad.T @ x``, a weight gradient's layout: no
+    #: tuning table measured it) runs the device's own BLAS unless a table rule names that
+    #: layout (``"a_layout": "m-major"``). True where the kernel was measured slower there (cuda:
+    #: 0.68x at BERT's FFN weight gradient, results/h100-2026-11-23-s6); False keeps the kernel.
+    m_major_a_to_vendor: bool = False
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).

@@ -243,6 +243,9 @@ class ByValue:
         self.fns: dict[Any, Callable[..., bool]] = {}
 
     def __call__(self, *values: Any) -> Callable[..., bool]:
+        fn = self.fns.get(values) if 0 not in values else None  # a zero's sign needs the slow key
+        if fn is not None:
+            return fn
         key = tuple(v if v != 0 else (v, repr(v)) for v in values)
         fn = self.fns.get(key)
         if fn is None:

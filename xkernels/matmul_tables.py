@@ -27,6 +27,8 @@ row-major, linear's K-contiguous: one op's winners are not the other's). From th
   ``"cost": [a, b, c]`` (``matmul_config.fit_cost``), so shapes no rule covers get the config of
   the smallest estimated time. Configs whose measurements the fit cannot explain (any shape more
   than 2.5x slower than fitted) are left out of the candidates: the model could not predict them.
+  Torch's times are fitted too (``{"VENDOR": true, "cost": ...}``, ``matmul_config.vendor_ms``):
+  the model picks a kernel only when it is estimated 1.1x faster than the device's BLAS.
 """
 
 from __future__ import annotations
@@ -39,7 +41,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xkernels.ops.matmul_config import Shape, fit_cost, fitted_ms
+from xkernels.ops.matmul_config import Shape, fit_cost, fit_vendor_cost, fitted_ms
+from xkernels.ops.matmul_plan import ACTIVATIONS
+
+#: what a rule measured only with activations is keyed to: any activation, never none (the
+#: baseline of an activation-free call is the bare GEMM, which such a measurement says nothing of)
+WITH_ACTIVATION = [a for a in ACTIVATIONS if a]
 
 HALF = ["bfloat16", "float16"]
 VENDOR_MARGIN = 1.03
@@ -68,9 +75,10 @@ def _epilogue(r: dict[str, Any]) -> tuple[str, bool | None]:
 
 def rules(rows: list[dict[str, Any]], dtypes: list[str], vendor_margin: float = VENDOR_MARGIN) -> list[dict[str, Any]]:
     """Measured rules, one (or a TMA + pointer pair) per measured shape class. An (N, K) measured
-    with one epilogue gets rules for every epilogue; one measured with several (Llama's gate with
-    silu, up without) gets rules naming ``activation`` (and ``bias``) in ``when`` for all but one
-    (the activation-free one where measured), which follows them without an epilogue key."""
+    with several epilogues (Llama's gate with silu, up without) gets rules naming ``activation``
+    (and ``bias``) in ``when`` for all but one (the activation-free one where measured), which
+    follows them without an epilogue key. One measured only with activations gets rules for any
+    activation: an activation-free call of that shape is left to the wave model and the BLAS."""
     by_nk: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in rows:
         by_nk.setdefault((r["N"], r["K"]), []).append(r)
@@ -84,6 +92,8 @@ def rules(rows: list[dict[str, Any]], dtypes: list[str], vendor_margin: float = 
                 extra["activation"] = act
                 if bias is not None and len({b for _, b in epilogues}) > 1:
                     extra["bias"] = bias
+            elif act != "none":  # measured with activations only: no claim about the bare GEMM
+                extra["activation"] = WITH_ACTIVATION
             out += _class_rules(group, dtypes, n, k, extra, vendor_margin)
     return out
 
@@ -123,9 +133,11 @@ def _class_rules(group: list[dict[str, Any]], dtypes: list[str], n: int, k: int,
 
 
 def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> list[dict[str, Any]]:
-    """Candidate groups with fitted costs (see the module doc)."""
+    """Candidate groups with fitted costs (see the module doc), the device's BLAS among them as
+    ``{"VENDOR": true, "cost": ...}`` fitted on the rows' torch times."""
     points: dict[str, list[tuple[Shape, float]]] = {}
     cfgs: dict[str, dict[str, Any]] = {}
+    blas = [(Shape(r["M"], r["N"], r["K"], 1, 2, True), bool(r.get("act")), r["torch_ms"]) for r in rows]
     for r in rows:
         for c in r["cfgs"]:
             if "ms" in c:
@@ -141,6 +153,9 @@ def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> lis
         if worst > UNPREDICTABLE:
             continue
         fitted.append({**cfgs[k], "cost": [float(f"{v:.4g}") for v in cost]})
+    vendor = fit_vendor_cost(blas)
+    if vendor is not None:
+        fitted.append({"VENDOR": True, "cost": [float(f"{v:.4g}") for v in vendor]})
     return [{"when": {"dtype": dtypes}, "configs": fitted}]
 
 

@@ -28,7 +28,7 @@ import functools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ class Choice:
     config: dict[str, Any]
     source: str
     measured: bool = False
+    when: dict[str, Any] = field(default_factory=dict)  # the matching rule's conditions
 
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("xkernels_forced", default=None)
@@ -153,7 +154,7 @@ def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any], default: d
         for i, rule in enumerate(table["archs"].get(arch_key, ())):
             if matches(rule.get("when", {}), key):
                 return Choice({**default, **rule["config"]}, f"{path.name} [{arch_key}] rule {i} ({path.parent})",
-                              "measured" in rule)
+                              "measured" in rule, dict(rule.get("when", {})))
     if rules_only:
         return None
     return Choice(dict(default), f"built-in default of op {op!r} (no table rule matched)")

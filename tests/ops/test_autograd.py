@@ -167,13 +167,14 @@ def test_out_with_a_gradient_raises_before_writing(backend, device):
 
 def test_backward_gemms_run_through_xkernels_matmul(backend, device, monkeypatch):
     calls = []
-    real = matmul.call_no_grad
+    real = matmul._full_path
 
-    def counted(*args, **kwargs):
+    def counted(args, kwargs):
         calls.append(tuple(a.shape for a in args))
-        return real(*args, **kwargs)
+        return real(args, kwargs)
 
-    monkeypatch.setattr(matmul, "call_no_grad", counted)
+    matmul._forget()  # no hot entries: every signature's first call takes the full path
+    monkeypatch.setattr(matmul, "_full_path", counted)
     x = rand((6, 8), torch.float32, device).requires_grad_()
     w = rand((4, 8), torch.float32, device).requires_grad_()
     linear(x, w, None, "relu").sum().backward()
@@ -191,3 +192,35 @@ def test_float64_gradcheck_and_double_backward(backend, device):
     for act in ACTIVATIONS:
         assert torch.autograd.gradcheck(lambda x, w, b: linear(x, w, b, act), (a, w, bias))
     assert torch.autograd.gradgradcheck(lambda x, w, b: linear(x, w, b, "gelu"), (a, w, bias))
+
+
+def test_vendor_signatures_record_torchs_own_autograd(backend, device, monkeypatch):
+    """Where a signature's plan is the vendor BLAS (its hot entry computes with PyTorch ops), a
+    call that needs a gradient runs that entry and autograd records torch's ops: aten's
+    backward, no Python ``autograd.Function``. The first call, which plans, still goes through
+    the Function. Gradients equal PyTorch's either way, and leaky_relu's slope is each call's own."""
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel selection")
+    from xkernels.ops import matmul_config
+
+    vendor = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
+    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: vendor)
+    matmul._forget()
+    linear._forget()
+    try:
+        shapes = ((2, 5, 8), (6, 8), (6,))
+        first = linear(*_leaves(*(rand(s, torch.float32, device) for s in shapes)), "leaky_relu")
+        assert type(first.grad_fn).__name__ == "LinearFunctionBackward"
+        for slope in (0.1, -0.3, 0.2):
+            x, w, b = (rand(s, torch.float32, device) for s in shapes)
+            fn = lambda x, w, b, s=slope: linear(x, w, b, "leaky_relu", negative_slope=s)  # noqa: E731
+            ref = lambda x, w, b, s=slope: reference_linear(x, w, b, "leaky_relu", s)  # noqa: E731
+            assert type(fn(*_leaves(x, w, b)).grad_fn).__name__ == "LeakyReluBackward0"
+            _compare_grads(fn, ref, (x, w, b), torch.float32, scale=4)
+        a, m = rand((7, 8), torch.float32, device), rand((8, 3), torch.float32, device)
+        matmul(*_leaves(a, m))  # plans
+        assert type(matmul(*_leaves(a, m)).grad_fn).__name__ == "MmBackward0"
+        _compare_grads(matmul, torch.matmul, (a, m), torch.float32, scale=4)
+    finally:
+        matmul._forget()
+        linear._forget()

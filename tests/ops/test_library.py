@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from helpers import assert_close, poisoned, rand
+import xkernels
+from helpers import assert_close, assert_model_close, poisoned, rand
 from xkernels.ops import add, broadcast, linear, matmul
 from xkernels.ops.matmul import reference_linear
 
@@ -35,20 +36,31 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def test_fullgraph_compile_matches_eager_with_gradients(backend, device):
-    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
-    inputs = _inputs(device, requires_grad=True)
-    got = compiled(*inputs)
-    got.sum().backward()
-    grads = [t.grad.clone() for t in inputs]
+def _run_with_grads(fn, inputs):
     for t in inputs:
         t.grad = None
-    want = block(*inputs)
-    want.sum().backward()
-    assert got.requires_grad and got.shape == want.shape
-    assert_close(got, want.detach().double(), torch.float32, scale=10)
-    for g, t in zip(grads, inputs):
-        assert_close(g, t.grad.double(), torch.float32, scale=10)
+    out = fn(*inputs)
+    out.sum().backward()
+    return out.detach(), [t.grad.clone() for t in inputs]
+
+
+def test_fullgraph_compile_matches_eager_with_gradients(backend, device):
+    """The compiled block and the eager one, result and every input's gradient, each against the
+    float64 run within the model tolerance (``assert_model_close``: a multiple of PyTorch's own
+    float32 error). The two need not agree bit for bit: where a gradient is required, eager
+    ``linear(..., "gelu")`` runs linear + PyTorch's gelu (keeping the pre-activation), while the
+    compiled custom op is one fused node whose backward recomputes it."""
+    inputs = _inputs(device, requires_grad=True)
+    got, got_grads = _run_with_grads(torch.compile(block, fullgraph=True, backend="aot_eager"), inputs)
+    eager, eager_grads = _run_with_grads(block, inputs)
+    with xkernels.use_backend("cpu"):  # PyTorch's own float32 run of the same block, and float64's
+        torch_out, torch_grads = _run_with_grads(block, [t.detach().cpu().requires_grad_() for t in inputs])
+        ref, ref_grads = _run_with_grads(block, [t.detach().cpu().double().requires_grad_() for t in inputs])
+    assert got.shape == eager.shape == ref.shape
+    for mine in ((got, got_grads), (eager, eager_grads)):
+        assert_model_close(mine[0], torch_out, ref)
+        for g, t, r in zip(mine[1], torch_grads, ref_grads):
+            assert_model_close(g, t, r)
 
 
 def test_compiled_graph_holds_one_node_per_call(backend, device):

@@ -241,7 +241,8 @@ def test_tma_repeat_calls_are_hot_and_match(backend, device, tmp_path):
     if not backend.tensor_descriptors(device):
         pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
 
-    rules = [{"when": {"variant": "tma"}, "config": _TMA_SMALL},
+    rules = [{"when": {"variant": "tma", "a_layout": "m-major"}, "config": _TMA_SMALL},  # else cuBLAS on cuda
+             {"when": {"variant": "tma"}, "config": _TMA_SMALL},
              {"when": {}, "config": {k: v for k, v in _TMA_SMALL.items() if k != "TMA"}}]
     tables = {op: {"archs": {backend.arch(device): rules}} for op in ("linear", "matmul")}
     dtype, (B, S, K, N) = torch.bfloat16, (2, 1100, 1000, 640)
@@ -253,16 +254,21 @@ def _tma_repeat_calls(dtype, B, S, K, N, device):
     for trial in range(3):
         x, w, b = rand((B, S, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
         a2, bt = rand((B * S, K), dtype, device), rand((N, K), dtype, device)
+        a2t = rand((K, B * S), dtype, device).t()  # M-major A, as a weight gradient's grad.T
         assert linear.explain(x, w, b, "gelu").config.get("TMA") and matmul.explain(a2, bt.t()).config.get("TMA")
-        with Unchanged(x, w, b, a2, bt):
+        assert "(K, M) transpose" in matmul.explain(a2t, bt.t()).variant
+        with Unchanged(x, w, b, a2, bt, a2t):
             got = linear(x, w, b, "gelu")
             got_m = matmul(a2, bt.t())
+            got_t = matmul(a2t, bt.t())
         if trial:  # the first call made the entries
             assert linear.hot_entry(x, w, b, "gelu") is not None
             assert matmul.hot_entry(a2, bt.t()) is not None
+            assert matmul.hot_entry(a2t, bt.t()) is not None
         ref = reference_linear(x.double(), w.double(), b.double(), "gelu")
         assert_close(got, ref, dtype, scale=K / 16)
         assert_close(got_m, a2.double() @ bt.double().t(), dtype, scale=K / 16)
+        assert_close(got_t, a2t.double() @ bt.double().t(), dtype, scale=K / 16)
     buf = rand((B * S * K + 1,), dtype, device)
     shifted = buf[1:].view(B, S, K)  # same shape and strides, base 2 bytes past alignment
     assert_close(linear(shifted, w, b, "gelu"), reference_linear(shifted.double(), w.double(), b.double(), "gelu"),
@@ -288,8 +294,10 @@ def test_tma_kernel_variants_match_torch(backend, device, cfg):
     M, K, N = 3000, 520, 2056  # 16-byte rows; 24 x 9 tiles of 128x256
     dtype = torch.bfloat16
     x, w, b = rand((M, K), dtype, device), rand((N, K), dtype, device), rand((N,), dtype, device)
-    bt = rand((K, N), dtype, device)
+    bt, xt = rand((K, N), dtype, device), rand((K, M), dtype, device).t()  # xt: M-major A (a grad.T)
     with tuning.force(cfg):
+        assert matmul.make_plan(matmul.check(xt, bt), backend).tma["a_mmajor"]
+        assert_close(matmul(xt, bt), xt.double() @ bt.double(), dtype, scale=K / 16)
         exp = matmul.explain(x, w.t())
         assert exp.config.get("TMA") and exp.config.get("PERSISTENT", False) == cfg.get("PERSISTENT", False)
         assert exp.config.get("EPILOGUE_SUBTILE", False) == cfg.get("EPILOGUE_SUBTILE", False)
@@ -326,17 +334,20 @@ def test_tma_kernel_variants_in_the_interpreter(cfg):
     be = _InterpretedTma()
     if be.unavailable_reason():
         pytest.skip(be.unavailable_reason())
-    M, K, N, dtype = 300, 72, 264, torch.float16
+    M, K, N, dtype = 296, 72, 264, torch.float16
     x, w, b = rand((M, K), dtype, "cpu"), rand((N, K), dtype, "cpu"), rand((N,), dtype, "cpu")
-    bt = rand((K, N), dtype, "cpu")
+    bt, xt = rand((K, N), dtype, "cpu"), rand((K, M), dtype, "cpu").t()  # xt: M-major A (a grad.T)
     cases = [(matmul, (x, w.t()), x.double() @ w.double().t()), (matmul, (x, bt), x.double() @ bt.double()),
              (linear, (x, w, b, "gelu"), reference_linear(x.double(), w.double(), b.double(), "gelu")),
-             (linear, (x, w, b, "gelu_tanh"), reference_linear(x.double(), w.double(), b.double(), "gelu_tanh"))]
+             (linear, (x, w, b, "gelu_tanh"), reference_linear(x.double(), w.double(), b.double(), "gelu_tanh")),
+             (matmul, (xt, bt), xt.double() @ bt.double()), (matmul, (xt, w.t()), xt.double() @ w.double().t()),
+             (linear, (xt, w, b, "relu"), reference_linear(xt.double(), w.double(), b.double(), "relu"))]
     for op, args, ref in cases:
         call = op.check(*args)
         with tuning.force(cfg):
             plan = op.make_plan(call, be)
         assert plan.tma is not None and plan.grid == (3 if cfg.get("PERSISTENT") else 25,)
+        assert plan.tma["a_mmajor"] == (args[0] is xt)
         c = poisoned((M, N), dtype, "cpu")
         plan.launch(call.a, call.b, c, call.bias, call.slope, ())
         assert_close(c, ref, dtype, scale=K / 16)

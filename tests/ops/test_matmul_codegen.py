@@ -179,11 +179,42 @@ def test_tma_follows_the_table_rule(args):
     assert plan.source == choice.source
 
 
-def test_misaligned_or_transposed_operands_keep_the_pointer_kernel():
-    a_t = _meta(4096, 4096).t()  # A M-contiguous: not a TMA layout here
-    assert "TMA" not in matmul.make_plan(matmul.check(a_t, _meta(4096, 4096)), _H100()).config
+def test_misaligned_operands_keep_the_pointer_kernel():
     odd_rows = _meta(4096, 4095)[:, :4094]  # 8190-byte rows: not 16-byte aligned
     assert "TMA" not in matmul.make_plan(matmul.check(odd_rows, _meta(4094, 4096)), _H100()).config
+    odd_cols = _meta(4094, 4095)[:, :4094].t()  # M-major A whose columns are 8190 bytes apart
+    assert "TMA" not in matmul.make_plan(matmul.check(odd_cols, _meta(4094, 4096)), _H100()).config
+
+
+def test_m_major_a_goes_to_the_blas_unless_a_rule_names_the_layout(tmp_path):
+    """No table measured an M-contiguous A (a weight gradient's grad.T): on cuda such a call
+    runs cuBLAS (``m_major_a_to_vendor``), unless a config is forced or a rule names
+    ``"a_layout": "m-major"``."""
+    from helpers import planted_tables
+
+    a_t, b = _meta(3072, 768).t(), _meta(3072, 1024)
+    plan = matmul.make_plan(matmul.check(a_t, b), _H100())
+    assert plan.vendor and plan.source == "cuda backend: m_major_a_to_vendor" and "grad.T" in plan.why
+    assert not matmul.make_plan(matmul.check(_meta(768, 3072), b), _H100()).source.startswith("cuda backend")
+    rule = {"when": {"a_layout": "m-major"}, "config": {**_TMA, "num_stages": 4}, "measured": {"shapes": []}}
+    with planted_tables(tmp_path, "cuda", {"matmul": {"archs": {"sm90": [rule]}}}):
+        planned = matmul.make_plan(matmul.check(a_t, b), _H100())
+    assert not planned.vendor and planned.tma["a_mmajor"] and planned.config["num_stages"] == 4
+
+
+@pytest.mark.parametrize("b_kmajor", [False, True], ids=["B row-major", "B K-major"])
+def test_m_major_a_loads_its_transpose_through_tma(b_kmajor):
+    """A weight gradient's ``grad.T @ x``: A is M-contiguous. The TMA kernel reads it through a
+    (K, M) descriptor and feeds wgmma the transposed tile (no copy of A first)."""
+    a_t = _meta(3072, 768).t()  # (M=768, K=3072), M contiguous
+    b = _meta(1024, 3072).t() if b_kmajor else _meta(3072, 1024)
+    with tuning.force(_TMA):
+        plan, kernel = _compile(matmul, a_t, b, backend=_H100())
+    assert plan.tma["a_mmajor"] and plan.tma["a"] == [64, 128] and plan.tma["b_kmajor"] == b_kmajor
+    assert plan.constexprs["A_MMAJOR"] and "(K, M) transpose" in plan.variant
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+    assert kernel.metadata.shared <= SMEM, kernel.metadata.shared
 
 
 _TMA = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True}

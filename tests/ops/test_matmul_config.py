@@ -83,14 +83,46 @@ def test_a_measured_shape_takes_its_rule():
     assert sel.measured and "rule" in sel.source and sel.why == "a measured rule for this shape class"
 
 
-def test_an_unmeasured_shape_takes_the_wave_model_over_fitted_candidates():
-    sel = _select(1000, 1536, 1536)  # no model in the corpus has this layer
+@pytest.mark.parametrize("advantage", [0.01, 100.0], ids=["kernel wins", "BLAS wins"])
+def test_an_unmeasured_shape_takes_the_wave_model_over_fitted_candidates(monkeypatch, advantage):
+    """No rule: the smallest kernel estimate, which must beat the fitted BLAS estimate by
+    ``VENDOR_ADVANTAGE`` (forced here to either side) or the call runs the BLAS."""
+    monkeypatch.setattr(mc, "VENDOR_ADVANTAGE", advantage)
+    sel = _select(4000, 1536, 1536)  # no model in the corpus has this layer
     assert not sel.measured and "candidates" in sel.source
     assert "wave model" in sel.why and "fitted costs" in sel.why and f"on {SMS} compute units" in sel.why
-    assert sel.estimates_ms and min(sel.estimates_ms.values()) > 0
-    # the winner is the smallest estimate
-    label = mc._label(sel.config)
-    assert sel.estimates_ms[label] == min(sel.estimates_ms.values())
+    blas = sel.estimates_ms.pop("device BLAS")
+    assert sel.estimates_ms and min(sel.estimates_ms.values()) > 0 and blas > 0
+    if advantage < 1:  # the winner is the smallest kernel estimate
+        assert sel.estimates_ms[mc._label(sel.config)] == min(sel.estimates_ms.values())
+        assert "faster than the device's BLAS estimate" in sel.why
+    else:
+        assert sel.config == {"VENDOR": True} and "is not 100x faster than the device's BLAS" in sel.why
+        tiny = _select(32, 512, 512)  # launch-bound: the kernel's one launch, whatever the BLAS estimate
+        assert not tiny.config.get("VENDOR") and "launch-bound" in tiny.why
+
+
+def test_fit_vendor_cost_recovers_the_blas_model():
+    truth = [0.0009, 0.0003, 0.0004, 0.007]
+    rng = random.Random(1)
+    points = [(s, act, mc.vendor_ms(truth, s, act) * rng.uniform(0.98, 1.02))
+              for s in (_shape(rng.choice([1, 128, 2048, 8192]), rng.choice([768, 3072, 4096]),
+                               rng.choice([768, 4096])) for _ in range(24)) for act in (False, True)]
+    cost = mc.fit_vendor_cost(points)
+    assert cost is not None and all(c >= 0 for c in cost)
+    for s, act, _ in points:
+        assert mc.vendor_ms(cost, s, act) == pytest.approx(mc.vendor_ms(truth, s, act), rel=0.1)
+    assert mc.fit_vendor_cost(points[:3]) is None
+
+
+def test_a_rule_measured_with_an_activation_says_nothing_of_the_bare_gemm():
+    """BERT's FFN up-projection was measured with gelu only: gelu calls take its rule, the
+    activation-free call (the pre-activation a training step keeps) does not."""
+    shape = _shape(8192, 3072, 768)
+    gelu = mc.select("linear", _Sm(), CPU, mc.bucket_key(torch.bfloat16, shape, "gelu", True), shape, "kmajor")
+    bare = mc.select("linear", _Sm(), CPU, mc.bucket_key(torch.bfloat16, shape, None, True), shape, "kmajor")
+    assert gelu.measured and "rule" in gelu.source
+    assert not bare.measured and "candidates" in bare.source
 
 
 def test_tma_candidates_compete_only_for_tma_calls():
@@ -147,6 +179,18 @@ def test_tables_rules_pair_tma_with_a_pointer_fallback_and_key_activations_first
     assert plain[0]["when"]["m_max"] + 1 == plain[2]["when"]["m_min"]  # M classes split at the geometric mean
     assert plain[0]["when"]["m_max"] == 1024 and "m_max" not in plain[2]["when"]
     assert plain[1]["config"] == A and plain[1]["measured"]["worst_ratio"] == round(0.010 / 0.012, 3)
+
+
+def test_tables_key_a_class_measured_only_with_activations_to_them_and_fit_the_blas():
+    rows = [_row("linear", m, 3072, 768, 0.01 * m / 128, [(A, 0.012 * m / 128), (B, 0.009 * m / 128)], act="gelu")
+            for m in (128, 1024, 8192)]
+    rules = matmul_tables.rules(rows, ["bfloat16"], vendor_margin=0)
+    assert rules and all(r["when"]["activation"] == matmul_tables.WITH_ACTIVATION for r in rules)
+    assert "none" not in matmul_tables.WITH_ACTIVATION and "gelu" in matmul_tables.WITH_ACTIVATION
+    more = rows + [_row("linear", 512, 768, 768, 0.004, [(A, 0.005), (B, 0.004)])]
+    configs = matmul_tables.candidates(more, ["bfloat16"], SMS)[0]["configs"]
+    vendor = [c for c in configs if c.get("VENDOR")]
+    assert len(vendor) == 1 and len(vendor[0]["cost"]) == 4
 
 
 def test_tables_route_a_class_to_the_vendor_blas_only_when_every_kernel_is_slower():

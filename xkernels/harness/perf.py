@@ -205,8 +205,20 @@ def measure_matmul_peak(target: Target, n: int) -> Figure:
     b = torch.randn(n, n, generator=gen).to(target.device, torch.bfloat16)
     t = time_calls(lambda _: torch.matmul(a, b), [None], target, Settings(warmup=2, min_reps=3, max_reps=30,
                                                                           budget_s=1.0, flush=False))
-    return Figure(round(2 * n**3 / (t.median_ms * 1e-3) / 1e12, 3), "TFLOP/s", "measured",
+    return Figure(float(f"{2 * n**3 / (t.median_ms * 1e-3) / 1e12:.4g}"), "TFLOP/s", "measured",
                   f"bf16 {n}x{n}x{n} torch.matmul, median of {t.reps}")
+
+
+def host_matmul_size(target: Target, seconds: float = 0.05) -> int:
+    """The largest of 2048, 1024, 512, 256 whose bf16 matmul takes about ``seconds`` or less on
+    this host, from one timed 256^3 call: CPUs without bf16 arithmetic run it hundreds of times
+    slower than fp32 (2048^3 took a minute on a 2-core CI-class machine)."""
+    a = torch.randn(256, 256).to(target.device, torch.bfloat16)
+    torch.matmul(a, a)
+    t0 = time.perf_counter()
+    torch.matmul(a, a)
+    flops_per_s = 2 * 256**3 / max(time.perf_counter() - t0, 1e-9)
+    return next((n for n in (2048, 1024, 512) if 2 * n**3 / flops_per_s <= seconds), 256)
 
 
 def ceilings(target: Target) -> Ceilings:
@@ -220,7 +232,7 @@ def ceilings(target: Target) -> Ceilings:
         copy_bw = measure_copy_bandwidth(target, nbytes)
         peaks.store_figure(owner.name, props.name, "copy_bandwidth", copy_bw)
     if peak is None:
-        peak = measure_matmul_peak(target, 2048 if host else 8192)
+        peak = measure_matmul_peak(target, host_matmul_size(target) if host else 8192)
         peaks.store_figure(owner.name, props.name, "matmul_peak", peak)
     cache = props.extra.get("l2_bytes") or props.extra.get("llc_bytes")  # accelerator L2, cpu last level
     return Ceilings(props.name, copy_bw, peak, dict(props.datasheet), cache)
@@ -247,7 +259,9 @@ def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: 
     gbps = w.bytes / (xk.median_ms * 1e-3) / 1e9
     tflops = w.flops / (xk.median_ms * 1e-3) / 1e12
     intensity = w.flops / max(w.bytes, 1)
-    bound = "compute" if intensity >= ceil.ridge else "memory"
+    # the compute ceiling is the matrix unit's (bf16 matmul) peak, which bounds matmul-like ops
+    # only; an element-wise op's ceiling is bandwidth, wherever a host's bf16 peak puts the ridge
+    bound = "compute" if OPS[case.op].matmul_like and intensity >= ceil.ridge else "memory"
     misleads = peak_misleads(bound, w.bytes, case.dtype, target, ceil)
     pct = None if misleads else 100 * (tflops / ceil.matmul_peak.value if bound == "compute"
                                        else gbps / ceil.copy_bandwidth.value)
