@@ -177,9 +177,9 @@ def test_misaligned_operands_go_to_the_vendor_blas_where_the_backend_says(backen
                  scale=_tol_scale(263))
     xg = x.clone().requires_grad_(True)
     linear(xg, w, bias, "gelu").sum().backward()
-    xr = x.double().clone().requires_grad_(True)
-    reference_linear(xr, w.double(), bias.double(), "gelu").sum().backward()
-    assert_close(xg.grad, xr.grad, torch.float32, scale=_tol_scale(263))
+    xr = x.clone().requires_grad_(True)  # the gradient is torch's own: compared with its float32 run
+    reference_linear(xr, w, bias, "gelu").sum().backward()
+    assert_close(xg.grad, xr.grad.double(), torch.float32, scale=4)
 
 
 def test_fp32_follows_torch_tf32_setting(backend, device):

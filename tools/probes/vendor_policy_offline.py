@@ -38,11 +38,12 @@ def main():
                for r in merged]
         print(f"{op}: BLAS cost {blas}; measured/fitted min {min(fit):.2f} median {statistics.median(fit):.2f} "
               f"max {max(fit):.2f}")
+        fits = {}
+        for group in sorted({(r["N"], r["K"]) for r in merged}):  # fitted once per held-out (N, K)
+            fits[group] = mt.candidates([r for r in merged if (r["N"], r["K"]) != group], mt.HALF, 132)[0]["configs"]
         for adv in advantages:
             old, new = [], []
-            for group in sorted({(r["N"], r["K"]) for r in merged}):
-                train = [r for r in merged if (r["N"], r["K"]) != group]
-                cc = mt.candidates(train, mt.HALF, 132)[0]["configs"]
+            for group, cc in fits.items():
                 vendor = next(c for c in cc if c.get("VENDOR"))["cost"]
                 kernels = [c for c in cc if not c.get("VENDOR")]
                 for r in (r for r in merged if (r["N"], r["K"]) == group):
