@@ -212,27 +212,18 @@ class Op:
         if _is_compiling():
             return self._compiled(self._bind(args, kwargs))
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
-            torch_entry = self._torch_entry(args, kwargs)
-            if torch_entry is not None:  # PyTorch's own ops: its autograd records them
-                return torch_entry
+            # a hot entry computing with PyTorch's own ops (a vendor-BLAS plan, ``records_autograd``)
+            # runs as it is: autograd records torch's ops, the backward is aten's
+            found = self._hot_entry_of(args, kwargs)
+            if found is not None and getattr(found[0], "records_autograd", False):
+                return found[0](*found[1])
             return self.autograd(self._bind(args, kwargs))
-        if self._hot and _forced.get() is None:  # call_no_grad's hot entry, one call frame less
-            found = self._hot_lookup(args, kwargs)
-            if found is not None:
-                try:
-                    hot = self._hot.get(found[0])
-                except TypeError:  # an unhashable argument
-                    hot = None
-                if hot is not None:
-                    result = hot(*found[1])
-                    if result is not None:
-                        return result
-        return self._full_path(args, kwargs)
+        return self.call_no_grad(*args, **kwargs)
 
-    def _torch_entry(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-        """The result of a call whose signature has a hot entry that computes with PyTorch ops
-        (a vendor-BLAS plan: ``records_autograd``), run with autograd recording those ops; else
-        ``None``. The backward is then aten's derivative, as for the unpatched model."""
+    def _hot_entry_of(self, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> tuple[Callable[..., torch.Tensor | None], tuple[Any, ...]] | None:
+        """(hot entry, arguments in ``params`` order) of a call, or ``None`` when it has none
+        (or a tuning config is forced)."""
         if not self._hot or _forced.get() is not None:
             return None
         found = self._hot_lookup(args, kwargs)
@@ -242,9 +233,7 @@ class Op:
             hot = self._hot.get(found[0])
         except TypeError:  # an unhashable argument
             return None
-        if hot is None or not getattr(hot, "records_autograd", False):
-            return None
-        return hot(*found[1])
+        return None if hot is None else (hot, found[1])
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The call's arguments in ``params`` order; a call that does not fit raises ``check``'s error."""
@@ -298,17 +287,11 @@ class Op:
 
     def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The eager call without autograd recording: hot entry, else check, route and launch."""
-        if self._hot and _forced.get() is None:
-            found = self._hot_lookup(args, kwargs)
-            if found is not None:
-                try:
-                    hot = self._hot.get(found[0])
-                except TypeError:  # an unhashable argument
-                    hot = None
-                if hot is not None:
-                    result = hot(*found[1])
-                    if result is not None:
-                        return result
+        found = self._hot_entry_of(args, kwargs)
+        if found is not None:
+            result = found[0](*found[1])
+            if result is not None:
+                return result
         return self._full_path(args, kwargs)
 
     def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:

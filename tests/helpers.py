@@ -89,6 +89,23 @@ def planted_tables(directory, backend: str, tables: dict):
         xkernels.registry.unregister(plugin)
 
 
+@contextlib.contextmanager
+def every_matmul_to_vendor(monkeypatch):
+    """Every matmul/linear selection is ``{"VENDOR": true}`` (a measured class where the device's
+    BLAS won) for the block; plans and hot entries are dropped before and after."""
+    from xkernels.ops import linear, matmul, matmul_config
+
+    vendor = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
+    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: vendor)
+    matmul._forget()
+    linear._forget()
+    try:
+        yield
+    finally:
+        matmul._forget()
+        linear._forget()
+
+
 def assert_model_close(got: torch.Tensor, torch_result: torch.Tensor, ref64: torch.Tensor) -> None:
     """A whole model's (or a loss curve's) ``got`` against the float64 run ``ref64``: its error
     may be ``MODEL_ERROR_RATIO`` times the error of PyTorch's own run ``torch_result`` in the same

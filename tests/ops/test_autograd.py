@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import Unchanged, assert_close, poisoned, rand
+from helpers import Unchanged, assert_close, every_matmul_to_vendor, poisoned, rand
 from xkernels.ops import add, broadcast, linear, matmul
 from xkernels.ops.matmul import ACTIVATIONS, reference_linear
 
@@ -201,13 +201,7 @@ def test_vendor_signatures_record_torchs_own_autograd(backend, device, monkeypat
     the Function. Gradients equal PyTorch's either way, and leaky_relu's slope is each call's own."""
     if not backend.runs_triton:
         pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel selection")
-    from xkernels.ops import matmul_config
-
-    vendor = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
-    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: vendor)
-    matmul._forget()
-    linear._forget()
-    try:
+    with every_matmul_to_vendor(monkeypatch):
         shapes = ((2, 5, 8), (6, 8), (6,))
         first = linear(*_leaves(*(rand(s, torch.float32, device) for s in shapes)), "leaky_relu")
         assert type(first.grad_fn).__name__ == "LinearFunctionBackward"
@@ -221,6 +215,3 @@ def test_vendor_signatures_record_torchs_own_autograd(backend, device, monkeypat
         matmul(*_leaves(a, m))  # plans
         assert type(matmul(*_leaves(a, m)).grad_fn).__name__ == "MmBackward0"
         _compare_grads(matmul, torch.matmul, (a, m), torch.float32, scale=4)
-    finally:
-        matmul._forget()
-        linear._forget()

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from helpers import Unchanged, assert_close, planted_tables, poisoned, rand
+from helpers import Unchanged, assert_close, every_matmul_to_vendor, planted_tables, poisoned, rand
 from xkernels import tuning
 from xkernels.backends.interpreter import InterpreterBackend
 from xkernels.ops import linear, matmul
@@ -402,13 +402,7 @@ def test_vendor_blas_rule_runs_the_torch_call_and_stays_hot(backend, device, mon
     its hot entry computes each new call's own inputs."""
     if not backend.runs_triton:
         pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel selection")
-    from xkernels.ops import matmul_config
-
-    vendor = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
-    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: vendor)
-    matmul._forget()
-    linear._forget()
-    try:
+    with every_matmul_to_vendor(monkeypatch):
         a0, b0 = rand((33, 70), torch.float32, device), rand((70, 45), torch.float32, device)
         e = matmul.explain(a0, b0)
         assert e.route == "vendor BLAS" and e.config == {"VENDOR": True} and "torch.matmul" in e.variant
@@ -425,6 +419,3 @@ def test_vendor_blas_rule_runs_the_torch_call_and_stays_hot(backend, device, mon
         out = poisoned((33, 45), torch.float32, device)
         assert matmul(a, b, out=out) is out
         assert_close(out, a.double() @ b.double(), torch.float32, scale=_tol_scale(70))
-    finally:
-        matmul._forget()
-        linear._forget()
