@@ -211,27 +211,12 @@ def _hot_two_tensors(plan: BinaryPlan, call: BinaryCall) -> Any:
     x, y = call.x, call.y
     if not all(isinstance(t, torch.Tensor) and t.device == call.device for t in (x, y)):
         return None
-    shape, dtype, device = call.shape, call.dtype, call.device
-    like = 0 if x.shape == shape and x.dtype == dtype else 1 if y.shape == shape and y.dtype == dtype else -1
-    launch = plan.launcher.hot(plan.args(x, y, torch.empty(0, dtype=dtype, device=device), 1), 3)
-    if like >= 0 and (x, y)[like].is_contiguous():
-        # empty_like of a contiguous tensor is contiguous: skip the memory_format argument (the
-        # signature, strides included, is the same on every call of this entry)
-        src = like
-
-        def hot(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
-            out = torch.empty_like(y if src else x)
-            return out if launch(x, y, out) else None
-        return hot
-    contiguous = torch.contiguous_format
+    launch = plan.launcher.hot(plan.args(x, y, torch.empty(0, dtype=call.dtype, device=call.device), 1), 3)
+    size, dtype = tuple(call.shape), call.dtype
+    stride, alloc = contiguous_strides(size), plan.backend.allocator(call.device)
 
     def hot(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
-        if like == 0:
-            out = torch.empty_like(x, memory_format=contiguous)
-        elif like == 1:
-            out = torch.empty_like(y, memory_format=contiguous)
-        else:
-            out = torch.empty(shape, dtype=dtype, device=device)
+        out = alloc(size, stride, dtype)
         return out if launch(x, y, out) else None
 
     return hot
@@ -298,29 +283,21 @@ class BinaryOp(Op):
         if not scalar_x and not scalar_y and not plan.constexprs["HAS_ALPHA"]:
             return _hot_two_tensors(plan, call)
         tensor = y if scalar_x else x
-        like = isinstance(x, torch.Tensor) and x.shape == shape and x.dtype == dtype and not scalar_x
-        like_y = isinstance(y, torch.Tensor) and y.shape == shape and y.dtype == dtype and not scalar_y
-        contiguous = torch.contiguous_format
         empty = torch.empty(0, dtype=dtype, device=device)
         ptrs = (1, 2) if scalar_x else (0, 2) if scalar_y else (0, 1, 2)
         launches = _per_value(plan, (tensor if not scalar_x else None, tensor if not scalar_y else None, empty), ptrs)
+        size, stride, alloc = tuple(shape), contiguous_strides(tuple(shape)), plan.backend.allocator(device)
         if scalar_x or scalar_y:
             def hot_scalar(x: Any, y: Any, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
                 s, t = (x, y) if scalar_x else (y, x)
                 if isinstance(s, torch.Tensor):  # a 0-d CPU tensor joining a device tensor
                     s = s.item()
-                o = (torch.empty_like(t, memory_format=contiguous) if like or like_y
-                     else torch.empty(shape, dtype=dtype, device=device))
+                o = alloc(size, stride, dtype)
                 return o if launches(s, alpha)(t, o) else None
             return hot_scalar
 
         def hot_alpha(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
-            if like:
-                o = torch.empty_like(x, memory_format=contiguous)
-            elif like_y:
-                o = torch.empty_like(y, memory_format=contiguous)
-            else:
-                o = torch.empty(shape, dtype=dtype, device=device)
+            o = alloc(size, stride, dtype)
             return o if launches(None, alpha)(x, y, o) else None
 
         return hot_alpha

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 
 from xkernels.launch import ByValue
-from xkernels.ops.layout import prod
+from xkernels.ops.layout import contiguous_strides, prod
 from xkernels.ops.matmul_plan import MatmulPlan, precision
 
 if TYPE_CHECKING:
@@ -49,6 +49,12 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
     return matmul_entry
 
 
+def _result_layout(call: MatmulCall, backend: Any) -> tuple[tuple[int, ...], tuple[int, ...], Any]:
+    """Size, strides and allocator of the result (contiguous, as the full path allocates it)."""
+    size = tuple(call.out_shape)
+    return size, contiguous_strides(size), backend.allocator(call.device)
+
+
 def _slope_of(call: MatmulCall) -> bool:
     """Whether the slope matters (leaky_relu): then it is taken per call."""
     return call.activation == "leaky_relu"
@@ -57,6 +63,7 @@ def _slope_of(call: MatmulCall) -> bool:
 def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
     out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
     c = torch.empty(out_shape, dtype=dtype, device=device)
+    size, stride, alloc = _result_layout(call, backend)
     leaky, fixed_slope = _slope_of(call), call.slope
     by_slope = ByValue(lambda slope: plan.launcher.hot(plan.args(call.a, call.b, c, call.bias, float(slope)), 4))
     launch = by_slope(fixed_slope)
@@ -67,7 +74,7 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
             out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
-        c = torch.empty(out_shape, dtype=dtype, device=device)
+        c = alloc(size, stride, dtype)
         return c if (by_slope(slope) if leaky else launch)(a, b, c, bias if has_bias else c) else None
 
     return hot
@@ -102,6 +109,7 @@ def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
     assert reducer is not None
     out_shape, dtype, device, backend = call.out_shape, call.dtype, call.device, plan.backend
     ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
+    size, stride, alloc = _result_layout(call, backend)
     main = plan.launcher.hot(plan.args(call.a, call.b, ws, None, call.slope), 4)
     leaky, fixed_slope = _slope_of(call), call.slope
     by_slope = ByValue(lambda slope: reducer.hot(plan.reduce_args(ws, c, call.bias, float(slope)), 3))
@@ -114,7 +122,7 @@ def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
         s = float(slope) if leaky else fixed_slope
-        ws, c = plan.workspace(device), torch.empty(out_shape, dtype=dtype, device=device)
+        ws, c = plan.workspace(device), alloc(size, stride, dtype)
         if not main(a, b, ws, ws):
             return None
         if not (by_slope(s) if leaky else fixed_reduce)(ws, c, bias if has_bias else ws):
@@ -145,7 +153,7 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
     2-D ``a`` transposed."""
     t = plan.tma
     assert t is not None
-    (M, N, K), out_shape, dtype, device = plan.dims, call.out_shape, call.dtype, call.device
+    (M, N, K), dtype, device = plan.dims, call.dtype, call.device
     has_bias, fixed_slope = call.bias is not None, call.slope
     # the launch's specs: descriptors have none (None stands in: this call's bases may be the
     # misaligned ones the full path copied), the bias pointer its alignment, M/N/K their classes
@@ -167,13 +175,14 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
     a_shape, c_shape = ([K, M] if a_mmajor else [M, K]), [M, N]
 
     leaky = _slope_of(call)
+    size, stride, alloc = _result_layout(call, plan.backend)
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
             out: None = None) -> torch.Tensor | None:
         if (a.data_ptr() | b.data_ptr()) & 15 or (has_bias and (bias.data_ptr() % 16 == 0) != bias_aligned):
             return None
         s = float(slope) if leaky else fixed_slope  # a float argument: no specialisation to keep
-        c = torch.empty(out_shape, dtype=dtype, device=device)
+        c = alloc(size, stride, dtype)
         descs = (_HostDescriptor(a.t() if a_mmajor else a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1],
                                  t["a"]),
                  _HostDescriptor(b.t() if b_flip else b, b_shape, b_st, t["b"]),

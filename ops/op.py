@@ -137,6 +137,7 @@ class Op:
         self._n_positional = sum(p.positional for p in self.params)
         self._n_required = sum(p.default is REQUIRED for p in self.params)
         self._keys = tuple(p.key for p in self.params)
+        self._after_two = self._defaults[2:]  # the defaults a two-argument call leaves
         # op(a, b, name=value) with every other parameter defaulted: name -> (key kind, the
         # defaults before and after it), for the hot lookup of that form
         self._keyword_forms = {p.name: (p.key, self._defaults[2:i], self._defaults[i + 1:])
@@ -208,7 +209,7 @@ class Op:
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Run the op: the registered custom op while compiling, recorded by autograd where a
-        gradient is required, else ``call_no_grad``."""
+        gradient is required, else the eager path (``call_no_grad``)."""
         if _is_compiling():
             return self._compiled(self._bind(args, kwargs))
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
@@ -218,7 +219,27 @@ class Op:
             if found is not None and getattr(found[0], "records_autograd", False):
                 return found[0](*found[1])
             return self.autograd(self._bind(args, kwargs))
-        return self.call_no_grad(*args, **kwargs)
+        return self._eager(args, kwargs)
+
+    def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The eager call without autograd recording: hot entry, else check, route and launch."""
+        return self._eager(args, kwargs)
+
+    def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        # the hot entry of the call's signature when there is one (``_hot_entry_of`` spelled out:
+        # this is every repeated call's path)
+        if self._hot and _forced.get() is None:
+            found = self._hot_lookup(args, kwargs)
+            if found is not None:
+                try:
+                    hot = self._hot.get(found[0])
+                except TypeError:  # an unhashable argument
+                    hot = None
+                if hot is not None:
+                    result = hot(*found[1])
+                    if result is not None:
+                        return result
+        return self._full_path(args, kwargs)
 
     def _hot_entry_of(self, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> tuple[Callable[..., torch.Tensor | None], tuple[Any, ...]] | None:
@@ -285,15 +306,6 @@ class Op:
             reject_out(self.name, out)
         return library.finish_out(self.name, self.library_call(canon), out)
 
-    def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The eager call without autograd recording: hot entry, else check, route and launch."""
-        found = self._hot_entry_of(args, kwargs)
-        if found is not None:
-            result = found[0](*found[1])
-            if result is not None:
-                return result
-        return self._full_path(args, kwargs)
-
     def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         """Check, route and launch; a kernel call leaves a hot entry for its signature."""
         call = self.check(*args, **kwargs)
@@ -315,27 +327,36 @@ class Op:
         """(hot-entry key, arguments in ``params`` order) of a call, or ``None`` where it cannot
         have an entry. The documented short forms are spelled out for speed: two positional
         tensors; a tensor and a Python number; two tensors and one keyword (``alpha=``,
-        ``out=``, ``bias=``, ...). Each form's key starts with its own tag, so keys of different
-        forms never meet; any other call builds the general key from ``params``."""
-        if len(args) == 2:
-            a, b = args
-            if isinstance(a, torch.Tensor):
-                if not kwargs:
+        ``out=``, ``bias=``, ...). A call with positional arguments only is keyed by those (its
+        count implies the defaults of the rest); any other by all of ``params``. Each form's key
+        starts with its own tag, so keys of different forms never meet."""
+        n = len(args)
+        if not kwargs:
+            if n == 2:
+                a, b = args
+                if isinstance(a, torch.Tensor):
                     if isinstance(b, torch.Tensor):
-                        return ((_override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
-                                 b.dtype, b.device), args + self._defaults[2:])
+                        return (("2t", _override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
+                                 b.dtype, b.device), args + self._after_two)
                     if type(b) in _NUMBERS:
                         return (("t+n", _override.get(), a.shape, a.stride(), a.dtype, a.device, type(b)),
-                                args + self._defaults[2:])
-                elif len(kwargs) == 1 and isinstance(b, torch.Tensor):
+                                args + self._after_two)
+            if not self._n_required <= n <= self._n_positional:
+                return None
+            values, canon, tag = args, args + self._defaults[n:], n
+        else:
+            if n == 2 and len(kwargs) == 1:
+                a, b = args
+                if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
                     found = self._one_keyword(a, b, kwargs)
                     if found is not False:
                         return found
-        canon = self.canonical(args, kwargs)
-        if canon is None:
-            return None
-        key = [_override.get()]
-        for v, how in zip(canon, self._keys):
+            canon = self.canonical(args, kwargs)
+            if canon is None:
+                return None
+            values, tag = canon, "all"
+        key = [tag, _override.get()]
+        for v, how in zip(values, self._keys):
             if how == "layout":
                 key.append((v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v))
             elif how == "value":

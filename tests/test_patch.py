@@ -63,6 +63,15 @@ def test_sequential_mlp(backend, device):
     again = xkernels.patch(model)  # idempotent: everything is an xkernels module already
     assert again.replaced == [] and {m.reason for m in again.left} == {"already an xkernels module"}
 
+    again.undo()  # nothing to put back
+    report.undo()  # the model's own modules, in their slots, with the same parameters
+    assert [type(m) for m in model] == [type(m) for m in _mlp()]
+    assert model[5].negative_slope == 0.2 and [id(p) for p in model.parameters()] == params
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), want.detach(), rtol=0, atol=0)
+    report.undo()
+    assert [type(m) for m in model] == [type(m) for m in _mlp()]
+
 
 def test_left_modules_are_reported():
     class MyLinear(torch.nn.Linear):
@@ -116,6 +125,9 @@ def test_tiny_bert(backend, device):
         for i in range(2)}
     assert len(report.replaced) == 2 * 6 + 1 and report.left == []  # q, k, v, out, up, down per layer + pooler
     assert type(model.encoder.layer[0].attention.self.query) is xkernels.nn.Linear
+    report.undo()
+    assert all(type(m) is not xkernels.nn.Linear for m in model.modules())
+    assert type(model.encoder.layer[1].intermediate.intermediate_act_fn).__name__ == "GELUActivation"
 
 
 def test_tiny_gpt2(backend, device):

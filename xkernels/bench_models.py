@@ -13,12 +13,16 @@ variant computes the same function) and run four ways on the same weights and in
 * ``patch+enable``: both.
 
 Per variant: ``forward`` (eval mode, no grad) and ``forward+backward`` (train mode; loss = mean
-of the squared last hidden state in float32) time, median of repeated runs timed with the
-backend's events (``xkernels.harness.perf.time_calls``, no cache flush: a model's working set is
-larger than any cache), tokens/s and the ratio to torch; the max |deviation| of the forward
-output from torch's, and for ``forward+backward`` the largest gradient deviation relative to the
-model's largest torch gradient. ``--config tiny`` (2 layers, hidden 64)
-runs on the Triton interpreter in seconds.
+of the squared last hidden state in float32), each timed two ways with the backend's events
+(``xkernels.harness.perf.time_calls``, no cache flush: a model's working set is larger than any
+cache): *time*, the model as eager PyTorch runs it (host time included where the host is the
+slower side, as it usually is for a whole model), and *device time*, the kernels alone (the
+device is held busy until the host has queued the whole call). Variants are timed in
+interleaved rounds on the same model (``patch`` applied and undone each round), so that the
+host's drifting speed meets them alike: medians over rounds, speedups the median of per-round
+ratios to torch; tokens/s; the max |deviation| of the forward output from torch's, and for
+``forward+backward`` the largest gradient deviation relative to the model's largest torch
+gradient. ``--config tiny`` (2 layers, hidden 64) runs on the Triton interpreter in seconds.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ VARIANTS = ("torch", "enable", "patch", "patch+enable")
 DEFAULT_SHAPE = {("bert-base", "base"): (16, 512), ("gpt2", "base"): (8, 1024),
                  ("bert-base", "tiny"): (2, 16), ("gpt2", "tiny"): (2, 16)}
 TINY = {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 256, "vocab": 128, "positions": 64}
-MODEL_SETTINGS = perf.Settings(warmup=3, warmup_s=0.5, min_reps=5, max_reps=50, budget_s=3.0, flush=False)
+MODEL_SETTINGS = perf.Settings(warmup=2, warmup_s=0.2, min_reps=5, max_reps=30, budget_s=0.5, flush=False)
 TINY_SETTINGS = perf.Settings(warmup=1, warmup_s=0.0, min_reps=1, max_reps=3, budget_s=0.0, flush=False)
 
 
@@ -115,9 +119,40 @@ def _grad_deviation(got: dict[str, torch.Tensor | None], want: dict[str, torch.T
     return max(((g.double() - w.double()).abs().max().item() for g, w in present), default=0.0) / scale
 
 
+class _Variant:
+    """Puts the model into one variant's state and back (``with _Variant(...)``)."""
+
+    def __init__(self, variant: str, model: torch.nn.Module, log: Callable[[str], None] | None = None) -> None:
+        self.variant, self.model, self.log = variant, model, log
+        self.report: Any = None
+
+    def __enter__(self) -> Any:
+        import xkernels
+
+        if self.variant.startswith("patch"):
+            self.report = xkernels.patch(self.model)
+            if self.log is not None:
+                self.log(str(self.report))
+        self.routing = xkernels.enabled() if self.variant.endswith("enable") else _nothing()
+        self.routing.__enter__()
+        return self.report
+
+    def __exit__(self, *exc: Any) -> None:
+        self.routing.__exit__(*exc)
+        if self.report is not None:
+            self.report.undo()
+
+
 def run(name: str, config: str, batch: int | None, seq: int | None, dtype: torch.dtype, target: Target,
-        seed: int = 0, variants: tuple[str, ...] = VARIANTS, log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Rows of one model benchmark (one per variant and mode); a failing variant gives an error row."""
+        seed: int = 0, variants: tuple[str, ...] = VARIANTS, log: Callable[[str], None] = print,
+        rounds: int | None = None) -> list[dict[str, Any]]:
+    """Rows of one model benchmark (one per variant and mode); a failing variant gives an error row.
+
+    Each variant first runs once for its outputs and gradients (compared with torch's). Then
+    ``rounds`` rounds time every variant in turn on the same model (``patch`` applied and undone
+    each round, the order reversed every other round), so that a drift of the host's speed
+    meets every variant alike; a variant's figure is the median over rounds, its speedup the
+    median of the per-round ratios to torch."""
     import xkernels
 
     batch_d, seq_d = DEFAULT_SHAPE[(name, config)]
@@ -126,31 +161,66 @@ def run(name: str, config: str, batch: int | None, seq: int | None, dtype: torch
     model, ids = built.model, built.ids
     log(f"{name}: {built.description}, batch {batch} x seq {seq}, {str(dtype)[6:]}, {target}")
     settings = TINY_SETTINGS if config == "tiny" else MODEL_SETTINGS
+    rounds = rounds or (1 if config == "tiny" else ROUNDS)
     base = {"model": name, "config": config, "batch": batch, "seq": seq, "dtype": str(dtype)[6:],
             "device": str(target.device), "backend": target.backend.name}
-    rows: list[dict[str, Any]] = []
+    order = ["torch", *(v for v in variants if v != "torch")]  # torch first: the reference
+    checked: dict[str, dict[str, Any]] = {}
+    errors: list[dict[str, Any]] = []
     ref: dict[str, Any] = {}
-    patched = False
-    for variant in ("torch", *(v for v in variants if v != "torch")):  # torch first: the reference
+    for variant in order:
         try:
-            if variant.startswith("patch") and not patched:
-                report = xkernels.patch(model)
-                patched = True
-                log(str(report))
-                base_patch = {"replaced": len(report.replaced), "fused": len(report.fused), "left": len(report.left)}
-            routing = xkernels.enabled() if variant.endswith("enable") else _nothing()
             xkernels.routing_counts(reset=True)
-            with routing:
-                rows.extend(_measure(variant, model, ids, target, settings, ref, base))
-                counts = xkernels.routing_counts()
-            if variant.endswith("enable"):
-                rows[-1]["routed"] = rows[-2]["routed"] = counts
-            if variant.startswith("patch"):
-                rows[-1]["patch"] = rows[-2]["patch"] = base_patch
+            with _Variant(variant, model, log) as report:
+                checked[variant] = _outputs(model, ids, ref)
+                checked[variant]["routed"] = xkernels.routing_counts()
+            if report is not None:
+                checked[variant]["patch"] = {"replaced": len(report.replaced), "fused": len(report.fused),
+                                             "left": len(report.left)}
         except Exception as exc:  # report and go on with the other variants
-            first = (str(exc).strip().splitlines() or [""])[0]
-            rows.append({**base, "variant": variant, "mode": "-", "error": f"{type(exc).__name__}: {first}"})
-    return rows
+            if variant == "torch":
+                raise
+            errors.append({**base, "variant": variant, "mode": "-", "error": _first_line(exc)})
+    timed = [v for v in order if v in checked]
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {(v, m): [] for v in timed for m in MODES}
+    for r in range(rounds):
+        for variant in timed if r % 2 == 0 else timed[::-1]:
+            with _Variant(variant, model):
+                for mode, timing in _time(model, ids, target, settings).items():
+                    times[(variant, mode)].append(timing)
+    rows = []
+    for variant in timed:
+        for mode in MODES:
+            mine, theirs = times[(variant, mode)], times[("torch", mode)]
+            ms, dev = _median([t for t, _ in mine]), _median([d for _, d in mine])
+            extra = {"max_abs_dev": checked[variant]["dev"]}
+            if mode == "forward+backward":
+                extra["grad_rel_dev"] = checked[variant]["gdev"]
+            if variant.endswith("enable"):
+                extra["routed"] = checked[variant]["routed"]
+            if "patch" in checked[variant]:
+                extra["patch"] = checked[variant]["patch"]
+            rows.append({**base, "variant": variant, "mode": mode, "time_ms": ms, "device_ms": dev,
+                         "rounds": rounds, "round_ms": [t for t, _ in mine],
+                         "tokens_per_s": ids.numel() / (ms * 1e-3), "torch_time_ms": _median([t for t, _ in theirs]),
+                         "torch_device_ms": _median([d for _, d in theirs]),
+                         "speedup": _median([t / m for (t, _), (m, _) in zip(theirs, mine)]),
+                         "device_speedup": _median([t / m for (_, t), (_, m) in zip(theirs, mine)]), **extra})
+    return rows + errors
+
+
+MODES = ("forward", "forward+backward")
+#: timing rounds per variant (each a full measurement; the host's speed drifts between them)
+ROUNDS = 5
+
+
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+
+
+def _median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 
 
 class _nothing:
@@ -161,30 +231,43 @@ class _nothing:
         return None
 
 
-def _measure(variant: str, model: torch.nn.Module, ids: torch.Tensor, target: Target, settings: perf.Settings,
-             ref: dict[str, Any], base: dict[str, Any]) -> list[dict[str, Any]]:
-    tokens = ids.numel()
+def _outputs(model: torch.nn.Module, ids: torch.Tensor, ref: dict[str, Any]) -> dict[str, Any]:
+    """The forward output's and the gradients' deviation from torch's (``ref``, filled by the
+    first call: torch's own run)."""
     model.eval()
     with torch.no_grad():
         out = _forward(model, ids).detach().clone()
-        fwd = perf.time_calls(lambda i: _forward(model, i), [ids], target, settings)
     model.train()
     _train_step(model, ids)
     grads = _grads(model)
-    step = perf.time_calls(lambda i: _train_step(model, i), [ids], target, settings)
     model.zero_grad(set_to_none=True)
-    if variant == "torch":
-        ref.update(out=out, grads=grads, forward=fwd.median_ms, step=step.median_ms)
-    dev = (out.double() - ref["out"].double()).abs().max().item()
-    gdev = _grad_deviation(grads, ref["grads"])
-    rows = []
-    for mode, timing, torch_ms, extra in (("forward", fwd, ref["forward"], {"max_abs_dev": dev}),
-                                          ("forward+backward", step, ref["step"], {"max_abs_dev": dev,
-                                                                                    "grad_rel_dev": gdev})):
-        rows.append({**base, "variant": variant, "mode": mode, "time_ms": timing.median_ms, "p20_ms": timing.p20_ms,
-                     "p80_ms": timing.p80_ms, "reps": timing.reps, "tokens_per_s": tokens / (timing.median_ms * 1e-3),
-                     "torch_time_ms": torch_ms, "speedup": torch_ms / timing.median_ms, **extra})
-    return rows
+    if not ref:
+        ref.update(out=out, grads=grads)
+    return {"dev": (out.double() - ref["out"].double()).abs().max().item(), "gdev": _grad_deviation(grads, ref["grads"])}
+
+
+def _time(model: torch.nn.Module, ids: torch.Tensor, target: Target,
+          settings: perf.Settings) -> dict[str, tuple[float, float]]:
+    """Per mode: (time, device time) in ms. *Time* is what the model takes as eager PyTorch runs
+    it: the device is held only ``perf.HOLD_US`` ahead, so where the host is slower than the
+    kernels (a whole model's forward usually is) the host's time shows. *Device time* holds the
+    device for twice the host's time per call first, so the kernels run back to back: the
+    kernels' own speed, without the host's."""
+    def forward(i: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return _forward(model, i)
+
+    result = {}
+    for mode, fn, train in (("forward", forward, False), ("forward+backward", lambda i: _train_step(model, i), True)):
+        model.train(train)
+        t = perf.time_calls(fn, [ids], target, settings)
+        t0 = time.perf_counter()
+        fn(ids)
+        host_us = (time.perf_counter() - t0) * 1e6  # queueing one call, at most (it may wait on the device)
+        d = perf.time_calls(fn, [ids], target, settings, hold_us=max(perf.HOLD_US, 2 * host_us))
+        result[mode] = (t.median_ms, d.median_ms)
+    model.zero_grad(set_to_none=True)
+    return result
 
 
 def format_row(r: dict[str, Any]) -> str:
@@ -192,8 +275,8 @@ def format_row(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{head} ERROR {r['error']}"
     grad = f"  grad {r['grad_rel_dev']:.2e}" if "grad_rel_dev" in r else ""
-    return (f"{head} {r['time_ms']:>10.4g} ms  {r['tokens_per_s']:>12.0f} tok/s  {r['speedup']:5.2f}x  "
-            f"max|dev| {r['max_abs_dev']:.2e}{grad}")
+    return (f"{head} {r['time_ms']:>9.4g} ms {r['speedup']:5.2f}x  device {r['device_ms']:>9.4g} ms "
+            f"{r['device_speedup']:5.2f}x  {r['tokens_per_s']:>10.0f} tok/s  max|dev| {r['max_abs_dev']:.2e}{grad}")
 
 
 def header(target: Target, args: dict[str, Any]) -> dict[str, Any]:

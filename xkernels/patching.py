@@ -3,6 +3,7 @@ activation that follows each one where the model's structure says so, and report
 
     report = xkernels.patch(model)   # in place; returns a PatchReport
     print(report)
+    report.undo()                    # the model's own layers again
 
 Rules, in order:
 
@@ -62,6 +63,17 @@ class PatchReport:
 
     replaced: list[Replaced] = field(default_factory=list)
     left: list[Left] = field(default_factory=list)
+    #: (parent, attribute, the module patch found there), in the order patch replaced them
+    _originals: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list, repr=False,
+                                                                         compare=False)
+
+    def undo(self) -> None:
+        """Put back every module ``patch`` replaced, activations included: the model runs its
+        own layers again (the xkernels modules shared their parameters, so the weights are the
+        ones trained meanwhile). Calling it again does nothing."""
+        while self._originals:
+            parent, attr, module = self._originals.pop()
+            parent._modules[attr] = module
 
     @property
     def fused(self) -> list[Replaced]:
@@ -175,6 +187,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
                 report.left.append(Left(qual(parent, act), type(act_mod).__name__, f"{why}; the layer is swapped unfused"))
             continue  # the layer itself is handled by rule 2 / 3
         new = _swap(layer, found[0], found[1])
+        report._originals += [(parent, lin, layer), (parent, act, act_mod)]
         parent._modules[lin] = new
         parent._modules[act] = torch.nn.Identity()
         done.add((id(parent), lin))
@@ -196,6 +209,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
                 report.left.append(Left(name, type(child).__name__, "has hooks; the replacement would not run them"))
             else:
                 new = _swap(child, None, 0.01)
+                report._originals.append((parent, attr, child))
                 parent._modules[attr] = new
                 report.replaced.append(Replaced(name, type(child).__name__, _first_line(new)))
             done.add((id(parent), attr))

@@ -38,6 +38,21 @@ def test_alignment_helpers():
         assert b.alignment & (b.alignment - 1) == 0
 
 
+@pytest.mark.parametrize("name", ["cpu", "interpreter", "npu", "cuda"])
+def test_allocator_gives_the_asked_layout(name):
+    """Hot entries allocate every result through ``Backend.allocator``: uninitialised memory of
+    exactly the size, strides and dtype asked, on the device, outside autograd."""
+    device = torch.device("cpu")
+    alloc = xkernels.get_backend(name).allocator(device)
+    for size, stride, dtype in (((3, 4), (4, 1), torch.float16), ((2, 3, 5), (15, 5, 1), torch.bfloat16),
+                                ((4, 3), (1, 4), torch.float32), ((0, 7), (7, 1), torch.int64), ((), (), torch.int32)):
+        t = alloc(size, stride, dtype)
+        assert (tuple(t.shape), t.stride(), t.dtype, t.device) == (size, stride, dtype, device)
+        assert not t.requires_grad and t.untyped_storage().nbytes() >= t.numel() * t.element_size()
+    a, b = alloc((64,), (1,), torch.float32), alloc((64,), (1,), torch.float32)
+    assert a.data_ptr() != b.data_ptr()  # fresh memory each call
+
+
 def test_properties_mark_provenance():
     p = xkernels.get_backend("cpu").properties()
     assert p.backend == "cpu" and p.compute_units and p.max_programs_per_launch == 1

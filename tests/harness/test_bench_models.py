@@ -26,8 +26,10 @@ def test_tiny_gpt2_all_variants(tmp_path, capsys):
     assert [(r["variant"], r["mode"]) for r in rows] == [
         (v, m) for v in bench_models.VARIANTS for m in ("forward", "forward+backward")]
     for r in rows:
-        assert r["time_ms"] > 0 and r["tokens_per_s"] == 8 / (r["time_ms"] * 1e-3)
+        assert r["time_ms"] > 0 and r["device_ms"] > 0 and r["tokens_per_s"] == 8 / (r["time_ms"] * 1e-3)
+        assert r["rounds"] == 1 and r["round_ms"] == [r["time_ms"]]  # tiny: one round
         assert r["speedup"] == r["torch_time_ms"] / r["time_ms"]
+        assert r["device_speedup"] == r["torch_device_ms"] / r["device_ms"]
         # fp32, 2 layers of hidden 64: every variant computes torch's function up to rounding
         assert r["max_abs_dev"] < 1e-4 and r.get("grad_rel_dev", 0.0) < 1e-4, r
     torch_rows = [r for r in rows if r["variant"] == "torch"]
@@ -37,6 +39,30 @@ def test_tiny_gpt2_all_variants(tmp_path, capsys):
     assert all(r["patch"] == {"replaced": 8, "fused": r["patch"]["fused"], "left": 2 - r["patch"]["fused"]}
                for r in rows if r["variant"].startswith("patch"))
     assert "gpt2       patch         forward" in out
+
+
+def test_rounds_interleave_the_variants_on_one_model(monkeypatch):
+    """Each round times every variant with the model in that variant's state (patch applied
+    and undone around it), the order reversed every other round."""
+    require_transformers()
+    import xkernels
+    from xkernels.harness import resolve_target
+
+    seen = []
+
+    def fake_time(model, ids, target, settings):
+        patched = any(isinstance(m, xkernels.nn.Linear | xkernels.nn.Conv1D) for m in model.modules())
+        seen.append(("patch" if patched else "torch") + ("+enable" if xkernels.routing._selected else ""))
+        return {m: (float(len(seen)), 1.0) for m in bench_models.MODES}
+
+    monkeypatch.setattr(bench_models, "_time", fake_time)
+    rows = bench_models.run("gpt2", "tiny", 1, 4, torch.float32, resolve_target(backend="cpu"), rounds=3,
+                            variants=("torch", "patch", "enable"), log=lambda s: None)
+    assert seen == ["torch", "patch", "torch+enable", "torch+enable", "patch", "torch", "torch", "patch",
+                    "torch+enable"]
+    patch_fwd = next(r for r in rows if r["variant"] == "patch" and r["mode"] == "forward")
+    assert patch_fwd["round_ms"] == [2.0, 5.0, 8.0] and patch_fwd["time_ms"] == 5.0
+    assert patch_fwd["speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1] and patch_fwd["device_speedup"] == 1.0
 
 
 def test_bad_model_arguments_exit_2(capsys):

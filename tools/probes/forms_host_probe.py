@@ -5,7 +5,8 @@ direct C record or Triton's launcher, and the top functions of a cProfile over 3
 Question: the s5 small bench showed add(x, y, alpha=2) and add(x, 2.0) ~7 µs slower per call than
 add(x, y) on the host, and broadcast(x, b, out=o) ~4 µs slower than torch.add(x, b, out=o).
 Prediction: their launches miss the direct record (a by-value scalar's spec) and take the
-Python launcher.
+Python launcher. (Session 6 found them direct; session 7: where the rest goes, timed in
+alternating rounds with torch, and the parts of a hot add, the backend's allocator among them.)
 
     python tools/probes/forms_host_probe.py
 """
@@ -22,18 +23,39 @@ import torch.nn.functional as F
 from xkernels.ops import add, broadcast, linear
 
 
-def wall_us(fn, n=2000, rounds=5):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    res = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        for _ in range(n):
+def wall_us(*fns, n=2000, rounds=7):
+    """Median µs per back-to-back call of each function, measured in alternating rounds (so a
+    drift of the host's speed meets them alike)."""
+    for fn in fns:
+        for _ in range(200):
             fn()
-        torch.cuda.synchronize()
-        res.append((time.perf_counter() - t) / n * 1e6)
-    return statistics.median(res)
+    torch.cuda.synchronize()
+    res = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, r in zip(fns, res):
+            t = time.perf_counter()
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+            r.append((time.perf_counter() - t) / n * 1e6)
+    return [statistics.median(r) for r in res]
+
+
+def parts(x: torch.Tensor, y: torch.Tensor) -> None:
+    """The pieces of a hot add, timed alone."""
+    from xkernels import dispatch
+
+    add(x, y)
+    add(x, y)  # the hot entry exists
+    alloc = dispatch.select(x.device).allocator(x.device)
+    size, stride, dtype = tuple(x.shape), x.stride(), x.dtype
+    named = {"torch.add(x, y)": lambda: torch.add(x, y), "torch.empty_like(x)": lambda: torch.empty_like(x),
+             "torch.empty(n, dtype=, device=)": lambda: torch.empty(size, dtype=dtype, device=x.device),
+             "backend.allocator(device)": lambda: alloc(size, stride, dtype),
+             "add.hot_entry lookup": lambda: add.hot_entry(x, y),
+             "torch.compiler.is_compiling()": torch.compiler.is_compiling}
+    for (name, _), us in zip(named.items(), wall_us(*named.values())):
+        print(f"part {name:34} {us:6.2f} us", flush=True)
 
 
 def main() -> None:
@@ -53,7 +75,11 @@ def main() -> None:
          lambda: F.gelu(F.linear(xl, w, bl)), (linear, (xl, w, bl), {"activation": "gelu"})),
         ("linear(x, w, bias=b)", lambda: linear(xl, w, bias=bl), lambda: F.linear(xl, w, bl),
          (linear, (xl, w), {"bias": bl})),
+        ("linear(x, w, b)", lambda: linear(xl, w, bl), lambda: F.linear(xl, w, bl), (linear, (xl, w, bl), {})),
+        ('linear(x, w, b, "gelu")', lambda: linear(xl, w, bl, "gelu"), lambda: F.gelu(F.linear(xl, w, bl)),
+         (linear, (xl, w, bl, "gelu"), {})),
     ]
+    parts(x, y)
     for name, xk, th, (op, args, kwargs) in forms:
         xk()
         xk()
@@ -62,7 +88,8 @@ def main() -> None:
         inner = [f for c in cells for f in getattr(c, "fns", {}).values()]  # ByValue's per-value launches
         launch_kinds = sorted({type(c).__name__ + ":" + getattr(c, "__qualname__", "")
                                for c in cells + inner if callable(c)})
-        print(f"{name:36} xk {wall_us(xk):6.1f} us  torch {wall_us(th):6.1f} us  entry "
+        xk_us, torch_us = wall_us(xk, th)
+        print(f"{name:36} xk {xk_us:6.1f} us  torch {torch_us:6.1f} us  entry "
               f"{getattr(entry, '__qualname__', entry)}  closure callables {launch_kinds}", flush=True)
         prof = cProfile.Profile()
         prof.enable()
