@@ -52,6 +52,9 @@ class CudaBackend(Backend):
     fast_launch = True
     misaligned_to_vendor = True  # cuBLAS reads misaligned rows in place; the copy cost 0.35-0.64x (s5 run)
     m_major_a_to_vendor = True  # the TMA kernel on grad.T ran 0.68x cuBLAS (s6 run); no table measured it
+    # cuBLASLt's bias + relu / tanh-GELU epilogues (s7 run: 1.24x torch unfused, 1.11x the kernels); ROCm's
+    # hipBLASLt is another library, not measured
+    vendor_epilogues = ("relu", "gelu_tanh") if torch.version.hip is None else ()
     priority = 20
 
     @functools.cache  # noqa: B019 - one backend object per process

@@ -25,7 +25,7 @@ from xkernels.ops import checks, matmul_hot
 from xkernels.ops.autograd import LinearFunction, MatmulFunction, reject_out
 from xkernels.ops.layout import contiguous_strides
 from xkernels.ops.matmul_config import MATMUL_DEFAULT
-from xkernels.ops.matmul_plan import ACTIVATIONS, MatmulPlan, precision
+from xkernels.ops.matmul_plan import ACTIVATIONS, BLAS_EPILOGUES, MatmulPlan, precision
 from xkernels.ops.op import Op, Param, Plan
 
 __all__ = ["ACTIVATIONS", "MATMUL_DEFAULT", "Linear", "Matmul", "MatmulCall", "linear", "matmul", "reference_linear"]
@@ -88,7 +88,10 @@ class _MatmulBase(Op):
     def run_plan(self, plan: Plan, call: MatmulCall) -> torch.Tensor:
         assert isinstance(plan, MatmulPlan)
         if plan.vendor:
-            return self.torch_impl(call)
+            if not plan.epilogue:
+                return self.torch_impl(call)
+            result = epilogue_linear(call.a, call.b, call.bias, plan.epilogue).view(call.out_shape)
+            return result if call.out is None else call.out.copy_(result)
         M, N = call.a.shape[-2], call.b.shape[-1]
         full = tuple(call.batch) + (M, N)
         direct = call.out is not None and call.out.is_contiguous()
@@ -237,6 +240,13 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
                      activation: str | None, negative_slope: float = 0.01) -> torch.Tensor:
     """The unfused PyTorch composition ``linear`` is defined by (and benchmarked against)."""
     return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
+
+
+def epilogue_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, activation: str) -> torch.Tensor:
+    """``activation(a @ b + bias)`` (2-D ``a``, ``b`` the weight transposed) with bias and
+    activation applied by the device's BLAS in its epilogue (``Backend.vendor_epilogues``). No
+    derivative is defined for it: calls that need a gradient take ``reference_linear``."""
+    return torch._addmm_activation(bias, a, b, use_gelu=BLAS_EPILOGUES[activation])
 
 
 def activate(y: torch.Tensor, activation: str | None, negative_slope: float = 0.01) -> torch.Tensor:

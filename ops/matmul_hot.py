@@ -81,25 +81,43 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
 
 
 def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
-    """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning. It is
-    marked ``records_autograd``: where a gradient is required the front door runs it as it is
-    and autograd records torch's ops (aten's backward: no Python ``autograd.Function``)."""
+    """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning. Its
+    ``autograd_entry`` is what the front door runs where a gradient is required: PyTorch ops
+    autograd records (aten's backward, no Python ``autograd.Function``); for a bias + activation
+    the BLAS applies in its epilogue (``plan.epilogue``, no derivative defined) that is the
+    unfused composition."""
     if plan.op == "matmul":
         def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
             return torch.matmul(a, b)
 
-        matmul_entry.records_autograd = True  # type: ignore[attr-defined]
+        matmul_entry.autograd_entry = matmul_entry  # type: ignore[attr-defined]
         return matmul_entry
-    from xkernels.ops.matmul import reference_linear
+    from xkernels.ops.matmul import epilogue_linear, reference_linear
 
     activation, leaky, fixed_slope = call.activation, _slope_of(call), call.slope
 
-    def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor:
-        return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
+    if activation is None:
+        linear_only = torch.nn.functional.linear
 
-    hot.records_autograd = True  # type: ignore[attr-defined]
-    return hot
+        def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
+                out: None = None) -> torch.Tensor:
+            return linear_only(x, weight, bias)
+    else:
+        def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
+                out: None = None) -> torch.Tensor:
+            return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
+
+    hot.autograd_entry = hot  # type: ignore[attr-defined]
+    if not plan.epilogue:
+        return hot
+    epilogue, out_shape, folded = plan.epilogue, call.out_shape, call.a.shape
+
+    def fused(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
+              out: None = None) -> torch.Tensor:
+        return epilogue_linear(x if x.dim() == 2 else x.reshape(folded), weight.t(), bias, epilogue).view(out_shape)
+
+    fused.autograd_entry = hot  # type: ignore[attr-defined]
+    return fused
 
 
 def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:

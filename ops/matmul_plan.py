@@ -24,6 +24,10 @@ from xkernels.ops import matmul_config
 from xkernels.ops.layout import INT32_MAX, collapse, max_offset, prod
 from xkernels.ops.op import Plan
 
+#: The epilogues ``torch._addmm_activation`` applies (its ``use_gelu`` flag per activation name):
+#: those a backend may list in ``vendor_epilogues``.
+BLAS_EPILOGUES = {"relu": False, "gelu_tanh": True}
+
 if TYPE_CHECKING:
     from xkernels.ops.matmul import MatmulCall
 
@@ -71,7 +75,16 @@ class MatmulPlan(Plan):
                if single and not self.align_a and not self.align_b else None)
         key = matmul_config.bucket_key(call.dtype, shape, call.activation, call.bias is not None)
         unforced = tuning.forced_config() is None
-        if (self.align_a or self.align_b) and backend.misaligned_to_vendor and unforced:
+        self.epilogue = (call.activation if op == "linear" and unforced and call.activation in backend.vendor_epilogues
+                         and call.activation in BLAS_EPILOGUES
+                         and call.bias is not None and n_batch == 1 and call.dtype in (torch.float16, torch.bfloat16)
+                         else None)
+        if self.epilogue:
+            sel = matmul_config.Selection(
+                {"VENDOR": True}, f"{backend.name} backend: vendor_epilogues",
+                f"the device's BLAS applies bias + {self.epilogue} in its own epilogue: measured faster than "
+                "the kernels on real-model layers", measured=True)
+        elif (self.align_a or self.align_b) and backend.misaligned_to_vendor and unforced:
             sel = matmul_config.Selection(
                 {"VENDOR": True}, f"{backend.name} backend: misaligned_to_vendor",
                 "an operand's leading stride is misaligned: the kernel would copy it first, the device's "
@@ -92,7 +105,9 @@ class MatmulPlan(Plan):
         self.vendor = bool(cfg.get("VENDOR"))
         if self.vendor:  # the device's own BLAS, through torch: measured faster for this shape class
             self.route = "vendor BLAS"
-            self.variant = ("torch.matmul" if op == "matmul" else "F.linear + activation") + " (the device's BLAS)"
+            self.variant = ("torch.matmul" if op == "matmul" else
+                            f"torch._addmm_activation (bias + {self.epilogue} in the BLAS epilogue)" if self.epilogue
+                            else "F.linear + activation") + " (the device's BLAS)"
             self.config, self.programs, self.tiles = {"VENDOR": True}, None, None
             self.tma, self.reduce_launcher, self.split_k, self.materialize = None, None, 1, False
             self.align_a = self.align_b = None

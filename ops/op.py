@@ -213,11 +213,12 @@ class Op:
         if _is_compiling():
             return self._compiled(self._bind(args, kwargs))
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
-            # a hot entry computing with PyTorch's own ops (a vendor-BLAS plan, ``records_autograd``)
-            # runs as it is: autograd records torch's ops, the backward is aten's
+            # a hot entry computing with PyTorch's own ops (a vendor-BLAS plan) has an
+            # ``autograd_entry``: run, autograd records torch's ops, the backward is aten's
             found = self._hot_entry_of(args, kwargs)
-            if found is not None and getattr(found[0], "records_autograd", False):
-                return found[0](*found[1])
+            recorded = None if found is None else getattr(found[0], "autograd_entry", None)
+            if recorded is not None:
+                return recorded(*found[1])
             return self.autograd(self._bind(args, kwargs))
         return self._eager(args, kwargs)
 

@@ -157,6 +157,12 @@ class Backend:
     #: layout (``"a_layout": "m-major"``). True where the kernel was measured slower there (cuda:
     #: 0.68x at BERT's FFN weight gradient, results/h100-2026-11-23-s6); False keeps the kernel.
     m_major_a_to_vendor: bool = False
+    #: Activations the device's BLAS applies in its own epilogue together with the bias
+    #: (``torch._addmm_activation``: cuBLASLt's RELU_BIAS / GELU_BIAS, whose GELU is the tanh
+    #: approximation): a float16/bfloat16 ``linear`` with a bias and one of these runs it, where
+    #: that was measured faster than the kernels (cuda: ``("relu", "gelu_tanh")``, 1.11x the
+    #: kernel routes' geomean over real-model layers, results/h100-2026-11-23-s7). Empty: none.
+    vendor_epilogues: tuple[str, ...] = ()
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).

@@ -419,3 +419,67 @@ def test_vendor_blas_rule_runs_the_torch_call_and_stays_hot(backend, device, mon
         out = poisoned((33, 45), torch.float32, device)
         assert matmul(a, b, out=out) is out
         assert_close(out, a.double() @ b.double(), torch.float32, scale=_tol_scale(70))
+
+
+def _blas_epilogue_activations(backend, monkeypatch) -> tuple[str, ...]:
+    """The activations of ``backend.vendor_epilogues`` a test can check here: cuda's own list;
+    on a CPU backend relu planted (the CPU ``torch._addmm_activation`` computes relu as cuBLASLt
+    does, but its GELU is the erf one, so no CPU backend may list gelu_tanh)."""
+    if backend.device_type == "cpu":
+        monkeypatch.setattr(backend, "vendor_epilogues", ("relu",))
+    return backend.vendor_epilogues
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, monkeypatch):
+    """A backend's ``vendor_epilogues`` (cuda: relu, gelu_tanh) route a half-precision linear
+    with a bias and that activation to ``torch._addmm_activation``: explain() says so, results
+    match the float64 composition, repeats are hot, ``out=`` is written, and where a gradient
+    is required autograd records the unfused PyTorch ops (the fused call has no derivative)."""
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel selection")
+    activations = _blas_epilogue_activations(backend, monkeypatch)
+    linear._forget()
+    for act in activations:
+        x0, w0, b0 = rand((2, 9, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
+        e = linear.explain(x0, w0, b0, act)
+        assert e.route == "vendor BLAS" and "_addmm_activation" in e.variant and "vendor_epilogues" in e.config_source
+        for _ in range(3):  # the first call plans, the next ones run the hot entry
+            x, w, b = rand((2, 9, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
+            with Unchanged(x, w, b):
+                got = linear(x, w, b, act)
+            assert_close(got, reference_linear(x.double(), w.double(), b.double(), act), dtype, scale=_tol_scale(40))
+        assert linear.hot_entry(x, w, b, act) is not None
+        out = poisoned((2, 9, 24), dtype, device)
+        assert linear(x, w, b, act, out=out) is out
+        assert_close(out, reference_linear(x.double(), w.double(), b.double(), act), dtype, scale=_tol_scale(40))
+        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        y = linear(*leaves, act)
+        assert y.grad_fn is not None and "Addmm" not in type(y.grad_fn).__name__  # no _addmm_activation
+        y.float().square().sum().backward()
+        ref = [t.detach().double().requires_grad_() for t in (x, w, b)]
+        reference_linear(*ref, act).square().sum().backward()
+        for mine, want in zip(leaves, ref):
+            assert_close(mine.grad, want.grad, dtype, scale=4 * _tol_scale(40))
+    # not for: no bias, float32, an activation not listed, a forced config
+    x, w, b = rand((5, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
+    assert "vendor_epilogues" not in (linear.explain(x, w, None, "relu").config_source or "")
+    assert "vendor_epilogues" not in (linear.explain(x.float(), w.float(), b.float(), "relu").config_source or "")
+    assert "vendor_epilogues" not in (linear.explain(x, w, b, "silu").config_source or "")
+    with tuning.force({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}):
+        assert linear.explain(x, w, b, "relu").route == "triton kernel"
+    linear._forget()
+
+
+def test_the_cuda_blas_gelu_epilogue_is_the_tanh_approximation(backend, device):
+    """The premise of cuda's ``vendor_epilogues`` listing gelu_tanh: cuBLASLt's GELU epilogue,
+    reached through ``torch._addmm_activation``, is ``F.gelu(approximate="tanh")``, not the erf
+    GELU (the two differ by up to ~5e-4, far above float32 GEMM rounding here)."""
+    if backend.name != "cuda":
+        pytest.skip("cuBLASLt's epilogue: cuda only")
+    x, w, b = (torch.randn(s, device=device, dtype=torch.float64).float() for s in ((64, 32), (32, 48), (48,)))
+    x = x * 2  # spread the pre-activations over the range where the two GELUs differ most
+    got = torch._addmm_activation(b, x, w, use_gelu=True).double()
+    pre = torch.addmm(b.double(), x.double(), w.double())
+    tanh, erf = torch.nn.functional.gelu(pre, approximate="tanh"), torch.nn.functional.gelu(pre)
+    assert (got - tanh).abs().max() < 5e-5 < (tanh - erf).abs().max() / 4
