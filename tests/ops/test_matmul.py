@@ -453,14 +453,19 @@ def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, monkey
         out = poisoned((2, 9, 24), dtype, device)
         assert linear(x, w, b, act, out=out) is out
         assert_close(out, reference_linear(x.double(), w.double(), b.double(), act), dtype, scale=_tol_scale(40))
-        leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-        y = linear(*leaves, act)
-        assert y.grad_fn is not None and "Addmm" not in type(y.grad_fn).__name__  # no _addmm_activation
-        y.float().square().sum().backward()
+        # gradients: pre-activations kept away from 0 (relu's mask must not hinge on rounding)
+        x, w, b = x, (w * 0.02).to(dtype), torch.where(b >= 0, 1.0, -1.0).to(dtype)
         ref = [t.detach().double().requires_grad_() for t in (x, w, b)]
         reference_linear(*ref, act).square().sum().backward()
-        for mine, want in zip(leaves, ref):
-            assert_close(mine.grad, want.grad, dtype, scale=4 * _tol_scale(40))
+        for fresh in (False, True):  # the hot entry's autograd_entry; a first call (the op's autograd)
+            if fresh:
+                linear._forget()
+            leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+            y = linear(*leaves, act)
+            assert y.grad_fn is not None and "Addmm" not in type(y.grad_fn).__name__  # no _addmm_activation
+            y.float().square().sum().backward()
+            for mine, want in zip(leaves, ref):
+                assert_close(mine.grad, want.grad, dtype, scale=4 * _tol_scale(40))
     # not for: no bias, float32, an activation not listed, a forced config
     x, w, b = rand((5, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
     assert "vendor_epilogues" not in (linear.explain(x, w, None, "relu").config_source or "")
@@ -477,9 +482,9 @@ def test_the_cuda_blas_gelu_epilogue_is_the_tanh_approximation(backend, device):
     GELU (the two differ by up to ~5e-4, far above float32 GEMM rounding here)."""
     if backend.name != "cuda":
         pytest.skip("cuBLASLt's epilogue: cuda only")
-    x, w, b = (torch.randn(s, device=device, dtype=torch.float64).float() for s in ((64, 32), (32, 48), (48,)))
-    x = x * 2  # spread the pre-activations over the range where the two GELUs differ most
-    got = torch._addmm_activation(b, x, w, use_gelu=True).double()
-    pre = torch.addmm(b.double(), x.double(), w.double())
-    tanh, erf = torch.nn.functional.gelu(pre, approximate="tanh"), torch.nn.functional.gelu(pre)
-    assert (got - tanh).abs().max() < 5e-5 < (tanh - erf).abs().max() / 4
+    for m in (64, 1):  # cuBLASLt's epilogue, and the path without it (one row: gelu after the GEMM)
+        x, w, b = (torch.randn(s, device=device, dtype=torch.float64).float() for s in ((m, 32), (32, 4096), (4096,)))
+        got = torch._addmm_activation(b, x, w, use_gelu=True).double()
+        pre = torch.addmm(b.double(), x.double(), w.double())
+        tanh, erf = torch.nn.functional.gelu(pre, approximate="tanh"), torch.nn.functional.gelu(pre)
+        assert (got - tanh).abs().max() < 5e-5 < (tanh - erf).abs().max() / 4, m
