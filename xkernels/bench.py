@@ -218,6 +218,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--config", choices=("base", "tiny"), help="--model size: base (default) or tiny (2 layers, hidden 64)")
     p.add_argument("--batch", type=int, help="--model batch (default: 16 bert-base, 8 gpt2; 2 tiny)")
     p.add_argument("--seq", type=int, help="--model sequence length (default: 512 bert-base, 1024 gpt2; 16 tiny)")
+    p.add_argument("--rounds", type=int, help="--model timing rounds, the ways interleaved (default: 5 base, 1 tiny)")
     return p.parse_args(argv)
 
 

@@ -1,6 +1,6 @@
 """``python -m xkernels.bench --model bert-base|gpt2``: whole models on xkernels against torch eager.
 
-    python -m xkernels.bench --model bert-base [--batch 16 --seq 512 --dtype bf16] [--json PATH]
+    python -m xkernels.bench --model bert-base [--batch 16 --seq 512 --dtype bf16 --rounds 5] [--json PATH]
     python -m xkernels.bench --model gpt2 --config tiny --backend interpreter   # seconds, on CPU
 
 The model is built from its transformers config (``BertModel(BertConfig())``,
@@ -306,7 +306,9 @@ def main(args: Any, target: Target) -> int:
     try:
         dtype = parse_dtype(dtypes[0]) if dtypes else (torch.float32 if target.device.type == "cpu" else torch.bfloat16)
         with use_backend(target.backend):
-            rows = run(args.model, config, args.batch, args.seq, dtype, target, args.seed)
+            if args.rounds is not None and args.rounds < 1:
+                raise ValueError(f"--rounds must be positive, got {args.rounds}")
+            rows = run(args.model, config, args.batch, args.seq, dtype, target, args.seed, rounds=args.rounds)
     except (ModelsUnavailable, ValueError) as exc:
         print(f"xkernels.bench: {exc}", file=sys.stderr)
         return 2

@@ -71,6 +71,8 @@ def test_bad_model_arguments_exit_2(capsys):
     assert "--seq 65 exceeds the model's 64 positions" in capsys.readouterr().err
     assert bench.main(["--model", "gpt2", "--config", "tiny", "--backend", "interpreter", "--dtype", "fp16,fp32"]) == 2
     assert "--model takes one --dtype" in capsys.readouterr().err
+    assert bench.main(["--model", "gpt2", "--config", "tiny", "--backend", "interpreter", "--rounds", "0"]) == 2
+    assert "--rounds must be positive, got 0" in capsys.readouterr().err
 
 
 def test_grad_deviation_reports_missing_gradients():
