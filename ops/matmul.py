@@ -242,11 +242,30 @@ def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
 
 
-def epilogue_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor, activation: str) -> torch.Tensor:
+def epilogue_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
     """``activation(a @ b + bias)`` (2-D ``a``, ``b`` the weight transposed) with bias and
-    activation applied by the device's BLAS in its epilogue (``Backend.vendor_epilogues``). No
-    derivative is defined for it: calls that need a gradient take ``reference_linear``."""
+    activation applied by the device's BLAS in its epilogue (``Backend.vendor_epilogues``); a
+    missing bias is a zero one (``zero_bias``). No derivative is defined for it: calls that need
+    a gradient take ``reference_linear``."""
+    if bias is None:
+        bias = zero_bias(b.shape[1], a.dtype, a.device)
     return torch._addmm_activation(bias, a, b, use_gelu=BLAS_EPILOGUES[activation])
+
+
+_ZEROS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def zero_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero vector of ``n`` elements, kept per (n, dtype, device) and never written. One asked
+    for while a CUDA graph is being captured is made for that call only: its zeros are written
+    by the graph, so outside it they would be garbage."""
+    key = (n, dtype, device)
+    zeros = _ZEROS.get(key)
+    if zeros is None:
+        zeros = torch.zeros(n, dtype=dtype, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _ZEROS[key] = zeros
+    return zeros
 
 
 def activate(y: torch.Tensor, activation: str | None, negative_slope: float = 0.01) -> torch.Tensor:

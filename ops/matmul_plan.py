@@ -77,13 +77,13 @@ class MatmulPlan(Plan):
         unforced = tuning.forced_config() is None
         self.epilogue = (call.activation if op == "linear" and unforced and call.activation in backend.vendor_epilogues
                          and call.activation in BLAS_EPILOGUES
-                         and call.bias is not None and n_batch == 1 and call.dtype in (torch.float16, torch.bfloat16)
+                         and n_batch == 1 and call.dtype in (torch.float16, torch.bfloat16)
                          else None)
         if self.epilogue:
             sel = matmul_config.Selection(
                 {"VENDOR": True}, f"{backend.name} backend: vendor_epilogues",
-                f"the device's BLAS applies bias + {self.epilogue} in its own epilogue: measured faster than "
-                "the kernels on real-model layers", measured=True)
+                f"the device's BLAS applies {'bias + ' if call.bias is not None else ''}{self.epilogue} in its own "
+                "epilogue: measured faster than the kernels on real-model layers", measured=True)
         elif (self.align_a or self.align_b) and backend.misaligned_to_vendor and unforced:
             sel = matmul_config.Selection(
                 {"VENDOR": True}, f"{backend.name} backend: misaligned_to_vendor",
@@ -106,7 +106,8 @@ class MatmulPlan(Plan):
         if self.vendor:  # the device's own BLAS, through torch: measured faster for this shape class
             self.route = "vendor BLAS"
             self.variant = ("torch.matmul" if op == "matmul" else
-                            f"torch._addmm_activation (bias + {self.epilogue} in the BLAS epilogue)" if self.epilogue
+                            f"torch._addmm_activation ({'bias' if call.bias is not None else 'zero bias'} + {self.epilogue} in "
+                            "the BLAS epilogue)" if self.epilogue
                             else "F.linear + activation") + " (the device's BLAS)"
             self.config, self.programs, self.tiles = {"VENDOR": True}, None, None
             self.tma, self.reduce_launcher, self.split_k, self.materialize = None, None, 1, False

@@ -159,9 +159,10 @@ class Backend:
     m_major_a_to_vendor: bool = False
     #: Activations the device's BLAS applies in its own epilogue together with the bias
     #: (``torch._addmm_activation``: cuBLASLt's RELU_BIAS / GELU_BIAS, whose GELU is the tanh
-    #: approximation): a float16/bfloat16 ``linear`` with a bias and one of these runs it, where
-    #: that was measured faster than the kernels (cuda: ``("relu", "gelu_tanh")``, 1.11x the
-    #: kernel routes' geomean over real-model layers, results/h100-2026-11-23-s7). Empty: none.
+    #: approximation): a float16/bfloat16 ``linear`` with one of these runs it (without a bias:
+    #: with a zero one), where that was measured faster than the kernels (cuda:
+    #: ``("relu", "gelu_tanh")``; over real-model layers 1.11x the kernel routes' geomean with a
+    #: bias, 1.05x without, results/h100-2026-11-23-s7). Empty: none.
     vendor_epilogues: tuple[str, ...] = ()
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True

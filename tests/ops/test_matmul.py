@@ -430,50 +430,92 @@ def _blas_epilogue_activations(backend, monkeypatch) -> tuple[str, ...]:
     return backend.vendor_epilogues
 
 
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "no bias"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, monkeypatch):
+def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, has_bias, monkeypatch):
     """A backend's ``vendor_epilogues`` (cuda: relu, gelu_tanh) route a half-precision linear
-    with a bias and that activation to ``torch._addmm_activation``: explain() says so, results
-    match the float64 composition, repeats are hot, ``out=`` is written, and where a gradient
-    is required autograd records the unfused PyTorch ops (the fused call has no derivative)."""
+    with that activation to ``torch._addmm_activation`` (no bias: a zero one): explain() says so,
+    results match the float64 composition, repeats are hot, ``out=`` is written, and where a
+    gradient is required autograd records the unfused PyTorch ops (the fused call has no
+    derivative)."""
     if not backend.runs_triton:
         pytest.skip(f"backend {backend.name!r} runs PyTorch: no kernel selection")
     activations = _blas_epilogue_activations(backend, monkeypatch)
     linear._forget()
+
+    def args(gradients=False):
+        x, w, b = rand((2, 9, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
+        if gradients:  # pre-activations away from 0: relu's mask must not hinge on rounding
+            sign = torch.where(torch.arange(24, device=device) % 2 == 0, 1.0, -1.0)[:, None]
+            x, w, b = ((x.abs() + 0.5).to(dtype), ((w.abs() + 0.5) * sign / 40).to(dtype), (b * 0.01).to(dtype))
+        return (x, w, b) if has_bias else (x, w, None)
+
+    def ref64(x, w, b, act):
+        return reference_linear(x.double(), w.double(), None if b is None else b.double(), act)
+
     for act in activations:
-        x0, w0, b0 = rand((2, 9, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
-        e = linear.explain(x0, w0, b0, act)
+        e = linear.explain(*args(), act)
         assert e.route == "vendor BLAS" and "_addmm_activation" in e.variant and "vendor_epilogues" in e.config_source
+        assert ("zero bias" in e.variant) is not has_bias
         for _ in range(3):  # the first call plans, the next ones run the hot entry
-            x, w, b = rand((2, 9, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
-            with Unchanged(x, w, b):
+            x, w, b = args()
+            with Unchanged(x, w, *([b] if has_bias else [])):
                 got = linear(x, w, b, act)
-            assert_close(got, reference_linear(x.double(), w.double(), b.double(), act), dtype, scale=_tol_scale(40))
+            assert_close(got, ref64(x, w, b, act), dtype, scale=_tol_scale(40))
         assert linear.hot_entry(x, w, b, act) is not None
         out = poisoned((2, 9, 24), dtype, device)
         assert linear(x, w, b, act, out=out) is out
-        assert_close(out, reference_linear(x.double(), w.double(), b.double(), act), dtype, scale=_tol_scale(40))
-        # gradients: pre-activations kept away from 0 (relu's mask must not hinge on rounding)
-        x, w, b = x, (w * 0.02).to(dtype), torch.where(b >= 0, 1.0, -1.0).to(dtype)
-        ref = [t.detach().double().requires_grad_() for t in (x, w, b)]
-        reference_linear(*ref, act).square().sum().backward()
+        assert_close(out, ref64(x, w, b, act), dtype, scale=_tol_scale(40))
+        inputs = [t for t in args(gradients=True) if t is not None]
+        ref = [t.detach().double().requires_grad_() for t in inputs]
+        ref64(*ref, *([] if has_bias else [None]), act).square().sum().backward()
         for fresh in (False, True):  # the hot entry's autograd_entry; a first call (the op's autograd)
             if fresh:
                 linear._forget()
-            leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-            y = linear(*leaves, act)
+            leaves = [t.detach().clone().requires_grad_() for t in inputs]
+            y = linear(*leaves, *([] if has_bias else [None]), act)
             assert y.grad_fn is not None and "Addmm" not in type(y.grad_fn).__name__  # no _addmm_activation
             y.float().square().sum().backward()
             for mine, want in zip(leaves, ref):
                 assert_close(mine.grad, want.grad, dtype, scale=4 * _tol_scale(40))
-    # not for: no bias, float32, an activation not listed, a forced config
-    x, w, b = rand((5, 40), dtype, device), rand((24, 40), dtype, device), rand((24,), dtype, device)
-    assert "vendor_epilogues" not in (linear.explain(x, w, None, "relu").config_source or "")
-    assert "vendor_epilogues" not in (linear.explain(x.float(), w.float(), b.float(), "relu").config_source or "")
+    # not for: float32, an activation not listed, a forced config
+    x, w, b = args()
+    assert "vendor_epilogues" not in (linear.explain(x.float(), w.float(), None if b is None else b.float(),
+                                                     "relu").config_source or "")
     assert "vendor_epilogues" not in (linear.explain(x, w, b, "silu").config_source or "")
     with tuning.force({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}):
         assert linear.explain(x, w, b, "relu").route == "triton kernel"
     linear._forget()
+
+
+def test_zero_bias_is_kept_and_a_graph_capture_makes_its_own(backend, device):
+    """The zero bias of a bias-less epilogue call is made once per (n, dtype, device); one first
+    asked for inside a CUDA graph capture is not kept (its zeros are written by the graph). A
+    captured bias-less epilogue linear replays correctly on new inputs."""
+    from xkernels.ops.matmul import _ZEROS, zero_bias
+
+    z = zero_bias(7, torch.float16, device)
+    assert z is zero_bias(7, torch.float16, device) and z.shape == (7,) and not z.any()
+    if backend.name != "cuda" or "relu" not in backend.vendor_epilogues:
+        return
+    x, w = rand((64, 40), torch.bfloat16, device), rand((24, 40), torch.bfloat16, device)
+    stream = torch.cuda.Stream()  # warm up on the capture's stream (PyTorch's recipe for graphs)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            linear(x, w, None, "relu")  # plans, then hot
+    torch.cuda.current_stream().wait_stream(stream)
+    _ZEROS.clear()  # the capture below asks for the zero bias first
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        y = linear(x, w, None, "relu")
+    assert not _ZEROS, "a zero bias made during the capture was kept"
+    x.copy_(rand((64, 40), torch.bfloat16, device))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(y, reference_linear(x.double(), w.double(), None, "relu"), torch.bfloat16, scale=_tol_scale(40))
+    assert_close(linear(x, w, None, "relu"), reference_linear(x.double(), w.double(), None, "relu"), torch.bfloat16,
+                 scale=_tol_scale(40))  # outside the graph: a zero bias of its own, kept
 
 
 def test_the_cuda_blas_gelu_epilogue_is_the_tanh_approximation(backend, device):
