@@ -85,12 +85,14 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
     ``autograd_entry`` is what the front door runs where a gradient is required: PyTorch ops
     autograd records (aten's backward, no Python ``autograd.Function``); for a bias + activation
     the BLAS applies in its epilogue (``plan.epilogue``, no derivative defined) that is the
-    unfused composition."""
+    unfused composition. ``vendor_blas`` marks an entry that is exactly the aten call (no fused
+    epilogue): ``enable()``'s overrides hand such calls to aten directly."""
     if plan.op == "matmul":
         def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
             return torch.matmul(a, b)
 
         matmul_entry.autograd_entry = matmul_entry  # type: ignore[attr-defined]
+        matmul_entry.vendor_blas = True  # type: ignore[attr-defined]
         return matmul_entry
     from xkernels.ops.matmul import epilogue_linear, reference_linear
 
@@ -109,6 +111,7 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
 
     hot.autograd_entry = hot  # type: ignore[attr-defined]
     if not plan.epilogue:
+        hot.vendor_blas = True  # type: ignore[attr-defined]
         return hot
     epilogue, out_shape, folded = plan.epilogue, call.out_shape, call.a.shape
 

@@ -105,9 +105,9 @@ class MatmulPlan(Plan):
         self.vendor = bool(cfg.get("VENDOR"))
         if self.vendor:  # the device's own BLAS, through torch: measured faster for this shape class
             self.route = "vendor BLAS"
+            bias = "bias" if call.bias is not None else "zero bias"
             self.variant = ("torch.matmul" if op == "matmul" else
-                            f"torch._addmm_activation ({'bias' if call.bias is not None else 'zero bias'} + {self.epilogue} in "
-                            "the BLAS epilogue)" if self.epilogue
+                            f"torch._addmm_activation ({bias} + {self.epilogue} in the BLAS epilogue)" if self.epilogue
                             else "F.linear + activation") + " (the device's BLAS)"
             self.config, self.programs, self.tiles = {"VENDOR": True}, None, None
             self.tma, self.reduce_launcher, self.split_k, self.materialize = None, None, 1, False

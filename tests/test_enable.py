@@ -168,3 +168,35 @@ def test_add_semantics_kept(backend, device):
         assert counts["add.Tensor"]["aten: non-contiguous operand"] == 1
         assert counts["add.Tensor"]["xkernels"] == 2
         assert counts["add_.Tensor"] == {"xkernels": 1, "aten: broadcast grows self": 1}
+
+
+def test_calls_xkernels_routes_to_the_vendor_blas_go_to_aten_directly(backend, device, monkeypatch):
+    """Where xkernels' route for a signature is the device's BLAS (the aten call itself), a repeated
+    routed call runs aten's ``.out`` kernel at once (counted as such) instead of going through
+    the op and back through the override; results and gradients stay torch's."""
+    from helpers import every_matmul_to_vendor
+
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs no kernels: nothing is routed")
+    with every_matmul_to_vendor(monkeypatch):
+        model = Block().to(device)
+        x = torch.randn(2, 5, 16, device=device)
+        want = _run(model, x)
+        with xkernels.enabled(ops=["matmul", "linear"]):
+            for _ in range(3):  # the first call of each signature plans it, the next ones repeat
+                got = _run(model, x)
+        a, b, bias = torch.randn(6, 5, device=device), torch.randn(5, 7, device=device), torch.randn(7, device=device)
+        with xkernels.enabled(ops=["matmul", "linear"]):
+            pairs = [(torch.addmm(bias, a, b), torch.ops.aten.addmm.out(bias, a, b, out=torch.empty(0, device=device)))
+                     for _ in range(2)] + [(a @ b, torch.ops.aten.mm.out(a, b, out=torch.empty(0, device=device)))
+                                          for _ in range(2)]
+    for g, w in zip([got[0], *got[1], got[2]], [want[0], *want[1], want[2]]):
+        torch.testing.assert_close(g, w)
+    for g, w in pairs:
+        assert g.shape == w.shape and g.is_contiguous()
+        torch.testing.assert_close(g, w)
+    counts = xkernels.routing_counts()
+    for name in ("addmm", "mm", "bmm"):
+        assert counts[name].get(routing.VENDOR_WHY, 0) >= 2, (name, counts)
+        # each first call ran the op (whose torch call came back as a re-entrant one), no more
+        assert counts[name].get("aten: re-entrant call", 0) == counts[name].get("xkernels", 0), (name, counts)

@@ -12,7 +12,9 @@ turned off. The overrides sit on the backend dispatch keys (``CUDA``; ``PrivateU
 cpu tensors is forced, e.g. ``use_backend("interpreter")``), i.e. below the Autograd key: aten's
 own derivative formulas record the graph and their backward ops are routed too.
 
-Inside an override the xkernels op runs through ``Op.call_no_grad``. Whatever goes to aten
+Inside an override the xkernels op runs through ``Op.call_no_grad``; a call whose hot entry is
+xkernels' vendor-BLAS route (the aten call itself) goes to aten's ``.out`` kernel straight away,
+counted as such. Whatever goes to aten
 (float64, mixed dtypes, non-contiguous element-wise operands whose result strides aten derives
 from the inputs, ``beta``/``alpha`` of addmm, arguments xkernels' checks refuse, and every aten
 call made while an override is already running on this thread) goes to the ``.out`` overload of
@@ -191,6 +193,34 @@ def _to_aten(name: str, why: str, fallback: Callable[[], torch.Tensor]) -> torch
     return fallback()
 
 
+#: the routing count of a call xkernels would run as the very aten call (its vendor-BLAS route)
+VENDOR_WHY = "aten: xkernels' route is the device's BLAS"
+
+
+def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], torch.Tensor],
+            fallback: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+    """A routed call whose signature xkernels has run before (it has a hot entry: the checks of
+    ``_matmul_why`` held for these layouts, and the op's own), or ``None``. Where the entry is the
+    aten call itself (a vendor-BLAS plan without a fused epilogue) the override calls aten's
+    ``.out`` kernel straight away (``aten_out``, counted as ``VENDOR_WHY``) instead of running the
+    op, whose aten call would come back through the override."""
+    if _thread.inside:
+        return None
+    found = op._hot_entry_of(args, {})  # (entry, the arguments it takes), as the op's own front door finds it
+    if found is None:
+        return None
+    entry, canon = found
+    if getattr(entry, "vendor_blas", False):
+        _counts[(name, VENDOR_WHY)] += 1
+        return aten_out()
+
+    def call() -> torch.Tensor:
+        result = entry(*canon)  # None where the entry's per-call preconditions fail: the full path decides
+        return result if result is not None else op.call_no_grad(*args)
+
+    return _run(name, call, fallback)
+
+
 def _add_why(x: Any, y: Any, alpha: Any) -> str:
     """Why ``add`` of these goes to aten, or "" when xkernels runs it."""
     from xkernels.ops.checks import ELEMENTWISE_KERNEL_DTYPES
@@ -274,6 +304,11 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     from xkernels.ops.matmul import matmul
 
     fallback = lambda: torch.ops.aten.mm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=a.device))
+    if a.dim() == 2 == b.dim():
+        done = _repeat("mm", matmul, (a, b), lambda: torch.mm(a, b, out=a.new_empty((a.shape[0], b.shape[1]))),
+                       fallback)
+        if done is not None:
+            return done
     why = _matmul_why(a, b, 2)
     if why:
         return _to_aten("mm", why, fallback)
@@ -284,6 +319,11 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     from xkernels.ops.matmul import matmul
 
     fallback = lambda: torch.ops.aten.bmm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=a.device))
+    if a.dim() == 3 == b.dim():
+        done = _repeat("bmm", matmul, (a, b),
+                       lambda: torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), fallback)
+        if done is not None:
+            return done
     why = _matmul_why(a, b, 3)
     if why:
         return _to_aten("bmm", why, fallback)
@@ -295,6 +335,11 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 
 
     fallback = lambda: torch.ops.aten.addmm.out(bias, a, b, beta=beta, alpha=alpha,
                                                 out=torch.empty(0, dtype=a.dtype, device=a.device))
+    if beta == 1 and alpha == 1 and a.dim() == 2 == b.dim() and bias.dim() == 1:
+        done = _repeat("addmm", linear, (a, b.t(), bias),
+                       lambda: torch.addmm(bias, a, b, out=a.new_empty((a.shape[0], b.shape[1]))), fallback)
+        if done is not None:
+            return done
     why = _matmul_why(a, b, 2)
     if not why:
         if beta != 1 or alpha != 1:
