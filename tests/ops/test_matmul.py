@@ -488,16 +488,22 @@ def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, has_bi
     linear._forget()
 
 
-def test_zero_bias_is_kept_and_a_graph_capture_makes_its_own(backend, device):
-    """The zero bias of a bias-less epilogue call is made once per (n, dtype, device); one first
-    asked for inside a CUDA graph capture is not kept (its zeros are written by the graph). A
-    captured bias-less epilogue linear replays correctly on new inputs."""
-    from xkernels.ops.matmul import _ZEROS, zero_bias
+def test_zero_bias_is_kept_per_size_dtype_and_device(backend, device):
+    """The zero bias of a bias-less epilogue call is made once per (n, dtype, device)."""
+    from xkernels.ops.matmul import zero_bias
 
     z = zero_bias(7, torch.float16, device)
     assert z is zero_bias(7, torch.float16, device) and z.shape == (7,) and not z.any()
+    assert zero_bias(7, torch.bfloat16, device) is not z and zero_bias(8, torch.float16, device) is not z
+
+
+def test_a_graph_capture_makes_its_own_zero_bias(backend, device):
+    """A zero bias first asked for inside a CUDA graph capture is not kept (its zeros are written
+    by the graph); a captured bias-less epilogue linear replays correctly on new inputs."""
+    from xkernels.ops.matmul import _ZEROS
+
     if backend.name != "cuda" or "relu" not in backend.vendor_epilogues:
-        return
+        pytest.skip("CUDA graphs of the BLAS epilogue route: cuda only")
     x, w = rand((64, 40), torch.bfloat16, device), rand((24, 40), torch.bfloat16, device)
     stream = torch.cuda.Stream()  # warm up on the capture's stream (PyTorch's recipe for graphs)
     stream.wait_stream(torch.cuda.current_stream())
