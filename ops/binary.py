@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xkernels import tuning
+from xkernels import direct_launch, tuning
 from xkernels.backend import Backend
 from xkernels.launch import ByValue, Launcher
 from xkernels.ops import checks
@@ -195,13 +195,19 @@ def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
     eo, ex, ey = extent(out), extent(x), extent(y)
     x_same = x.shape == out.shape and x.stride() == out.stride() and x.dtype == out.dtype
     y_same = y.shape == out.shape and y.stride() == out.stride() and y.dtype == out.dtype
+    fns = per_value.fns if per_value is not None else {}
+    by_pointer = launch is not None and direct_launch.is_record(launch)  # a record takes the pointers read here
 
     def hot(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, alpha: Any = 1) -> torch.Tensor | None:
         po, px, py = out.data_ptr(), x.data_ptr(), y.data_ptr()
         if (po < px + ex and px < po + eo and not (x_same and po == px)) or (
                 po < py + ey and py < po + eo and not (y_same and po == py)):
             return None
-        return out if (launch or per_value(None, alpha))(x, y, out) else None
+        if by_pointer:
+            return out if launch(px, py, po) else None
+        # ByValue's own lookup spelled out (a zero needs its signed key: ByValue decides)
+        fn = launch or (fns.get((None, alpha)) if alpha else None) or per_value(None, alpha)
+        return out if fn(x, y, out) else None
 
     return hot
 
@@ -287,18 +293,21 @@ class BinaryOp(Op):
         ptrs = (1, 2) if scalar_x else (0, 2) if scalar_y else (0, 1, 2)
         launches = _per_value(plan, (tensor if not scalar_x else None, tensor if not scalar_y else None, empty), ptrs)
         size, stride, alloc = tuple(shape), contiguous_strides(tuple(shape)), plan.backend.allocator(device)
+        fns = launches.fns  # ByValue's own lookup spelled out below (a zero needs its signed key: ByValue decides)
         if scalar_x or scalar_y:
             def hot_scalar(x: Any, y: Any, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
                 s, t = (x, y) if scalar_x else (y, x)
                 if isinstance(s, torch.Tensor):  # a 0-d CPU tensor joining a device tensor
                     s = s.item()
                 o = alloc(size, stride, dtype)
-                return o if launches(s, alpha)(t, o) else None
+                fn = (fns.get((s, alpha)) if s and alpha else None) or launches(s, alpha)
+                return o if fn(t, o) else None
             return hot_scalar
 
         def hot_alpha(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
             o = alloc(size, stride, dtype)
-            return o if launches(None, alpha)(x, y, o) else None
+            fn = (fns.get((None, alpha)) if alpha else None) or launches(None, alpha)
+            return o if fn(x, y, o) else None
 
         return hot_alpha
 

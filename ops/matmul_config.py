@@ -188,7 +188,8 @@ def select(op: str, backend: Backend, device: torch.device, key: dict[str, Any],
     if forced is not None:
         cfg = {**MATMUL_DEFAULT, **forced}
         if cfg.get("TMA") and not tma:
-            cfg = {k: v for k, v in cfg.items() if k not in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE")}
+            cfg = {k: v for k, v in cfg.items() if k not in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE",
+                                                                  "WARP_SPECIALIZE")}
         return Selection(cfg, "forced by xkernels.tuning.force()", "a sweep forces this config", False)
     # rules with "variant": "tma" match only calls that can take the TMA kernel; each is followed
     # by its class's pointer-kernel rule, which the others match
@@ -289,7 +290,8 @@ def _ridge(backend: Backend, device: torch.device) -> float:
 
 
 def _label(cfg: dict[str, Any]) -> str:
-    flags = "".join(f"+{f.lower()}" for f in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE") if cfg.get(f))
+    flags = "".join(f"+{f.lower()}" for f in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
+                    if cfg.get(f))
     split = f"/split{cfg['SPLIT_K']}" if int(cfg.get("SPLIT_K") or 1) > 1 else ""
     return (f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg.get('num_warps')} "
             f"s{cfg.get('num_stages')}{split}{flags}")

@@ -175,9 +175,10 @@ def _tma_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M:
 
 @triton.jit
 def _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr):
+                    BLOCK_K: tl.constexpr, A_MMAJOR: tl.constexpr, B_KMAJOR: tl.constexpr,
+                    WARP_SPECIALIZE: tl.constexpr = False):
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in tl.range(0, K, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
         if A_MMAJOR:  # A given as its (K, M) transpose: a weight gradient's grad.T
             a = a_desc.load([k, off_m]).T
         else:
@@ -217,7 +218,7 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr,
                       PERSISTENT: tl.constexpr = False, EPILOGUE_SUBTILE: tl.constexpr = False,
-                      A_MMAJOR: tl.constexpr = False):
+                      A_MMAJOR: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False):
     """C = act(A @ B + bias) for 2-D A given as (M, K) or, ``A_MMAJOR``, as its (K, M) transpose
     (a weight gradient's ``grad.T``), and B given as (K, N) or, ``B_KMAJOR``, as the (N, K)
     weight of ``linear``: tiles move through tensor descriptors (the TMA engine on sm90+), which
@@ -226,9 +227,19 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
     One program per output tile, grouped for L2 reuse; ``PERSISTENT``: one program per SM walking
     tiles ``pid, pid + nprog, ...`` in one flattened loop, so the next tile's loads overlap this
     tile's epilogue. ``EPILOGUE_SUBTILE``: C is written in two column halves (``c_desc``'s block
-    is (BLOCK_M, BLOCK_N // 2))."""
+    is (BLOCK_M, BLOCK_N // 2)). ``WARP_SPECIALIZE``: Triton's automatic warp specialization
+    (TMA-load warps apart from MMA/epilogue warps; sm90 and sm100 passes) on the tile loop when
+    persistent (then not flattened), on the K loop otherwise."""
     pid = tl.program_id(0)
-    if PERSISTENT:
+    if PERSISTENT and WARP_SPECIALIZE:
+        nprog = tl.num_programs(0)
+        n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+        for tile in tl.range(pid, n_tiles, nprog, warp_specialize=True):
+            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
+            _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
+                          EPILOGUE_SUBTILE)
+    elif PERSISTENT:
         nprog = tl.num_programs(0)
         tile_c = pid - nprog
         n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
@@ -243,6 +254,7 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
                           EPILOGUE_SUBTILE)
     else:
         off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
+        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR,
+                              WARP_SPECIALIZE)
         _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
                       EPILOGUE_SUBTILE)

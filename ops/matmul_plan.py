@@ -198,7 +198,7 @@ class MatmulPlan(Plan):
         tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
         units = backend.compute_units(call.device) if cfg.get("PERSISTENT") else None
         programs = max(1, min(tiles, units)) if units else tiles
-        subtile = bool(cfg.get("EPILOGUE_SUBTILE"))
+        subtile, ws = bool(cfg.get("EPILOGUE_SUBTILE")), bool(cfg.get("WARP_SPECIALIZE"))
         c_block = [bm, bn // 2] if subtile else [bm, bn]
         a_mmajor, b_kmajor = layout.a_mmajor, layout.b_kmajor
         self.tma = {"a": [bk, bm] if a_mmajor else [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": c_block,
@@ -208,7 +208,8 @@ class MatmulPlan(Plan):
         self.dims = (M, N, Kd)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
                                HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor,
-                               PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile, A_MMAJOR=a_mmajor)
+                               PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile, A_MMAJOR=a_mmajor,
+                               WARP_SPECIALIZE=ws)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.variant = ("matmul" + (" + bias" if call.bias is not None else "")
                         + (f" + {call.activation}" if call.activation else "")
@@ -222,6 +223,9 @@ class MatmulPlan(Plan):
         if subtile:
             self.variant += ", C stored in two column halves"
             self.config["EPILOGUE_SUBTILE"] = True
+        if ws:
+            self.variant += ", warp-specialized"
+            self.config["WARP_SPECIALIZE"] = True
         self.programs, self.tiles = programs, tiles
     def workspace(self, device: torch.device) -> torch.Tensor:
         """The fp32 (SPLIT_K, M, N) partials of a split-K plan."""

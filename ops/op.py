@@ -58,6 +58,9 @@ _grad_enabled = torch.is_grad_enabled
 #: whether any tensor among the arguments requires grad (PyTorch's C helper where it has one)
 _any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (lambda *values: needs_grad(values))
 
+#: ``Op.find_hot``'s answer: (signature key, hot entry, the call's arguments in ``params`` order)
+HotCall = tuple[Any, Callable[..., torch.Tensor | None], tuple[Any, ...]]
+
 
 @dataclass(frozen=True)
 class Explanation:
@@ -215,10 +218,10 @@ class Op:
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
             # a hot entry computing with PyTorch's own ops (a vendor-BLAS plan) has an
             # ``autograd_entry``: run, autograd records torch's ops, the backward is aten's
-            found = self._hot_entry_of(args, kwargs)
-            recorded = None if found is None else getattr(found[0], "autograd_entry", None)
+            found = self.find_hot(args, kwargs)
+            recorded = None if found is None else getattr(found[1], "autograd_entry", None)
             if recorded is not None:
-                return recorded(*found[1])
+                return recorded(*found[2])
             return self.autograd(self._bind(args, kwargs))
         return self._eager(args, kwargs)
 
@@ -227,7 +230,7 @@ class Op:
         return self._eager(args, kwargs)
 
     def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        # the hot entry of the call's signature when there is one (``_hot_entry_of`` spelled out:
+        # the hot entry of the call's signature when there is one (``find_hot`` spelled out:
         # this is every repeated call's path)
         if self._hot and _forced.get() is None:
             found = self._hot_lookup(args, kwargs)
@@ -242,10 +245,12 @@ class Op:
                         return result
         return self._full_path(args, kwargs)
 
-    def _hot_entry_of(self, args: tuple[Any, ...],
-                      kwargs: dict[str, Any]) -> tuple[Callable[..., torch.Tensor | None], tuple[Any, ...]] | None:
-        """(hot entry, arguments in ``params`` order) of a call, or ``None`` when it has none
-        (or a tuning config is forced)."""
+    def find_hot(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HotCall | None:
+        """The hot entry a call would take, or ``None`` when it has none (or a tuning config is
+        forced): ``(key, entry, arguments in params order)``. ``entry(*arguments)`` returns the
+        result, or ``None`` where a per-call precondition fails (the full path then decides).
+        The key names the call's signature (its form and its arguments' layouts, dtypes,
+        devices, kinds of scalars): callers such as ``xkernels.enable()`` remember decisions by it."""
         if not self._hot or _forced.get() is not None:
             return None
         found = self._hot_lookup(args, kwargs)
@@ -255,7 +260,7 @@ class Op:
             hot = self._hot.get(found[0])
         except TypeError:  # an unhashable argument
             return None
-        return None if hot is None else (hot, found[1])
+        return None if hot is None else (found[0], hot, found[1])
 
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The call's arguments in ``params`` order; a call that does not fit raises ``check``'s error."""

@@ -105,6 +105,12 @@ def test_record_takes_data_pointers_from_tensors():
     assert rec(t, t, t[1:]) is False  # t[1:] starts 4 bytes in
 
 
+def test_is_record_names_records_only():
+    rec = _record()
+    assert direct_launch.is_record(rec)
+    assert not direct_launch.is_record(lambda *tensors: True) and not direct_launch.is_record(None)
+
+
 def test_bad_records_are_value_errors():
     mod = direct_launch.module()
     if mod is None:
@@ -140,3 +146,24 @@ def test_hot_calls_on_cuda_launch_through_a_record():
             for t in args:
                 t.copy_(torch.randn_like(t))
             torch.testing.assert_close(op(*args), ref(*args), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_keyword_and_scalar_forms_on_cuda_repeat_with_fresh_values():
+    """The forms whose hot entries pick a launch per call (out= by data pointers, alpha and a
+    scalar operand by value): fresh data and values through the same entries."""
+    from xkernels.ops import add, broadcast
+
+    m, b = torch.randn(64, 96, device="cuda"), torch.randn(96, device="cuda")
+    o = torch.full_like(m, float("nan"))
+    for i in range(4):
+        for t in (m, b):
+            t.copy_(torch.randn_like(t))
+        alpha, s = (2.5, -1.0, 3.0, 2.5)[i], (0.5, 7.0, -0.0, 0.5)[i]
+        assert broadcast(m, b, out=o) is o
+        torch.testing.assert_close(o, m + b)
+        assert add(m, b, alpha=alpha, out=o) is o
+        torch.testing.assert_close(o, torch.add(m, b, alpha=alpha))
+        torch.testing.assert_close(add(m, m, alpha=alpha), torch.add(m, m, alpha=alpha))
+        torch.testing.assert_close(add(m, s), m + s)
+        assert broadcast.hot_entry(m, b, out=o) is not None and add.hot_entry(m, m, alpha=alpha) is not None

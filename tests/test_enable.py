@@ -200,3 +200,50 @@ def test_calls_xkernels_routes_to_the_vendor_blas_go_to_aten_directly(backend, d
         assert counts[name].get(routing.VENDOR_WHY, 0) >= 2, (name, counts)
         # each first call ran the op (whose torch call came back as a re-entrant one), no more
         assert counts[name].get("aten: re-entrant call", 0) == counts[name].get("xkernels", 0), (name, counts)
+
+
+def test_a_repeated_routed_add_skips_the_checks_and_keeps_aten_semantics(backend, device, monkeypatch):
+    """A routed add whose signature xkernels ran before goes straight to its hot entry (the checks
+    are functions of the signature); fresh values give fresh results; a signature that went to
+    aten (non-contiguous, alpha, a partially overlapping in-place add) never takes that way, even
+    where the op itself has an entry for it."""
+    from xkernels.ops import add
+
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs no kernels: nothing is routed")
+    x, y = torch.randn(6, 8, device=device), torch.randn(6, 8, device=device)
+    t = torch.randn(8, 6, device=device).t()
+    add(x, t)  # the op's own entry for (contiguous, transposed): aten's strides differ, routing refuses it
+    with xkernels.enabled(ops=["add"]):
+        first = x + y
+        first_inplace = y.clone()
+        first_inplace += x
+        monkeypatch.setattr(routing, "_add_why", lambda *a: pytest.fail("a repeat re-ran the checks"))
+        sums, inplace = [], []
+        for _ in range(3):
+            a, b = torch.randn(6, 8, device=device), torch.randn(6, 8, device=device)
+            with Unchanged(a, b):
+                sums.append((a + b, a, b))
+            buf = torch.randn(6, 8, device=device)
+            before = buf.clone()  # a copy, not an add
+            buf += b
+            inplace.append((buf, before, b))
+        monkeypatch.undo()
+        strided = x + t
+        scaled = x.add(y, alpha=3)
+        row = torch.randn(2, 48, device=device)
+        dst, src = row[0, 1:41].view(5, 8), row[0, :40].view(5, 8)
+        with Unchanged(row), pytest.raises(RuntimeError, match="refer to a single memory location"):
+            dst += src  # the signature of a disjoint pair, partially overlapping: aten's error
+    torch.testing.assert_close(first, x + y)
+    torch.testing.assert_close(first_inplace, x + y)
+    for got, a, b in sums + inplace:
+        torch.testing.assert_close(got, (a.double() + b.double()).float())
+    torch.testing.assert_close(scaled, x + 3 * y)
+    assert strided.stride() == (x + t).stride()
+    torch.testing.assert_close(strided, x + t)
+    counts = xkernels.routing_counts()
+    assert counts["add.Tensor"]["xkernels"] == 1 + 3 + 1  # first, the repeats, alpha=3
+    assert counts["add.Tensor"]["aten: non-contiguous operand"] == 1
+    assert counts["add_.Tensor"]["xkernels"] == 1 + 3
+    assert counts["add_.Tensor"]["aten: xkernels refused (ValueError)"] == 1  # the overlapping one

@@ -48,6 +48,12 @@ def module() -> Any:
     return _module
 
 
+def is_record(fn: Any) -> bool:
+    """Whether ``fn`` is a ``Record`` (which also takes data pointers as ints where it takes
+    tensors). Builds nothing: a record exists only once the module is built."""
+    return _module is not None and isinstance(fn, _module.Record)
+
+
 def unavailable_reason() -> str | None:
     """Why ``module()`` is ``None``; ``None`` when it is built."""
     module()

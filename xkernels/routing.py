@@ -206,10 +206,10 @@ def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], to
     op, whose aten call would come back through the override."""
     if _thread.inside:
         return None
-    found = op._hot_entry_of(args, {})  # (entry, the arguments it takes), as the op's own front door finds it
+    found = op.find_hot(args, {})  # as the op's own front door finds it
     if found is None:
         return None
-    entry, canon = found
+    _, entry, canon = found
     if getattr(entry, "vendor_blas", False):
         _counts[(name, VENDOR_WHY)] += 1
         return aten_out()
@@ -248,8 +248,50 @@ def _add_why(x: Any, y: Any, alpha: Any) -> str:
     return ""
 
 
+#: signatures (``Op.find_hot`` keys) of add / add_ calls that ``_add_why`` let through and
+#: xkernels ran: every condition of ``_add_why`` is a function of what such a key holds (dtypes,
+#: devices, shapes and strides, the scalar's type) once ``alpha`` is the default, so a repeat
+#: skips it. Bounded like the ops' own entry caches.
+_ADD_SIGNATURES: set[Any] = set()
+_ADD_SIGNATURES_LIMIT = 1024
+
+
+def _add_repeat(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A repeated default-``alpha`` add whose signature was routed to xkernels before: its hot
+    entry's result, or ``None`` (the full override decides)."""
+    if _thread.inside:
+        return None
+    found = op.find_hot(args, kwargs)
+    if found is None or found[0] not in _ADD_SIGNATURES:
+        return None
+    _thread.inside = True
+    try:
+        result = found[1](*found[2])
+    finally:
+        _thread.inside = False
+    if result is not None:
+        _counts[(name, "xkernels")] += 1
+    return result
+
+
+def _remember_add(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: torch.Tensor) -> torch.Tensor:
+    """``result``, once the signature xkernels just ran (with the hot entry it left) is remembered."""
+    found = op.find_hot(args, kwargs)
+    if found is not None:
+        if len(_ADD_SIGNATURES) >= _ADD_SIGNATURES_LIMIT:
+            _ADD_SIGNATURES.clear()
+        _ADD_SIGNATURES.add(found[0])
+    return result
+
+
 def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
     from xkernels.ops.add import add
+
+    default_alpha = alpha.__class__ is int and alpha == 1
+    if default_alpha:
+        done = _add_repeat("add.Tensor", add, (x, y), {})
+        if done is not None:
+            return done
 
     def fallback() -> torch.Tensor:
         dev = y.device if isinstance(y, torch.Tensor) and x.dim() == 0 and x.device.type == "cpu" else x.device
@@ -258,12 +300,19 @@ def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
     why = _add_why(x, y, alpha)
     if why:
         return _to_aten("add.Tensor", why, fallback)
-    return _run("add.Tensor", (lambda: add.call_no_grad(x, y)) if alpha == 1 else
-                (lambda: add.call_no_grad(x, y, alpha=alpha)), fallback)
+    if not default_alpha:
+        return _run("add.Tensor", lambda: add.call_no_grad(x, y, alpha=alpha), fallback)
+    return _run("add.Tensor", lambda: _remember_add(add, (x, y), {}, add.call_no_grad(x, y)), fallback)
 
 
 def _add_(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
     from xkernels.ops.add import add
+
+    default_alpha = alpha.__class__ is int and alpha == 1
+    if default_alpha:
+        done = _add_repeat("add_.Tensor", add, (x, y), {"out": x})
+        if done is not None:
+            return done
 
     def fallback() -> torch.Tensor:
         shape = torch.broadcast_shapes(x.shape, y.shape if isinstance(y, torch.Tensor) else ())
@@ -276,8 +325,10 @@ def _add_(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
         why = "broadcast grows self"
     if why:
         return _to_aten("add_.Tensor", why, fallback)
-    return _run("add_.Tensor", (lambda: add.call_no_grad(x, y, out=x)) if alpha == 1 else
-                (lambda: add.call_no_grad(x, y, alpha=alpha, out=x)), fallback)
+    if not default_alpha:
+        return _run("add_.Tensor", lambda: add.call_no_grad(x, y, alpha=alpha, out=x), fallback)
+    return _run("add_.Tensor", lambda: _remember_add(add, (x, y), {"out": x}, add.call_no_grad(x, y, out=x)),
+                fallback)
 
 
 def _matmul_why(a: torch.Tensor, b: torch.Tensor, dims: int) -> str:

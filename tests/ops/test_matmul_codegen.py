@@ -285,3 +285,22 @@ def test_tune_tma_candidates_fit_sm90_shared_memory():
             with tuning.force(cfg):
                 plan, kernel = _compile(op, *args, backend=_H100())
             assert plan.tma is not None and kernel.metadata.shared <= SMEM, (cfg, kernel.metadata.shared)
+
+
+def test_warp_specialize_reaches_the_tma_kernel():
+    """``"WARP_SPECIALIZE": true`` (a forced or tuned config) becomes the kernel's constexpr and
+    explain() shows it; for sm90, Triton 3.6's pass splits a 64x128, 4-warp tile into producer
+    and consumer warps (setmaxnreg, more warps than asked). No table selects it: on the H100 it
+    ran slower than the same tiles without it (results/h100-2026-11-23-s8/2-ws-probe)."""
+    cfg = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+           "TMA": True, "PERSISTENT": True}
+    args = (_meta(2048, 768), _meta(3072, 768), _meta(3072), "gelu")
+    with tuning.force({**cfg, "WARP_SPECIALIZE": True}):
+        plan, kernel = _compile(linear, *args, backend=_H100())
+    assert plan.constexprs["WARP_SPECIALIZE"] is True and plan.config["WARP_SPECIALIZE"] is True
+    assert "warp-specialized" in plan.variant
+    assert "setmaxnreg" in kernel.asm["ptx"] and kernel.metadata.num_warps > 4
+    with tuning.force(cfg):
+        plan, kernel = _compile(linear, *args, backend=_H100())
+    assert plan.constexprs["WARP_SPECIALIZE"] is False and "WARP_SPECIALIZE" not in plan.config
+    assert "setmaxnreg" not in kernel.asm["ptx"] and kernel.metadata.num_warps == 4

@@ -58,6 +58,27 @@ def parts(x: torch.Tensor, y: torch.Tensor) -> None:
         print(f"part {name:34} {us:6.2f} us", flush=True)
 
 
+def routed(d: torch.device) -> None:
+    """Host time of an unmodified torch call routed by xkernels.enable(), against the same call with
+    routing off, in alternating rounds (enable() before each xkernels round, disable() after)."""
+    import xkernels
+
+    x, y = torch.randn(1024, device=d, dtype=torch.float16), torch.randn(1024, device=d, dtype=torch.float16)
+    a, m = torch.randn(32, 512, device=d, dtype=torch.float16), torch.randn(512, 512, device=d, dtype=torch.float16)
+    for name, fn in [("enable(): x + y", lambda: x + y), ("enable(): torch.mm(a, b)", lambda: torch.mm(a, m)),
+                     ("enable(): torch.addmm(c, a, b)", lambda: torch.addmm(x[:512], a, m))]:
+        on, off = [], []
+        for _ in range(7):
+            xkernels.enable()
+            try:
+                on.append(wall_us(fn, rounds=1)[0])
+            finally:
+                xkernels.disable()
+            off.append(wall_us(fn, rounds=1)[0])
+        print(f"{name:36} xk {statistics.median(on):6.1f} us  torch {statistics.median(off):6.1f} us", flush=True)
+    print("routing counts:", xkernels.routing_counts(), flush=True)
+
+
 def main() -> None:
     d = torch.device("cuda")
     x, y = torch.randn(1024, device=d, dtype=torch.float16), torch.randn(1024, device=d, dtype=torch.float16)
@@ -80,6 +101,7 @@ def main() -> None:
          (linear, (xl, w, bl, "gelu"), {})),
     ]
     parts(x, y)
+    routed(d)
     for name, xk, th, (op, args, kwargs) in forms:
         xk()
         xk()

@@ -14,8 +14,8 @@ print(json.dumps({"available": b.is_available(), "reason": b.unavailable_reason(
                   "properties": b.properties().as_dict()}, indent=1, default=str))
 PY
 XKERNELS_TEST_BACKENDS=cuda timeout ${PYTEST_TIMEOUT:-300} python3 -m pytest -q -p no:cacheprovider -x tests 2>&1 | tail -25 | tee "$OUT/pytest-cuda.txt"
-python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-fast.txt"
-XKERNELS_FAST_LAUNCH=0 python3 results/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-slow.txt"
+python3 tools/probes/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-fast.txt"
+XKERNELS_FAST_LAUNCH=0 python3 tools/probes/dispatch_probe.py 2>&1 | tee "$OUT/dispatch-slow.txt"
 [ -n "${SKIP_TUNE:-}" ] || timeout ${TUNE_TIMEOUT:-240} python3 -m xkernels.tune --backend cuda --out-dir "$OUT/tune" 2>&1 | tail -40 | tee "$OUT/tune.txt"
 [ -d "$OUT/tune" ] && tar czf "$OUT/tune.tgz" -C "$OUT" tune && rm -rf "$OUT/tune"
 rm -f "$OUT/session.log.unused"
