@@ -15,7 +15,8 @@ import torch
 
 import xkernels
 from helpers import Unchanged, assert_close
-from xkernels import autotune, tune, tuning
+from xkernels import autotune, tuning
+from xkernels.cli import tune
 from xkernels.ops import add, linear
 
 pytestmark = pytest.mark.uses_interpreter

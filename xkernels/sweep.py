@@ -15,7 +15,7 @@
   ``<out-dir>/checkpoints/<op>.rank<R>.jsonl`` as it is made; a restarted sweep reads every
   checkpoint of the op and measures only what is missing.
 * **Rows** (:func:`rows`): a case's records become one line of the measurement file that
-  ``xkernels.matmul_tables`` (matmul/linear) and ``xkernels.tune`` (element-wise) read.
+  ``xkernels.cli.matmul_tables`` (matmul/linear) and ``python -m xkernels.tune`` (element-wise) read.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, di
 
 # -- rows ---------------------------------------------------------------------------------------
 def rows(sweep: Iterable[SweepCase], records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One measurement row per case with a torch time (the JSONL ``xkernels.matmul_tables`` reads):
+    """One measurement row per case with a torch time (the JSONL ``xkernels.cli.matmul_tables`` reads):
     ``{"op", "name", "case", "dtype", "torch_ms", "cfgs": [{"cfg", "ms"} | {"cfg", "err"}], ...}``
     plus ``M, N, K, act, bias`` (matmul/linear) or ``shape, numel, variant`` (element-wise).
     Not-applicable configs are left out of ``cfgs``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from xkernels import bench
+from xkernels.cli import bench
 from xkernels.harness.cases import cases
 from xkernels.harness.models import corpus, model_names
 

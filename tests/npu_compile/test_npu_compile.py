@@ -1,4 +1,4 @@
-"""Offline Ascend NPU compile check (xkernels.npu_compile), run by ``tox -e npu-compile``.
+"""Offline Ascend NPU compile check (xkernels.cli.npu_compile), run by ``tox -e npu-compile``.
 
 These tests need triton-ascend (installed as the top-level ``triton``) and bishengir-compile
 (PyPI ascendnpu-ir) in the running environment; anywhere else the whole module is skipped.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-npu_compile = pytest.importorskip("xkernels.npu_compile")
+npu_compile = pytest.importorskip("xkernels.cli.npu_compile")
 
 _BISHENGIR, _PROBLEM = npu_compile.check_environment()
 if _PROBLEM:
@@ -27,8 +27,8 @@ if _PROBLEM:
 import triton  # noqa: E402  (triton-ascend, checked above)
 import triton.language as tl  # noqa: E402
 
-try:  # the project's own case type, once xkernels.compile_check exists
-    from xkernels.compile_check import CompileCase
+try:  # the project's own case type, once xkernels.cli.compile_check exists
+    from xkernels.cli.compile_check import CompileCase
 except ImportError:  # a stand-in with the same fields
 
     @dataclasses.dataclass(frozen=True)
@@ -258,7 +258,7 @@ def test_cli_help_and_quick_subset():
 
 def test_project_cases_are_well_formed():
     """The project's case list names every kernel argument and gives every constexpr a value."""
-    cc = pytest.importorskip("xkernels.compile_check")
+    cc = pytest.importorskip("xkernels.cli.compile_check")
     cases = cc.collect_cases(None, None)
     assert cases, "collect_cases returned no cases"
     for c in cases:
@@ -276,7 +276,7 @@ def test_planted_oversized_entries_fail_per_family(tmp_path, family):
     256x256 fp32 accumulator), added under the family key the way a plugin adds tables, are
     listed by the project's case collector and fail with the compiler's own message."""
     from helpers import planted_tables
-    from xkernels.compile_check import collect_cases
+    from xkernels.cli.compile_check import collect_cases
 
     soc = FAMILY_SOCS[family]
     tables = {
@@ -309,7 +309,7 @@ def test_planted_split_k_entry_compiles(tmp_path, soc):
     """A linear rule with SPLIT_K: the partial-sums matmul and the reduction kernel (bias + gelu
     epilogue) both plan within memory on A2 and A3."""
     from helpers import planted_tables
-    from xkernels.compile_check import collect_cases
+    from xkernels.cli.compile_check import collect_cases
 
     tables = {"linear": {"archs": {"Ascend910B": [
         {"when": {"dtype": ["bfloat16"]}, "config": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 4}}]}}}

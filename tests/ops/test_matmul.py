@@ -285,7 +285,7 @@ _TMA_SMALL = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_w
     {**_TMA_SMALL, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
 ], ids=["one tile each", "subtile", "persistent", "persistent + subtile", "64x128 persistent + subtile"])
 def test_tma_kernel_variants_match_torch(backend, device, cfg):
-    """The tensor-descriptor kernel's tunable forms (``xkernels.tune`` candidates) against torch:
+    """The tensor-descriptor kernel's tunable forms (``xkernels.cli.tune`` candidates) against torch:
     several tiles per program when persistent (more tiles than SMs), edge tiles in M, N and K,
     row-major and K-contiguous B, the bias + activation epilogue whole and in halves. Runs where
     the backend has tensor descriptors (sm90+); on CPU, ``test_tma_kernel_variants_in_the_interpreter``."""

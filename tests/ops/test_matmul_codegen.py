@@ -265,7 +265,7 @@ def test_persistent_tma_needs_a_known_sm_count():
 
 @pytest.mark.slow
 def test_tune_tma_candidates_fit_sm90_shared_memory():
-    """Every TMA config ``xkernels.tune`` sweeps on sm90 (the cuda tables' candidates) compiles
+    """Every TMA config ``xkernels.cli.tune`` sweeps on sm90 (the cuda tables' candidates) compiles
     for sm90 within a block's shared memory."""
     import json
     from pathlib import Path

@@ -9,8 +9,9 @@ import random
 import pytest
 import torch
 
-from xkernels import matmul_tables, tuning
+from xkernels import tuning
 from xkernels.backends.cuda import CudaBackend
+from xkernels.cli import matmul_tables
 from xkernels.ops import matmul_config as mc
 
 SMS = 132

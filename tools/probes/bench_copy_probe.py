@@ -11,7 +11,7 @@ import copy
 import torch
 
 import xkernels
-from xkernels import bench_models
+from xkernels.cli import bench_models
 from xkernels.harness import Target
 from xkernels.harness.perf import Settings, time_calls
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 import xkernels
-from xkernels import bench_models
+from xkernels.cli import bench_models
 from xkernels.ops import linear
 from xkernels.ops.op import Op
 

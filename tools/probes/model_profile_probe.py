@@ -16,7 +16,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import xkernels
-from xkernels import bench_models
+from xkernels.cli import bench_models
 
 
 def forward_ms(model, ids, n=20):

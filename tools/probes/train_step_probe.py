@@ -19,7 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import xkernels
-from xkernels import bench_models
+from xkernels.cli import bench_models
 from xkernels.ops import autograd as xk_autograd
 from xkernels.ops import linear as xk_linear
 from xkernels.ops import matmul as xk_matmul

@@ -11,8 +11,9 @@ import sys
 import pytest
 
 import xkernels
-from xkernels import bench, peaks
+from xkernels import peaks
 from xkernels.backend import Backend
+from xkernels.cli import bench
 
 ROW_FIELDS = {"op", "dtype", "shape", "layout", "device", "backend", "config", "route", "time_ms", "p20_ms",
               "p80_ms", "torch_time_ms", "speedup", "band", "gbps", "tflops", "pct_of_peak", "bound"}

@@ -280,7 +280,7 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def header(target: Target, args: dict[str, Any]) -> dict[str, Any]:
-    from xkernels.bench import _version
+    from xkernels.cli.bench import _version
 
     props = target.backend.properties(target.device)
     return {"device_name": props.name, "arch": props.arch, "device": str(target.device),

@@ -21,6 +21,6 @@ def fixed_timer(fn: Callable[[], Any], label: dict[str, Any]) -> float:
 
 
 if __name__ == "__main__":
-    from xkernels import tune
+    from xkernels.cli import tune
 
     sys.exit(tune.main(sys.argv[1:], timer=fixed_timer))

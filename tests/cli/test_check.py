@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xkernels
-from xkernels import check
+from xkernels.cli import check
 from xkernels.harness import accuracy, memory, resolve_target, tolerances
 from xkernels.harness.cases import OPS, cases
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import require_transformers
-from xkernels import bench, bench_models
+from xkernels.cli import bench, bench_models
 
 pytestmark = pytest.mark.uses_interpreter
 

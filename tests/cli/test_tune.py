@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import xkernels
-from xkernels import matmul_tables, sweep, tune, tuning
+from xkernels import sweep, tuning
+from xkernels.cli import matmul_tables, tune
 from xkernels.harness import Target
 from xkernels.harness.cases import Case, T
 from xkernels.harness.tolerances import tolerance
@@ -23,7 +24,7 @@ from tune_fixed_timer import fixed_timer  # noqa: E402
 
 pytestmark = pytest.mark.uses_interpreter
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INTERP = "interpreter"
 
 
@@ -181,7 +182,7 @@ def test_torchrun_sweep_writes_the_rules_of_a_single_process_sweep(tmp_path):
     assert tune.main([*args, "--out-dir", str(tmp_path / "one")], timer=fixed_timer) == 0
     single = json.loads((tmp_path / "one/add.json").read_text())
     assert single["sweep"]["world_size"] == 1 and single["sweep"]["items_per_rank"] == [5]
-    proc = _torchrun([str(ROOT / "tests/tune_fixed_timer.py"), *args, "--out-dir", str(tmp_path / "two")], tmp_path)
+    proc = _torchrun([str(ROOT / "tests/cli/tune_fixed_timer.py"), *args, "--out-dir", str(tmp_path / "two")], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     two = json.loads((tmp_path / "two/add.json").read_text())
     assert two["sweep"]["world_size"] == 2 and sum(two["sweep"]["items_per_rank"]) == two["sweep"]["items"] == 5

@@ -1,7 +1,7 @@
 """Matmul/linear tuning tables from measurements: measured rules per shape class plus candidates
 with fitted costs for the wave model (see ``xkernels.ops.matmul_config``).
 
-    python -m xkernels.matmul_tables RUN1.jsonl [RUN2.jsonl ...] --arch sm90 --units 132 \\
+    python -m xkernels.cli.matmul_tables RUN1.jsonl [RUN2.jsonl ...] --arch sm90 --units 132 \\
         --source "..." --install ops/tuning/cuda --op linear,matmul
 
 A measurement file has one JSON object per line and shape: ``{"op", "M", "N", "K", "act", "bias",
@@ -208,7 +208,7 @@ def install(path: Path, arch: str, built: dict[str, Any], source: str, dtypes: l
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m xkernels.matmul_tables", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m xkernels.cli.matmul_tables", description=__doc__.split("\n")[0])
     p.add_argument("measurements", type=Path, nargs="+")
     p.add_argument("--arch", required=True)
     p.add_argument("--units", type=int, required=True, help="compute units (SMs) of the measured device")

@@ -1,4 +1,4 @@
-"""xkernels.compile_check: which npu compilations the offline check (tox -e npu-compile) runs.
+"""xkernels.cli.compile_check: which npu compilations the offline check (tox -e npu-compile) runs.
 
 These tests need no Ascend toolchain: they check the case list (SoCs, entries, epilogues,
 layouts); tests/npu_compile compiles cases with triton-ascend and bishengir-compile.
@@ -10,7 +10,7 @@ import pytest
 
 from helpers import planted_tables
 from xkernels.backends import npu
-from xkernels.compile_check import collect, collect_cases, default_socs
+from xkernels.cli.compile_check import collect, collect_cases, default_socs
 from xkernels.ops import matmul_kernels
 from xkernels.ops.matmul import ACTIVATIONS
 

@@ -1,0 +1,516 @@
+"""Offline Ascend NPU compile check: Triton frontend + on-chip memory planning, no CANN, no device.
+
+For every case that :func:`xkernels.cli.compile_check.collect_cases` lists (one op, dtype, tuning
+entry, epilogue, layout and SoC each; identical compilations run once), this
+
+1. compiles the ``@triton.jit`` kernel with **triton-ascend** for ``GPUTarget("npu", soc, 0)``
+   down to ``<kernel>.ttadapter`` (the linalg/HIVM IR triton-ascend hands to its NPU compiler).
+   Without CANN, ``triton.compile`` then stops at the binary stage ("ASCEND_HOME_PATH is not
+   set"); the ``.ttadapter`` is already in the case's private ``TRITON_CACHE_DIR`` by then;
+2. runs **bishengir-compile** (PyPI ``ascendnpu-ir``) on it with the options triton-ascend uses at
+   run time, plus ``--target=<soc>``. It tiles, plans the Unified Buffer (UB), L0C ("cc") and L1
+   ("cbuf") memory, and finally calls CANN's ``hivmc``, which is not here: reaching that call
+   means the memory plan passed.
+
+Outcomes: ``ok`` (plan passed, stopped at the CANN binary step), ``ub-overflow``,
+``cc-overflow``, ``frontend-error`` (triton-ascend rejected the kernel, or no .ttadapter),
+``plan-error`` (anything else bishengir-compile reported, including an L1/cbuf overflow).
+What this cannot tell: whether the binary builds (hivmc), whether the kernel runs or is correct,
+or how fast it is.
+
+Usage::
+
+    python -m xkernels.npu_compile [--soc SOC ...] [--op OP ...] [--quick] [--keep DIR] [--jobs N]
+
+Exit status: 0 when every case is ``ok``, 1 when any is not, 2 when triton-ascend,
+bishengir-compile or the case list is missing (one line says what to install).
+
+triton-ascend installs as the top-level ``triton`` package, so it needs its own virtual
+environment (see docs/npu-offline-compile.md); this module imports it only when it runs cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RESULTS = ("ok", "ub-overflow", "cc-overflow", "frontend-error", "plan-error")
+
+INSTALL_HINT = (
+    "pip install torch==2.13.0 triton-ascend==3.2.0 pybind11 ascendnpu-ir==1.2.0 "
+    "(in a virtual environment of its own: triton-ascend replaces the `triton` package)"
+)
+
+#: bishengir-compile options, as triton-ascend 3.2 passes them for Atlas A2/A3 parts
+#: (linalg_to_bin_enable_npu_compile_A2_A3 with its default NPUOptions), less --target.
+BISHENGIR_FLAGS = (
+    "--enable-auto-multi-buffer=True",
+    "--enable-auto-bind-sub-block=True",
+    "--enable-hfusion-compile=true",
+    "--enable-hivm-compile=true",
+    "--enable-triton-kernel-compile=true",
+)
+
+#: Seconds one bishengir-compile run may take before the case is a plan-error.
+PLAN_TIMEOUT_S = 600
+
+# bishengir-compile prints these; see docs/npu-offline-compile.md for full samples.
+_OVERFLOW_RE = re.compile(r"error: (\w+) overflow, requires (\d+) bits while (\d+) bits available")
+_PASSED_MARK = "External hivmc run fails"  # the plan passed; the CANN binary step is missing
+_RETRY_OK_RE = re.compile(
+    r"\[NOTE\] Due to (\w+) overflow, automatically set (.*?); compilation then succeeded")
+_ERROR_RE = re.compile(r"error: (.*)")
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one case. ``result`` is one of :data:`RESULTS`."""
+
+    op: str
+    dtype: str
+    config: str
+    soc: str
+    result: str
+    seconds: float
+    detail: str = ""
+    frontend_s: float = 0.0
+    plan_s: float = 0.0
+    artifacts: str = ""  # the directory kept for this case (--keep), else ""
+    same_as: str = ""  # "op dtype config" of the identical compilation whose result this reuses
+
+    @property
+    def ok(self) -> bool:
+        return self.result == "ok"
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def find_bishengir() -> str | None:
+    """Path of bishengir-compile: $XKERNELS_BISHENGIR, the ascendnpu-ir package's bin/, or $PATH."""
+    env = os.environ.get("XKERNELS_BISHENGIR")
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("ascendnpuir")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            cand = Path(loc) / "bin" / "bishengir-compile"
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    return shutil.which("bishengir-compile")
+
+
+def triton_ascend_problem() -> str | None:
+    """``None`` when the importable ``triton`` is triton-ascend, else what is wrong, in words."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            version("triton-ascend")
+        except PackageNotFoundError:
+            return "triton-ascend is not installed"
+        import triton  # noqa: F401
+        from triton.backends.ascend.compiler import AscendBackend  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except Exception as exc:  # e.g. pybind11 missing, or CUDA triton shadowing it
+        return f"triton-ascend does not import ({type(exc).__name__}: {exc})"
+    return None
+
+
+def check_environment() -> tuple[str | None, str | None]:
+    """``(bishengir path, None)`` when all is there, else ``(None, one-line problem)``."""
+    problem = triton_ascend_problem()
+    if problem:
+        return None, f"{problem}: {INSTALL_HINT}"
+    bisheng = find_bishengir()
+    if not bisheng:
+        where = " at $XKERNELS_BISHENGIR" if os.environ.get("XKERNELS_BISHENGIR") else ""
+        return None, f"bishengir-compile not found{where}: pip install ascendnpu-ir==1.2.0"
+    return bisheng, None
+
+
+# --------------------------------------------------------------------------- one case
+
+
+def _unwrap_kernel(kernel: Any) -> Any:
+    """The JITFunction under triton.autotune / triton.heuristics wrappers."""
+    seen = 0
+    while not hasattr(kernel, "arg_names") and hasattr(kernel, "fn") and seen < 8:
+        kernel = kernel.fn
+        seen += 1
+    return kernel
+
+
+def _full_signature(kernel: Any, signature: dict[str, str], constants: dict[str, Any]) -> dict[str, str]:
+    """The signature in the kernel's argument order; raises ValueError on a mismatch."""
+    names = list(kernel.arg_names)
+    missing = [n for n in names if n not in signature and n not in constants]
+    extra = [n for n in signature if n not in names]
+    if missing or extra:
+        raise ValueError(f"signature mismatch: missing {missing}, unknown {extra}")
+    constexprs = [p.name for p in kernel.params if p.is_constexpr]
+    no_value = [n for n in constexprs if n not in constants]
+    if no_value:
+        raise ValueError(f"no value for constexpr {no_value}")
+    return {n: signature.get(n, "constexpr") for n in names}
+
+
+def _attrs(kernel: Any, signature: dict[str, str]) -> Any:
+    """Pointer arguments divisible by 16, as torch's allocations are at launch time."""
+    try:
+        from triton.backends.ascend.compiler import AscendAttrsDescriptor
+
+        hints = {i: 16 for i, n in enumerate(kernel.arg_names) if signature[n].startswith("*")}
+        return AscendAttrsDescriptor.from_hints(hints)
+    except Exception:
+        return None
+
+
+@contextlib.contextmanager
+def _fds_to(path: Path):
+    """Send file descriptors 1 and 2 (and sys.stdout/err) to ``path`` for the block."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as f, open(path, "a", buffering=1) as text:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+                yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("///")]
+    lines = [ln for ln in lines if not ln.startswith("[INFO]")]
+    return lines[-1] if lines else text.strip()
+
+
+def compile_ttadapter(case: Any, workdir: Path) -> tuple[Path | None, str]:
+    """Run triton-ascend on one case; ``(path of the .ttadapter or None, error detail)``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = _unwrap_kernel(case.kernel)
+    constants = dict(case.constants)
+    try:
+        signature = _full_signature(kernel, dict(case.signature), constants)
+    except (ValueError, AttributeError) as exc:
+        return None, str(exc)
+    cache = workdir / "triton-cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    saved = {k: os.environ.get(k) for k in ("TRITON_CACHE_DIR", "ASCEND_HOME_PATH")}
+    os.environ["TRITON_CACHE_DIR"] = str(cache)
+    os.environ.pop("ASCEND_HOME_PATH", None)  # stop before the binary stage even where CANN exists
+    error = ""
+    try:
+        with _fds_to(workdir / "frontend.log"):
+            src = ASTSource(fn=kernel, signature=signature, constants=constants,
+                            attrs=_attrs(kernel, signature))
+            try:
+                triton.compile(src, target=GPUTarget("npu", case.soc, 0))
+            except Exception as exc:  # expected: the binary stage needs CANN
+                error = f"{type(exc).__name__}: {_last_line(str(exc))}"
+                with open(workdir / "frontend.log", "a") as f:
+                    f.write(f"\n{type(exc).__name__}: {exc}\n")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    found = sorted(cache.glob("*/*.ttadapter"))
+    if not found:
+        return None, error or "no .ttadapter produced"
+    return found[0], ""
+
+
+def classify_plan(returncode: int, output: str, produced: bool) -> tuple[str, str]:
+    """Map bishengir-compile's exit and output to ``(result, detail)``."""
+    overflows: dict[str, str] = {}
+    for kind, need, have in _OVERFLOW_RE.findall(output):
+        kind = kind.lower()
+        overflows.setdefault(kind, f"{kind} needs {int(need) // 8192} KiB > {int(have) // 8192} KiB")
+    if overflows:
+        # An accumulator that does not fit L0C is the root cause when both are reported.
+        order = {"cc": 0, "ub": 1}
+        detail = "; ".join(overflows[k] for k in sorted(overflows, key=lambda k: (order.get(k, 2), k)))
+        if "cc" in overflows:
+            return "cc-overflow", detail
+        if "ub" in overflows:
+            return "ub-overflow", detail
+        return "plan-error", detail.replace("cbuf needs", "cbuf (L1) needs")
+    if _PASSED_MARK in output or (returncode == 0 and produced):
+        r = _RETRY_OK_RE.search(output)
+        if r:
+            dropped = r.group(2).replace("set ", "").replace(" to false", "=false")
+            return "ok", f"{r.group(1).lower()} overflow at first; passed with {dropped}"
+        return "ok", ""
+    errors = [e.strip() for e in _ERROR_RE.findall(output) if "Failed to run" not in e]
+    if errors:
+        return "plan-error", errors[-1][:200]
+    return "plan-error", _last_line(output)[:200] or f"exit {returncode}"
+
+
+def plan_memory(ttadapter: Path, soc: str, bishengir: str, workdir: Path) -> tuple[str, str]:
+    """Run bishengir-compile on a .ttadapter for ``soc``; ``(result, detail)``."""
+    # triton-ascend drops the mix_mode attribute before it calls bishengir-compile; do the same.
+    text = re.sub(r', mix_mode\s*=\s*"[^"]*"', "", ttadapter.read_text())
+    src = workdir / "kernel.ttadapter.mlir"
+    src.write_text(text)
+    out = workdir / "kernel.o"
+    cmd = [bishengir, str(src), f"--target={soc}", *BISHENGIR_FLAGS, "-o", str(out)]
+    env = dict(os.environ)
+    env.pop("ASCEND_HOME_PATH", None)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PLAN_TIMEOUT_S,
+                              cwd=workdir, env=env)
+    except subprocess.TimeoutExpired:
+        return "plan-error", f"bishengir-compile ran over {PLAN_TIMEOUT_S} s"
+    output = proc.stdout + proc.stderr
+    (workdir / "bishengir.log").write_text(" ".join(cmd) + "\n\n" + output)
+    return classify_plan(proc.returncode, output, out.exists() or Path(str(out) + ".o").exists())
+
+
+def _slug(*parts: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(parts))[:150]
+
+
+def run_case(case: Any, bishengir: str, keep: str | os.PathLike | None = None) -> Result:
+    """Compile one case and plan its memory; never raises."""
+    t0 = time.perf_counter()
+    workdir = Path(tempfile.mkdtemp(prefix="xk-npu-"))
+    kept = ""
+    fe_s = plan_s = 0.0
+    try:
+        try:
+            ttadapter, err = compile_ttadapter(case, workdir)
+        except Exception as exc:
+            ttadapter, err = None, f"{type(exc).__name__}: {exc}"
+        fe_s = time.perf_counter() - t0
+        if ttadapter is None:
+            result, detail = "frontend-error", err
+        else:
+            t1 = time.perf_counter()
+            try:
+                result, detail = plan_memory(ttadapter, case.soc, bishengir, workdir)
+            except Exception as exc:
+                result, detail = "plan-error", f"{type(exc).__name__}: {exc}"
+            plan_s = time.perf_counter() - t1
+        if keep:
+            key = repr((sorted(case.signature.items()), sorted((k, repr(v)) for k, v in case.constants.items())))
+            digest = hashlib.sha1(key.encode()).hexdigest()[:8]
+            dest = Path(keep) / _slug(case.op, case.dtype, case.soc, case.config, digest)
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.copytree(workdir, dest)
+            kept = str(dest)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return Result(op=case.op, dtype=case.dtype, config=case.config, soc=case.soc, result=result,
+                  seconds=round(time.perf_counter() - t0, 3), detail=detail,
+                  frontend_s=round(fe_s, 3), plan_s=round(plan_s, 3), artifacts=kept)
+
+
+# --------------------------------------------------------------------------- many cases
+
+# The cases, for the forked workers: kernels (JITFunction objects) are not sent by pickle.
+_WORK: dict[str, Any] = {}
+
+
+def _work(index: int) -> tuple[int, Result]:
+    return index, run_case(_WORK["cases"][index], _WORK["bishengir"], _WORK["keep"])
+
+
+def compilation_key(case: Any) -> tuple:
+    """What the compilers see for ``case``: the kernel, its signature, constants and the SoC. Two
+    cases with one key are one compilation (same input, same flags, same target)."""
+    kernel = _unwrap_kernel(case.kernel)
+    return (id(kernel), tuple(sorted(case.signature.items())),
+            tuple(sorted((k, repr(v)) for k, v in case.constants.items())), case.soc)
+
+
+def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | None = None,
+              bishengir: str | None = None, progress: Any = None, dedupe: bool = True) -> list[Result]:
+    """Check ``cases`` (CompileCase-like objects) with ``jobs`` worker processes; results in order.
+
+    ``jobs`` of 0 means one per CPU. The work always runs in forked worker processes, so the
+    caller's process never holds an MLIR context (forking after a failed compile is unsafe).
+    With ``dedupe``, cases with one :func:`compilation_key` are compiled once; the others get its
+    result with ``same_as`` naming it and zero seconds. ``progress``, if given, is called with
+    each Result as it completes. Raises RuntimeError when triton-ascend or bishengir-compile is
+    missing.
+    """
+    cases = list(cases)
+    if not cases:
+        return []
+    if bishengir is None:
+        bishengir, problem = check_environment()
+        if problem:
+            raise RuntimeError(problem)
+    first: dict[tuple, int] = {}
+    copies: dict[int, list[int]] = {}
+    for i, c in enumerate(cases):
+        j = first.setdefault(compilation_key(c), i) if dedupe else i
+        copies.setdefault(j, []).append(i)
+    unique = list(copies)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(unique)))
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+    _WORK.update(cases=cases, bishengir=bishengir, keep=str(keep) if keep else None)
+    results: list[Result | None] = [None] * len(cases)
+    ctx = multiprocessing.get_context("fork")
+    try:
+        with ctx.Pool(jobs) as pool:
+            for index, res in pool.imap_unordered(_work, unique, chunksize=1):
+                for i in copies[index]:
+                    c = cases[i]
+                    results[i] = res if i == index else dataclasses.replace(
+                        res, op=c.op, dtype=c.dtype, config=c.config, seconds=0.0, frontend_s=0.0, plan_s=0.0,
+                        same_as=f"{res.op} {res.dtype} {res.config}")
+                    if progress is not None:
+                        progress(results[i])
+    finally:
+        _WORK.clear()
+    return [r for r in results if r is not None]
+
+
+def quick_subset(cases: Iterable[Any]) -> list[Any]:
+    """The first case of each (op, dtype, soc): a smoke run of every kernel variant."""
+    seen: set[tuple[str, str, str]] = set()
+    out = []
+    for c in cases:
+        key = (c.op, c.dtype, c.soc)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """A plain-text table: op, dtype, config, SoC, result, seconds, detail."""
+    head = ("op", "dtype", "config", "SoC", "result", "seconds", "detail")
+    rows = [(r.op, r.dtype, r.config, r.soc, r.result, f"{r.seconds:.2f}", r.detail) for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
+    widths[-1] = 0  # the detail column is not padded
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    out = [line(head), line(["-" * w if w else "------" for w in widths])]
+    out += [line(row) for row in rows]
+    return "\n".join(out)
+
+
+def summary(results: Sequence[Result], wall_s: float) -> str:
+    counts = {k: sum(r.result == k for r in results) for k in RESULTS}
+    parts = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    compiled = [r for r in results if not r.same_as]
+    cpu = sum(r.seconds for r in compiled)
+    mean = cpu / len(compiled) if compiled else 0.0
+    return (f"{len(results)} cases ({len(compiled)} distinct compilations): {parts or 'none'}; "
+            f"{wall_s:.1f} s wall, {cpu:.1f} s summed, {mean:.2f} s per compilation")
+
+
+def _split(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    out = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    return out or None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m xkernels.npu_compile",
+        description="Offline Ascend NPU compile check: triton-ascend frontend to .ttadapter, then "
+                    "bishengir-compile's memory planning (UB / L0C / L1), without CANN or a device. "
+                    "Exits 1 if any case is not ok, 2 if a tool is missing.",
+    )
+    p.add_argument("--soc", action="append", metavar="SOC",
+                   help="SoC to check, e.g. Ascend910B3 (repeat or comma-separate; "
+                        "default: every SoC of backends/npu_socs.json, Atlas A2 and A3)")
+    p.add_argument("--op", action="append", metavar="OP",
+                   help="op to check (repeat or comma-separate; default: all)")
+    p.add_argument("--quick", action="store_true",
+                   help="only the first tuning entry of each (op, dtype, SoC)")
+    p.add_argument("--keep", metavar="DIR",
+                   help="keep each case's .ttir/.ttadapter and compiler logs under DIR")
+    p.add_argument("--jobs", type=int, default=0, metavar="N",
+                   help="worker processes (default: one per CPU)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    bishengir, problem = check_environment()
+    if problem:
+        print(f"xkernels.npu_compile: {problem}", file=sys.stderr)
+        return 2
+    try:
+        from xkernels.cli.compile_check import collect
+    except ImportError as exc:
+        print(f"xkernels.npu_compile: cannot import the case list xkernels.cli.compile_check ({exc}); "
+              "install xkernels into this environment (pip install -e .)", file=sys.stderr)
+        return 2
+    try:
+        cases, notes = collect(_split(args.soc), _split(args.op))
+    except ValueError as exc:
+        print(f"xkernels.npu_compile: {exc}", file=sys.stderr)
+        return 1
+    if args.quick:
+        cases = quick_subset(cases)
+    if not cases:
+        print("xkernels.npu_compile: no cases selected", file=sys.stderr)
+        return 1
+    jobs = args.jobs or os.cpu_count() or 1
+    print(f"checking {len(cases)} cases with {min(jobs, len(cases))} jobs "
+          f"(bishengir-compile: {bishengir})", flush=True)
+    done = [0]
+
+    def progress(r: Result) -> None:
+        done[0] += 1
+        shared = " (same compilation as an earlier case)" if r.same_as else ""
+        print(f"[{done[0]}/{len(cases)}] {r.op} {r.dtype} {r.config} {r.soc}: {r.result} "
+              f"({r.seconds:.2f} s){shared}{' ' + r.detail if r.detail else ''}", flush=True)
+
+    t0 = time.perf_counter()
+    results = run_cases(cases, jobs, keep=args.keep, bishengir=bishengir, progress=progress)
+    wall = time.perf_counter() - t0
+    print()
+    print(format_table(results))
+    if notes:
+        print("\nnot compiled:\n" + "\n".join(f"  {n}" for n in notes))
+    print()
+    print(summary(results, wall))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
