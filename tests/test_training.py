@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -64,18 +65,31 @@ def test_mlp_loss_curve_with_patch(backend, device, opt_name):
     assert got[-1] < got[0], "training did not reduce the loss"
 
 
-def test_mlp_loss_curve_under_enable(backend, device):
+@pytest.mark.parametrize("route", ["planned", "vendor BLAS"])
+def test_mlp_loss_curve_under_enable(backend, device, route, monkeypatch):
+    """Ten training steps with enable() on; "vendor BLAS": every matmul/linear class measured
+    faster on the device's BLAS (the route of small shapes on cuda), so repeats go to aten's
+    kernel directly and first calls come back through the override as re-entrant ones."""
+    from helpers import every_matmul_to_vendor
+
     data = [(torch.randn(16, 12, device=device), torch.randn(16, 4, device=device)) for _ in range(STEPS)]
     data64 = [(x.double(), t.double()) for x, t in data]
     model, want, ref64 = _three_curves(lambda: _mlp().to(device), data, "adam", data64)
     xkernels.routing_counts(reset=True)
-    with xkernels.enabled():
-        got = _curve(model, data, "adam")
+    with contextlib.ExitStack() as stack:
+        if route == "vendor BLAS":
+            stack.enter_context(every_matmul_to_vendor(monkeypatch))
+        with xkernels.enabled():
+            got = _curve(model, data, "adam")
     assert_model_close(got, want, ref64)
     if backend.runs_triton:  # every addmm took xkernels' route (which may be the device's BLAS, as aten)
         counts = xkernels.routing_counts()["addmm"]
+        reentrant = counts.pop("aten: re-entrant call", 0)
         assert set(counts) <= {"xkernels", routing.VENDOR_WHY}, counts
         assert sum(counts.values()) == 4 * STEPS, counts
+        assert reentrant <= counts.get("xkernels", 0)
+        if route == "vendor BLAS":
+            assert counts.get(routing.VENDOR_WHY, 0) > 0, counts
 
 
 def test_tiny_bert_loss_curve_with_patch(backend, device):
