@@ -15,7 +15,9 @@ A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two step
    many tiles in three full-ish waves of shorter tiles.
 
    A candidate with a fitted ``"cost": [a, b, c]`` (milliseconds; fitted by the tuner on measured
-   times, see :func:`fit_cost`) is estimated as ``a * waves * K / SPLIT_K + b * waves + c``. One
+   times, see :func:`fit_cost`) is estimated as ``a * waves * K / SPLIT_K + b * waves + c``, and
+   never below ``c`` plus its operand bytes streamed at ``STREAM_FRACTION`` of the copy
+   bandwidth (:func:`stream_bytes_per_ms`: the fit knows waves, not the bandwidth they share). One
    without (an arch the tuner never ran on) is estimated from device properties alone: per wave,
    the larger of the tile's math at the unit's share of the matmul peak and the tile's operand
    bytes at its share of the copy bandwidth (:func:`analytic_ms`).
@@ -52,6 +54,17 @@ BUILTIN_CANDIDATES: list[dict[str, Any]] = [
     for m, n, k, w, s in [(16, 64, 128, 4, 4), (32, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 4),
                           (128, 64, 64, 4, 4), (128, 128, 32, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3)]
 ]
+
+#: The fitted costs (``a * waves * K + b * waves + c``) have no term for the bandwidth all tiles
+#: share, so at few rows, where a GEMM is a stream of its weights, they can promise more than the
+#: memory delivers (held-out 1-token GEMMs estimated 30-45% under their time, s8/6). The wave
+#: model therefore never estimates a kernel below ``c`` + its operand bytes at this fraction of
+#: the copy bandwidth: the best weight-streaming rate measured on the corpus's 1- and 16-token
+#: GEMMs, xkernels' and cuBLAS's alike (2.1-2.2 TB/s against 3.0 TB/s copy on the H100, s8/4).
+STREAM_FRACTION = 0.72
+#: Copy bandwidth over datasheet memory bandwidth, for a device whose copy rate is not cached
+#: (3.0 measured against 3.35 TB/s on the H100).
+COPY_OF_DATASHEET = 0.9
 
 #: Assumed when the device reports no figures: an H100-class ratio of matmul peak to bandwidth.
 DEFAULT_RIDGE_FLOP_PER_BYTE = 300.0
@@ -168,6 +181,34 @@ def fitted_ms(cost: list[float], cfg: dict[str, Any], shape: Shape, units: int) 
     return a * w * shape.k / split_of(cfg, shape) + b * w + c
 
 
+def operand_bytes(cfg: dict[str, Any], shape: Shape) -> float:
+    """Bytes a call moves at least once: A, B and C, plus a split-K plan's fp32 partials (written
+    and read back)."""
+    mn = shape.batch * shape.m * shape.n
+    moved = (shape.batch * (shape.m + shape.n) * shape.k + mn) * shape.element_size
+    split = split_of(cfg, shape)
+    return moved + (mn * 4.0 * 2 * split if split > 1 else 0.0)
+
+
+def stream_bytes_per_ms(backend: Backend, device: torch.device) -> float | None:
+    """The rate the wave model lets a GEMM stream its operands at (bytes per ms): ``STREAM_FRACTION``
+    of the measured copy bandwidth (datasheet HBM bandwidth x ``COPY_OF_DATASHEET`` where none is
+    cached); ``None`` where the device reports neither."""
+    try:
+        props = backend.properties(device)
+    except Exception:  # noqa: BLE001 - properties of an odd device must not fail a call
+        return None
+    if props.copy_bandwidth is not None and props.copy_bandwidth.value:
+        gbps = props.copy_bandwidth.value
+    else:
+        sheet = next((props.datasheet[k] for k in ("copy_bandwidth", "memory_bandwidth", "hbm_bandwidth")
+                      if props.datasheet.get(k) is not None and props.datasheet[k].value), None)
+        if sheet is None:
+            return None
+        gbps = sheet.value * COPY_OF_DATASHEET
+    return gbps * 1e6 * STREAM_FRACTION
+
+
 def analytic_ms(cfg: dict[str, Any], shape: Shape, units: int, ridge: float) -> float:
     """Relative time from device properties alone: per wave, one tile's math at a unit's share
     of the peak or its operand bytes at a unit's share of the bandwidth, whichever is longer,
@@ -215,6 +256,7 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
         cands, source = BUILTIN_CANDIDATES, f"built-in candidates of ops/matmul_config.py (no table for {arch!r})"
     units = backend.compute_units(device) or 1
     ridge = _ridge(backend, device)
+    stream = stream_bytes_per_ms(backend, device) if fitted else None
     best: tuple[float, dict[str, Any]] | None = None
     estimates: dict[str, float] = {}
     for cand in cands:
@@ -223,7 +265,12 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
             continue
         if fitted and "cost" not in cand:
             continue  # estimates from two models are not comparable
-        ms = fitted_ms(cand["cost"], cfg, shape, units) if fitted else analytic_ms(cfg, shape, units, ridge)
+        if fitted:
+            ms = fitted_ms(cand["cost"], cfg, shape, units)
+            if stream:  # no faster than streaming its operands (the fit has no shared-bandwidth term)
+                ms = max(ms, cand["cost"][2] + operand_bytes(cfg, shape) / stream)
+        else:
+            ms = analytic_ms(cfg, shape, units, ridge)
         estimates[_label(cfg)] = ms
         if best is None or ms < best[0]:
             best = (ms, cfg)

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from xkernels import tuning
-from xkernels.backends.cuda import CudaBackend
+from xkernels.backend import DeviceProperties, Figure
+from xkernels.backends.cuda import DATASHEET, CudaBackend
 from xkernels.cli import matmul_tables
 from xkernels.ops import matmul_config as mc
 
@@ -101,6 +102,41 @@ def test_an_unmeasured_shape_takes_the_wave_model_over_fitted_candidates(monkeyp
         assert sel.config == {"VENDOR": True} and "is not 100x faster than the device's BLAS" in sel.why
         tiny = _select(32, 512, 512)  # launch-bound: the kernel's one launch, whatever the BLAS estimate
         assert not tiny.config.get("VENDOR") and "launch-bound" in tiny.why
+
+
+class _SmMeasured(_Sm):
+    """With the H100's copy bandwidth as the bench caches it (or only its datasheet)."""
+
+    def __init__(self, copy_gbps: float | None = 3000.0) -> None:
+        super().__init__()
+        self.copy_gbps = copy_gbps
+
+    def properties(self, device=None) -> DeviceProperties:
+        copy = None if self.copy_gbps is None else Figure(self.copy_gbps, "GB/s", "measured", "test")
+        return DeviceProperties(backend="cuda", name="NVIDIA H100 80GB HBM3", arch="sm90", compute_units=SMS,
+                                compute_unit_kind="SM", memory_bytes=80 << 30, max_programs_per_launch=2**31 - 1,
+                                copy_bandwidth=copy, datasheet=dict(DATASHEET["H100"]))
+
+
+def test_no_kernel_estimate_beats_streaming_its_operands():
+    """A 1-token GEMM is a stream of its weight. Qwen2.5-7B's o-projection (3584 x 3584, no rule;
+    held-out GEMMs, s8/6): the fit alone promised a kernel 1.1x faster than cuBLAS, which ran
+    0.83x; with the floor every kernel estimate is at least its operand bytes at the streaming
+    rate (plus its fitted fixed cost), and the call runs the BLAS."""
+    shape = _shape(1, 3584, 3584)
+    key = mc.bucket_key(torch.bfloat16, shape, None, False)
+    fit_only = mc.select("linear", _Sm(), CPU, key, shape, "kmajor")  # no properties: no floor
+    floored = mc.select("linear", _SmMeasured(), CPU, key, shape, "kmajor")
+    stream = mc.stream_bytes_per_ms(_SmMeasured(), CPU)
+    assert stream == pytest.approx(3000 * 1e6 * mc.STREAM_FRACTION)
+    assert mc.stream_bytes_per_ms(_SmMeasured(None), CPU) == pytest.approx(3350 * mc.COPY_OF_DATASHEET * 1e6
+                                                                           * mc.STREAM_FRACTION)
+    assert mc.stream_bytes_per_ms(_Sm(), CPU) is None
+    weight_ms = 3584 * 3584 * 2 / stream
+    kernels = {k: v for k, v in floored.estimates_ms.items() if k != "device BLAS"}
+    assert kernels and min(kernels.values()) >= weight_ms
+    assert min(v for k, v in fit_only.estimates_ms.items() if k != "device BLAS") < min(kernels.values())
+    assert not fit_only.config.get("VENDOR") and floored.config == {"VENDOR": True}
 
 
 def test_fit_vendor_cost_recovers_the_blas_model():
