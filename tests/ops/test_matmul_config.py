@@ -107,15 +107,15 @@ def test_an_unmeasured_shape_takes_the_wave_model_over_fitted_candidates(monkeyp
 class _SmMeasured(_Sm):
     """With the H100's copy bandwidth as the bench caches it (or only its datasheet)."""
 
-    def __init__(self, copy_gbps: float | None = 3000.0) -> None:
+    def __init__(self, copy_gbps: float | None = 3000.0, datasheet: bool = True) -> None:
         super().__init__()
-        self.copy_gbps = copy_gbps
+        self.copy_gbps, self.datasheet = copy_gbps, datasheet
 
     def properties(self, device=None) -> DeviceProperties:
         copy = None if self.copy_gbps is None else Figure(self.copy_gbps, "GB/s", "measured", "test")
         return DeviceProperties(backend="cuda", name="NVIDIA H100 80GB HBM3", arch="sm90", compute_units=SMS,
                                 compute_unit_kind="SM", memory_bytes=80 << 30, max_programs_per_launch=2**31 - 1,
-                                copy_bandwidth=copy, datasheet=dict(DATASHEET["H100"]))
+                                copy_bandwidth=copy, datasheet=dict(DATASHEET["H100"]) if self.datasheet else {})
 
 
 def test_no_kernel_estimate_beats_streaming_its_operands():
@@ -125,13 +125,14 @@ def test_no_kernel_estimate_beats_streaming_its_operands():
     rate (plus its fitted fixed cost), and the call runs the BLAS."""
     shape = _shape(1, 3584, 3584)
     key = mc.bucket_key(torch.bfloat16, shape, None, False)
-    fit_only = mc.select("linear", _Sm(), CPU, key, shape, "kmajor")  # no properties: no floor
+    unknown = _SmMeasured(None, datasheet=False)  # no bandwidth figure: no floor
+    fit_only = mc.select("linear", unknown, CPU, key, shape, "kmajor")
     floored = mc.select("linear", _SmMeasured(), CPU, key, shape, "kmajor")
     stream = mc.stream_bytes_per_ms(_SmMeasured(), CPU)
     assert stream == pytest.approx(3000 * 1e6 * mc.STREAM_FRACTION)
     assert mc.stream_bytes_per_ms(_SmMeasured(None), CPU) == pytest.approx(3350 * mc.COPY_OF_DATASHEET * 1e6
                                                                            * mc.STREAM_FRACTION)
-    assert mc.stream_bytes_per_ms(_Sm(), CPU) is None
+    assert mc.stream_bytes_per_ms(unknown, CPU) is None
     weight_ms = 3584 * 3584 * 2 / stream
     kernels = {k: v for k, v in floored.estimates_ms.items() if k != "device BLAS"}
     assert kernels and min(kernels.values()) >= weight_ms
