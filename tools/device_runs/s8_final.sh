@@ -7,17 +7,7 @@ timeout 90 python3 tools/probes/forms_host_probe.py > $OUT/forms-host-probe.txt 
 echo "forms rc=$? $(( $(date +%s)-t0 ))s"; grep -E " xk |^part" $OUT/forms-host-probe.txt | cut -c1-100
 timeout 240 python3 -m xkernels.bench --size models --op linear --dtype bfloat16 --json $OUT/bench-models-linear-bfloat16.json > $OUT/bench-models-linear-bfloat16.txt 2>$OUT/bench-models-linear-bfloat16.err
 echo "linear rc=$? $(( $(date +%s)-t0 ))s"
-python3 - <<'PY'
-import json, statistics, os
-d = json.load(open(os.environ["OUT"] + "/bench-models-linear-bfloat16.json"))
-r = [x for x in d["rows"] if x["op"] == "linear" and "speedup" in x]
-s = [x["speedup"] for x in r]
-print("linear n", len(s), "geomean %.3f" % statistics.geometric_mean(s), "worst %.3f" % min(s), "below0.9", sum(v < 0.9 for v in s))
-for x in sorted(r, key=lambda x: x["speedup"])[:5]:
-    print("   ", round(x["speedup"], 3), x["shape"], x["layout"], x.get("route"))
-errs = [x for x in d["rows"] if "error" in x]
-if errs: print("ERRORS", len(errs), errs[:3])
-PY
+python3 tools/device_runs/bench_summary.py $OUT/bench-models-linear-bfloat16.json
 timeout 150 python3 tools/probes/unseen_gemms.py --json $OUT/unseen-gemms.json > $OUT/unseen-gemms.txt 2>&1
 echo "unseen rc=$? $(( $(date +%s)-t0 ))s"; tail -2 $OUT/unseen-gemms.txt
 timeout 150 python3 -m xkernels.bench --model gpt2 --dtype bfloat16 --json $OUT/bench-gpt2.json > $OUT/bench-gpt2.txt 2>&1

@@ -10,16 +10,5 @@ timeout 200 python3 tools/probes/unseen_gemms.py --json $OUT/unseen-gemms.json >
 echo "unseen rc=$? $(( $(date +%s)-t0 ))s"; grep -E " 0\.[0-8][0-9]x" $OUT/unseen-gemms.txt; tail -1 $OUT/unseen-gemms.txt
 timeout 240 python3 -m xkernels.bench --size models --op linear --dtype bfloat16 --json $OUT/bench-models-linear-bfloat16.json > $OUT/bench-models-linear-bfloat16.txt 2>$OUT/bench-models-linear-bfloat16.err
 echo "linear rc=$? $(( $(date +%s)-t0 ))s"
-python3 - <<'PY'
-import json, statistics, os
-d = json.load(open(os.environ["OUT"] + "/bench-models-linear-bfloat16.json"))
-r = [x for x in d["rows"] if x["op"] == "linear" and "speedup" in x]
-s = [x["speedup"] for x in r]
-print("linear n", len(s), "geomean %.3f" % statistics.geometric_mean(s), "worst %.3f" % min(s), "below0.9", sum(v < 0.9 for v in s))
-for x in sorted(r, key=lambda x: x["speedup"])[:4]:
-    print("   ", round(x["speedup"], 3), x["shape"], x["layout"], x.get("route"))
-for x in r:
-    if "llama3-8b.up" in x["layout"]:
-        print("  up", round(x["speedup"], 3), x["shape"], x.get("route"))
-PY
+python3 tools/device_runs/bench_summary.py $OUT/bench-models-linear-bfloat16.json --worst 4 --show llama3-8b.up
 rm -f $OUT/bench-models-linear-bfloat16.err

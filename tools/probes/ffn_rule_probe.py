@@ -10,9 +10,10 @@ non-persistent config beats the rule's on both classes and both dtypes, by a few
 Each case (BERT 8192 and ViT 64 x 197 tokens; gelu and silu; bf16 and fp16) is timed with every
 config twice, in alternating order, and with the config the tables pick.
 
-    python tools/probes/ffn_rule_probe.py
+    python tools/probes/ffn_rule_probe.py [--tokens 8192,12608]
 """
 
+import argparse
 import statistics
 
 import torch
@@ -33,10 +34,13 @@ CONFIGS = {
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", default="8192,12608", help="comma-separated token counts (M)")
+    tokens = [int(t) for t in ap.parse_args().tokens.split(",")]
     target = resolve_target("cuda", None)
     ceil = perf.ceilings(target)
     for dtype in (torch.bfloat16, torch.float16):
-        for m in (8192, 12608):
+        for m in tokens:
             for act in ("gelu", "silu"):
                 case = Case("linear", (T((m, 768), dtype), T((3072, 768), dtype), T((3072,), dtype), act),
                             f"ffn up + {act}", frozenset({"probe"}))
