@@ -136,3 +136,15 @@ def require_transformers(submodule: str = ""):
         if os.environ.get("XKERNELS_REQUIRE_MODELS") == "1":
             raise
         pytest.skip(f"{name} is not installed ({e}); pip install 'xkernels[models]'")
+
+
+@pytest.fixture(scope="session")
+def peaks_dir(tmp_path_factory: pytest.TempPathFactory):
+    """A session-wide measured-peaks cache directory (conftests of tests that run the bench)."""
+    return tmp_path_factory.mktemp("peaks")
+
+
+@pytest.fixture(autouse=True)
+def private_peaks_cache(peaks_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the measured-peaks cache out of the user's home (autouse where a conftest imports it)."""
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(peaks_dir))
