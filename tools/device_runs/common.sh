@@ -6,6 +6,7 @@ python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > $OUT/
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | sed 's/^/gpu: /'
   python3 -c "import torch, triton, platform; print('torch', torch.__version__, 'cuda', torch.version.cuda); print('triton', triton.__version__); print('python', platform.python_version())"
   python3 -c "import transformers; print('transformers', transformers.__version__)" 2>/dev/null || echo "transformers: absent"
-  git rev-parse HEAD 2>/dev/null | sed 's/^/commit (HEAD, plus the working tree): /'
+  # no commit line: the device's copy carries the working tree but not this session's git state
+  # (its HEAD is wherever the copy's .git stood); results/README.md names the code of each run
 } > $OUT/device.txt
 cat $OUT/device.txt
