@@ -255,7 +255,8 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
     if not cands:
         cands, source = BUILTIN_CANDIDATES, f"built-in candidates of ops/matmul_config.py (no table for {arch!r})"
     units = backend.compute_units(device) or 1
-    ridge = _ridge(backend, device)
+    # one read of the device's properties: the fitted model needs its streaming rate, the other its ridge
+    ridge = 0.0 if fitted else _ridge(backend, device)
     stream = stream_bytes_per_ms(backend, device) if fitted else None
     best: tuple[float, dict[str, Any]] | None = None
     estimates: dict[str, float] = {}

@@ -84,6 +84,14 @@ def test_mlp_loss_curve_under_enable(backend, device, route, monkeypatch):
     assert_model_close(got, want, ref64)
     if backend.runs_triton:  # every addmm took xkernels' route (which may be the device's BLAS, as aten)
         counts = xkernels.routing_counts()["addmm"]
+        with contextlib.ExitStack() as stack:
+            if route == "vendor BLAS":
+                stack.enter_context(every_matmul_to_vendor(monkeypatch))
+            vendor = any(xkernels.ops.linear.explain(torch.empty(16, m.in_features, device=device), m.weight,
+                                                     m.bias).route == "vendor BLAS"
+                         for m in model.modules() if isinstance(m, torch.nn.Linear))
+        if not vendor:  # every layer runs a kernel: each call is xkernels', none re-entrant
+            assert counts == {"xkernels": 4 * STEPS}, counts
         reentrant = counts.pop("aten: re-entrant call", 0)
         assert set(counts) <= {"xkernels", routing.VENDOR_WHY}, counts
         assert sum(counts.values()) == 4 * STEPS, counts

@@ -75,9 +75,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="the small CI subset (default: full, incl. seed sizes)")
     p.add_argument("--seed", type=int, help="replay the inputs of an earlier run (default: a fresh seed)")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    # "%%" below: argparse %-formats help strings
     p.add_argument("--max-memory", metavar="SIZE",
                    help="skip cases estimated to need more than SIZE (e.g. 8G) on the device or the host "
-                        f"(default: {memory.MARGIN:.0%}% of what each has free, read before every case)")  # "%%": argparse
+                        f"(default: {memory.MARGIN:.0%}% of what each has free, read before every case)")
     return p.parse_args(argv)
 
 
