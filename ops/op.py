@@ -55,6 +55,7 @@ from xkernels.tuning import _forced
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _grad_enabled = torch.is_grad_enabled
+Tensor = torch.Tensor
 #: whether any tensor among the arguments requires grad (PyTorch's C helper where it has one)
 _any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (lambda *values: needs_grad(values))
 
@@ -182,7 +183,8 @@ class Op:
     def make_hot(self, plan: Plan, call: Any, canon: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
         """A function of the arguments of a call with this signature, in ``params`` order
         (``canon``: this call's), that runs it, or returns ``None`` to have the full path run it;
-        ``None`` here when not applicable."""
+        ``None`` here when not applicable. ``op(a, b)`` calls its entry with the two tensors
+        alone: an entry whose trailing defaults are not the op's is wrapped (``_remember``)."""
         return None
 
     # -- routing ------------------------------------------------------------------------------
@@ -215,15 +217,50 @@ class Op:
         gradient is required, else the eager path (``call_no_grad``)."""
         if _is_compiling():
             return self._compiled(self._bind(args, kwargs))
-        if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
-            # a hot entry computing with PyTorch's own ops (a vendor-BLAS plan) has an
-            # ``autograd_entry``: run, autograd records torch's ops, the backward is aten's
-            found = self.find_hot(args, kwargs)
-            recorded = None if found is None else getattr(found[1], "autograd_entry", None)
-            if recorded is not None:
-                return recorded(*found[2])
-            return self.autograd(self._bind(args, kwargs))
+        if kwargs:
+            if _grad_enabled() and _any_requires_grad(*args, *kwargs.values()):
+                return self._recorded(args, kwargs)
+            if len(args) == 2 and len(kwargs) == 1 and self._hot and _forced.get() is None:
+                # op(a, b, name=value): ``_hot_lookup``'s keyword form without its frames
+                a, b = args
+                if isinstance(a, Tensor) and isinstance(b, Tensor):
+                    found = self._one_keyword(a, b, kwargs)
+                    if found:
+                        try:
+                            hot = self._hot.get(found[0])
+                        except TypeError:  # an unhashable value (an activation given as a list)
+                            hot = None
+                        if hot is not None:
+                            result = hot(*found[1])
+                            if result is not None:
+                                return result
+            return self._eager(args, kwargs)
+        if _grad_enabled() and _any_requires_grad(*args):
+            return self._recorded(args, kwargs)
+        if len(args) == 2 and self._hot and _forced.get() is None:
+            # op(a, b) with two tensors, the most frequent call: ``_hot_lookup``'s "2t" key spelled
+            # out (the same tuple, or repeats would re-check: tests/ops/test_op.py counts checks)
+            a, b = args
+            if isinstance(a, Tensor) and isinstance(b, Tensor):
+                hot = self._hot.get(("2t", _override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape,
+                                     b.stride(), b.dtype, b.device))
+                if hot is not None:
+                    result = hot(a, b)  # the entry's defaults are the op's (``_remember``)
+                    if result is not None:
+                        return result
+                return self._full_path(args, kwargs)
         return self._eager(args, kwargs)
+
+    def _recorded(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """A call with a tensor requiring grad (grad mode on), recorded by autograd: a hot entry
+        computing with PyTorch's own ops (a vendor-BLAS plan) has an ``autograd_entry`` that
+        runs them (autograd records torch's ops; the backward is aten's); any other call goes
+        through the op's ``autograd.Function``."""
+        found = self.find_hot(args, kwargs)
+        recorded = None if found is None else getattr(found[1], "autograd_entry", None)
+        if recorded is not None:
+            return recorded(*found[2])
+        return self.autograd(self._bind(args, kwargs))
 
     def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The eager call without autograd recording: hot entry, else check, route and launch."""
@@ -423,6 +460,9 @@ class Op:
         except Exception:  # the call itself succeeded; its repeats keep the full path
             hot = None
         if hot is not None:
+            if key[0] == "2t" and not _defaults_are(hot, self._after_two):  # ``__call__`` passes a, b only
+                entry, after = hot, self._after_two
+                hot = lambda a, b: entry(a, b, *after)  # noqa: E731
             if len(self._hot) >= self.plan_cache_size:
                 self._hot.clear()
             self._hot[key] = hot
@@ -451,3 +491,16 @@ class Op:
 
 
 _NUMBERS = (bool, int, float, complex)
+
+
+def _defaults_are(fn: Callable[..., Any], defaults: tuple[Any, ...]) -> bool:
+    """Whether ``fn(a, b)`` means ``fn(a, b, *defaults)``: the defaults of its parameters 3, 4, ..."""
+    code, have = getattr(fn, "__code__", None), getattr(fn, "__defaults__", None) or ()
+    if code is None:
+        return False
+    first = code.co_argcount - len(have)  # the index of the first parameter with a default
+    if first > 2:
+        return False
+    mine = have[2 - first:2 - first + len(defaults)]
+    return len(mine) == len(defaults) and all(h is d or (type(h) is type(d) and h == d)
+                                              for h, d in zip(mine, defaults))

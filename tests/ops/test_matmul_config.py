@@ -239,3 +239,30 @@ def test_tables_route_a_class_to_the_vendor_blas_only_when_every_kernel_is_slowe
     assert rules[0]["measured"]["best_kernel_ratio"] == round(0.010 / 0.0112, 3)
     assert all(not r["config"].get("VENDOR") for r in rules[1:]) and len(rules) == 3
     assert not any(r["config"].get("VENDOR") for r in matmul_tables.rules(rows, ["bfloat16"], vendor_margin=0))
+
+
+def test_the_streaming_floor_has_a_fixed_part():
+    """OPT-1.3B's qkv (2048 -> 6144, bias) at 77 tokens, a shape no rule covers: the fit promised
+    16.7 us for 128x64x128 and the kernel ran 22.6 us against cuBLAS's 18.5 (s8/7). The fastest
+    GEMMs of 1-128 tokens take ~7.85 us + bytes / 2.42 TB/s, so no kernel estimate is below
+    ``STREAM_FIXED_MS`` + its bytes at the streaming rate, and this call runs the BLAS."""
+    shape = _shape(77, 6144, 2048)
+    key = mc.bucket_key(torch.bfloat16, shape, None, True)
+    sel = mc.select("linear", _SmMeasured(), CPU, key, shape, "kmajor")
+    stream = mc.stream_bytes_per_ms(_SmMeasured(), CPU)
+    floor = mc.STREAM_FIXED_MS + (77 + 6144) * 2048 * 2 / stream
+    kernels = {k: v for k, v in sel.estimates_ms.items() if k != "device BLAS"}
+    assert min(kernels.values()) >= floor > 0.017
+    assert sel.config == {"VENDOR": True} and "not 1.1x faster than the device's BLAS" in sel.why
+
+
+def test_the_ridge_of_a_device_without_cached_peaks_comes_from_its_datasheet():
+    """An arch with no table and no measured peaks (the properties model): the ridge is the
+    datasheet's dense bf16 TFLOP/s over its HBM bandwidth at the copy fraction, not the
+    default ratio (the datasheet names are the cuda backend's own: ``bf16_tflops``,
+    ``hbm_bandwidth``)."""
+    sheet = DATASHEET["H100"]
+    expected = sheet["bf16_tflops"].value * 1e12 / (sheet["hbm_bandwidth"].value * mc.COPY_OF_DATASHEET * 1e9)
+    assert mc._ridge(_SmMeasured(None), CPU) == pytest.approx(expected)
+    assert expected != pytest.approx(mc.DEFAULT_RIDGE_FLOP_PER_BYTE)
+    assert mc._ridge(_SmMeasured(None, datasheet=False), CPU) == mc.DEFAULT_RIDGE_FLOP_PER_BYTE

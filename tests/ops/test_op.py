@@ -361,3 +361,23 @@ def test_split_k_leaky_relu_takes_each_slope(backend, device, tmp_path):
         assert linear.hot_entry(x, w, b, "leaky_relu", negative_slope=0.7) is not None
     finally:
         xkernels.registry.unregister(plugin)
+
+
+def test_two_tensor_calls_pass_the_op_defaults_to_every_entry():
+    """``op(a, b)`` calls its hot entry with the two tensors alone (``Op.__call__``): an entry
+    is used that way only where its own defaults are the op's; ``_remember`` wraps any other."""
+    from xkernels.ops.op import _defaults_are
+
+    def entry(x, y, out=None, alpha=1):
+        return None
+
+    def other(x, y, out=None, alpha=2):
+        return None
+
+    def required(x, y, out, alpha=1):
+        return None
+
+    assert _defaults_are(entry, (None, 1)) and _defaults_are(entry, (None,)) and _defaults_are(entry, ())
+    assert not _defaults_are(other, (None, 1)) and not _defaults_are(required, (None, 1))
+    assert not _defaults_are(entry, (None, True))  # 1 == True, but another type
+    assert not _defaults_are(print, (None,))  # no Python signature to read
