@@ -27,7 +27,8 @@ A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two step
    ``{"VENDOR": true, "cost": [per GFLOP, per MB, per activation MB, fixed]}``, see
    :func:`vendor_ms`), the best kernel must be estimated ``VENDOR_ADVANTAGE`` (1.1x) faster than
    it, or the call runs the BLAS: a shape nobody measured gets a kernel only on clear evidence.
-   Launch-bound calls (best kernel under ``HOST_BOUND_MS``) keep the kernel: host time decides.
+   Routes are compared by their wall estimate per call, the longer of the device estimate and
+   the route's host cost (:data:`HOST_MS`): a launch-bound call is decided by host time.
 
 TMA candidates (``"TMA": true``) compete only where the call can load through tensor
 descriptors (:func:`tma_layout`); split-K candidates only for one 2-D product with K long enough.
@@ -80,14 +81,28 @@ DEFAULT_RIDGE_FLOP_PER_BYTE = 300.0
 #: BLAS's by this factor: both estimates come from other shapes, so a near tie is a coin toss
 #: that the BLAS, tuned for every shape, wins more often (results/README.md, session 6).
 VENDOR_ADVANTAGE = 1.10
-#: ... except for calls whose best kernel is estimated under this (ms): the host's cost of the
-#: BLAS route (torch's own launches behind the front door; ``F.linear`` alone took the H100 host
-#: 13.7-13.8 us per call in results/h100-2026-11-23-s8/4-final/forms-host-probe.txt, a hot
-#: kernel entry 9.2). A kernel shorter than that finishes before the BLAS route has even been
-#: queued; a longer one has no host time to win back, and the BLAS estimate decides. (Session 6
-#: set 0.02 from a slower host moment; the held-out GEMMs at 77 tokens then kept kernels of
-#: 17-22 us at 0.85x, s8/5-tests-unseen.)
-HOST_BOUND_MS = 0.015
+#: Host milliseconds one repeated call costs by each route (its hot entry's launch, H100 host):
+#: a pointer kernel's launch record 9.2 us and ``F.linear`` 13.7 us per back-to-back call
+#: (results/h100-2026-11-23-s8/4-final/forms-host-probe.txt). A TMA kernel's record also encodes
+#: its three tensor maps per call: 17.1-19.2 us where ``F.linear`` took 22.7-27.2 and pointer
+#: entries 15.4-17.4 on a slower host moment (s9/5), 10.4 at s8/4's scale (through Triton's own
+#: launcher it was 1.3x ``F.linear``, s9/4, and still is for leaky_relu, whose slope varies per
+#: call). A split-K plan is two record launches and a workspace (estimated: a pointer launch plus
+#: the record alone, 4.2 us in s9/3). The wave model compares routes by their *wall* estimate per
+#: call, the longer of this and the device estimate: a launch-bound call (device time under its
+#: host cost) is decided by host time. (Until session 8 a single threshold kept any kernel
+#: estimated under 15 us: Gemma-2B's qkv at 77 tokens then ran a 12.9 us TMA kernel at 0.88x
+#: device time, s9/3, where the BLAS's estimate is lower and its host cost not 1.1x higher.)
+HOST_MS = {"pointer": 0.0092, "split": 0.0134, "tma": 0.0104, "vendor": 0.0137}
+
+
+def host_ms(cfg: dict[str, Any], shape: Shape | None = None) -> float:
+    """:data:`HOST_MS` of a config's route (``shape`` decides whether a split-K config splits)."""
+    if cfg.get("VENDOR"):
+        return HOST_MS["vendor"]
+    if cfg.get("TMA"):
+        return HOST_MS["tma"]
+    return HOST_MS["split"] if shape is not None and split_of(cfg, shape) > 1 else HOST_MS["pointer"]
 
 
 @dataclass(frozen=True)
@@ -264,7 +279,7 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
     # one read of the device's properties: the fitted model needs its streaming rate, the other its ridge
     ridge = 0.0 if fitted else _ridge(backend, device)
     stream = stream_bytes_per_ms(backend, device) if fitted else None
-    best: tuple[float, dict[str, Any]] | None = None
+    best: tuple[float, float, dict[str, Any]] | None = None  # (wall, device estimate, config)
     estimates: dict[str, float] = {}
     for cand in cands:
         cfg = {k: v for k, v in cand.items() if k != "cost"}
@@ -276,30 +291,32 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
             ms = fitted_ms(cand["cost"], cfg, shape, units)
             if stream:  # no faster than streaming its operands (the fit has no shared-bandwidth term)
                 ms = max(ms, max(cand["cost"][2], STREAM_FIXED_MS) + operand_bytes(cfg, shape) / stream)
+            wall = max(ms, host_ms(cfg, shape))
         else:
-            ms = analytic_ms(cfg, shape, units, ridge)
+            ms = wall = analytic_ms(cfg, shape, units, ridge)  # relative units: no host term
         estimates[_label(cfg)] = ms
-        if best is None or ms < best[0]:
-            best = (ms, cfg)
+        if best is None or (wall, ms) < best[:2]:
+            best = (wall, ms, cfg)
     if best is None:
         return Selection(dict(MATMUL_DEFAULT), f"built-in default of op {op!r}", "no candidate applies", False)
-    cfg = {**MATMUL_DEFAULT, **best[1]}
+    wall, ms, chosen = best
+    cfg = {**MATMUL_DEFAULT, **chosen}
     tiles, w = waves(cfg, shape, units)
     how = "fitted costs" if fitted else "device properties (no fitted costs for this arch)"
     why = (f"wave model over {len(estimates)} candidates from {how}: {tiles} tiles on {units} compute units "
            f"= {w} wave{'s' if w > 1 else ''}")
     if fitted and vendor is not None and "cost" in vendor:
         blas = vendor_ms(vendor["cost"], shape, key.get("activation", "none") != "none")
+        blas_wall = max(blas, HOST_MS["vendor"])
         estimates["device BLAS"] = blas
-        if best[0] * VENDOR_ADVANTAGE > blas and best[0] >= HOST_BOUND_MS:
+        bound = " (launch-bound: host cost)" if wall > ms else ""
+        if wall * VENDOR_ADVANTAGE > blas_wall:
             return Selection({"VENDOR": True}, source,
-                             f"{why}; its best kernel ({_label(cfg)}, {best[0] * 1e3:.1f} us estimated) is not "
-                             f"{VENDOR_ADVANTAGE:g}x faster than the device's BLAS ({blas * 1e3:.1f} us, fitted on "
-                             f"the same measurements)", False, estimates)
-        why += (f"; {VENDOR_ADVANTAGE:g}x faster than the device's BLAS estimate ({blas * 1e3:.1f} us)"
-                if best[0] * VENDOR_ADVANTAGE <= blas else
-                f"; launch-bound (under {HOST_BOUND_MS * 1e3:g} us estimated), where a kernel's one launch costs "
-                f"the host less than the BLAS route ({blas * 1e3:.1f} us estimated)")
+                             f"{why}; its best kernel ({_label(cfg)}, {wall * 1e3:.1f} us per call estimated{bound}) "
+                             f"is not {VENDOR_ADVANTAGE:g}x faster than the device's BLAS ({blas_wall * 1e3:.1f} us, "
+                             f"fitted on the same measurements)", False, estimates)
+        why += (f"; {wall * 1e3:.1f} us per call estimated{bound}, {VENDOR_ADVANTAGE:g}x faster than the device's "
+                f"BLAS ({blas_wall * 1e3:.1f} us)")
     return Selection(cfg, source, why, False, estimates)
 
 

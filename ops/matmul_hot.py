@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from xkernels.direct_launch import Descriptor
 from xkernels.launch import ByValue
 from xkernels.ops.layout import contiguous_strides, prod
 from xkernels.ops.matmul_plan import MatmulPlan, precision
@@ -167,9 +168,10 @@ class _HostDescriptor(NamedTuple):
 
 
 def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: torch.Tensor) -> Any:
-    """The hot entry of a TMA plan: build the three descriptors from the call's tensors (the
-    shapes, strides and block shapes are the first call's) and launch through Triton's compiled
-    launcher. Bases must stay 16-byte aligned and the bias's alignment class the same, or the
+    """The hot entry of a TMA plan: a launch record that encodes the three tensor maps from the
+    call's base pointers (``direct_launch``), or else the three descriptors built from the call's
+    tensors (the shapes, strides and block shapes are the first call's) launched through
+    Triton's compiled launcher. Bases must stay 16-byte aligned and the bias's alignment class the same, or the
     full path runs (it copies misaligned bases). A read M-major (``a_mmajor``) is the call's
     2-D ``a`` transposed."""
     t = plan.tma
@@ -197,9 +199,18 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
 
     leaky = _slope_of(call)
     size, stride, alloc = _result_layout(call, plan.backend)
+    # one C call per launch where it can be made (the slope is packed into it: not for leaky_relu):
+    # the tensor maps encoded from the call's base pointers, as Triton's launcher would
+    record = None if leaky else plan.launcher.descriptor_record(
+        spec_args, (0, 1, 2, 3), {0: Descriptor(tuple(a_shape), (a_st, 1)), 1: Descriptor(tuple(b_shape), tuple(b_st)),
+                                  2: Descriptor(tuple(c_shape), (N, 1))})
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
             out: None = None) -> torch.Tensor | None:
+        if record is not None:
+            c = alloc(size, stride, dtype)
+            if record(a, b, c, bias if has_bias else c):
+                return c
         if (a.data_ptr() | b.data_ptr()) & 15 or (has_bias and (bias.data_ptr() % 16 == 0) != bias_aligned):
             return None
         s = float(slope) if leaky else fixed_slope  # a float argument: no specialisation to keep

@@ -31,7 +31,7 @@ VALUES = (None, None, None, 1000, 0.5, 2**40, True, 256)
 
 
 def test_slots_pack_each_type_little_endian_and_append_the_scratch_pointers():
-    slots, ptr_slots = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
+    slots, ptr_slots, _ = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
     assert ptr_slots == (0, 1, 2)
     cells = [slots[i:i + 8] for i in range(0, len(slots), 8)]
     assert len(cells) == 7 + 2  # 7 runtime parameters (BLOCK is compiled in) + global/profile scratch
@@ -65,9 +65,82 @@ def test_slot_count_matches_the_compiled_kernel_parameters():
     compiled = triton.compile(ASTSource(_probe_kernel, SIGNATURE, consts), target=GPUTarget("cuda", 90, 32))
     entry = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S)
     params = re.findall(r"\.param\s+\.(\w+)", entry.group(1))
-    slots, _ = direct_launch.pack_slots(dict(compiled.src.signature), VALUES, 3)
+    slots, _, _ = direct_launch.pack_slots(dict(compiled.src.signature), VALUES, 3)
     assert len(slots) // 8 == len(params), params
     assert params[:3] == ["u64"] * 3 and params[-2:] == ["u64", "u64"]
+
+
+_TMA_CONSTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, HAS_BIAS=True, ACT=0, B_KMAJOR=True,
+                  PERSISTENT=False, EPILOGUE_SUBTILE=False, A_MMAJOR=False, WARP_SPECIALIZE=False)
+#: linear's TMA kernel at Gemma-2B's qkv (77 tokens, 2048 -> 2560, bias): A (M, K), B the (N, K) weight, C (M, N)
+_TMA_DESCS = {0: direct_launch.Descriptor((77, 2048), (2048, 1)), 1: direct_launch.Descriptor((2560, 2048), (2048, 1)),
+              2: direct_launch.Descriptor((77, 2560), (2560, 1))}
+
+
+def _tma_packed():
+    """(PTX parameter list, Packed) of the TMA kernel compiled for sm90."""
+    from triton.backends import backends
+    if "nvidia" not in backends:
+        pytest.skip(f"this Triton ({triton.__version__}) has no NVIDIA compiler backend")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from xkernels.ops.matmul_kernels import matmul_tma_kernel
+
+    sig = {"a_desc": "tensordesc<bf16[64, 128]>", "b_desc": "tensordesc<bf16[64, 128]>",
+           "c_desc": "tensordesc<bf16[64, 64]>", "bias_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "slope": "fp32", **{k: "constexpr" for k in _TMA_CONSTS}}
+    compiled = triton.compile(ASTSource(matmul_tma_kernel, sig, _TMA_CONSTS), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4, "num_stages": 4})
+    entry = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S)
+    params = re.findall(r"\.param\s+([^,\n]*)", entry.group(1))
+    values = (None, None, None, None, 77, 2560, 2048, 0.01, *_TMA_CONSTS.values())
+    packed = direct_launch.pack_slots(dict(compiled.src.signature), values, (0, 1, 2, 3), _TMA_DESCS,
+                                      list(compiled.metadata.tensordesc_meta))
+    return params, packed, compiled.metadata.tensordesc_meta
+
+
+def test_tensor_descriptor_kernels_pack_a_map_per_descriptor():
+    """Each descriptor is a 128-byte tensor-map parameter, then its shape (i32) and strides (i64),
+    as Triton 3.6 lowers it: slot for slot what the compiled sm90 kernel takes, the maps at its
+    64-byte-aligned 128-byte parameters, encoded from Triton's own per-descriptor metadata."""
+    params, packed, meta = _tma_packed()
+    assert packed is not None and len(packed.slots) // 8 == len(params), params
+    map_params = [i for i, p in enumerate(params) if "[128]" in p]
+    assert [m[0] for m in packed.maps] == map_params == [0, 5, 10]
+    assert packed.ptr_slots == (-1, -2, -3, 15)  # three map bases, then the bias pointer's slot
+    cells = [packed.slots[8 * i:8 * i + 8] for i in range(len(params))]
+    assert [struct.unpack("<i", c[:4])[0] for c in cells[1:3]] == [77, 2048]  # A's shape, then strides
+    assert [struct.unpack("<q", c)[0] for c in cells[3:5]] == [2048, 1]
+    for (_, dtype, swizzle, elem_size, shape, strides, block, padding), m, d in zip(
+            packed.maps, meta, _TMA_DESCS.values()):
+        assert (swizzle, elem_size, block, padding) == (m["swizzle"], 2, tuple(m["block_size"]), 0)
+        assert (shape, strides) == (d.shape, d.strides) and dtype == direct_launch._TMA_DTYPE_TO_DRIVER[m["elem_type"]]
+    # a descriptor with no description, or passed as a fixed value, is not packable
+    assert direct_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), (0,), {}, meta) is None
+
+
+def test_a_record_with_tensor_maps_refuses_before_the_driver():
+    _, packed, _ = _tma_packed()
+    mod = direct_launch.module()
+    if mod is None:
+        pytest.skip(f"launch records cannot be built here: {direct_launch.unavailable_reason()}")
+    if mod.driver_ok():
+        pytest.skip("an NVIDIA driver is present: the refusal test would launch a fake function")
+    rec = mod.Record(0x1234, 20, 1, 1, 128, 0, packed.slots, packed.ptr_slots, lambda: 0, lambda d: 0, _Chain(),
+                     _Chain(), packed.maps)
+    assert rec.map(0) == bytes(128)  # nothing encoded yet
+    assert rec(256, 512, 1024 + 8, 2048) is False  # C's base misaligned: no map is encoded
+    with pytest.raises(RuntimeError, match="libcuda"):
+        rec(256, 512, 1024, 2048)
+    assert rec.map(2) == bytes(128)
+    with pytest.raises(IndexError):
+        rec.map(3)
+    bad = ((99, *packed.maps[0][1:]),)
+    with pytest.raises(ValueError, match="tensor map"):
+        mod.Record(0x1234, 1, 1, 1, 128, 0, packed.slots, (-1,), int, int, _Chain(), _Chain(), bad)
+    with pytest.raises(ValueError, match="out of range"):  # a map number that does not exist
+        mod.Record(0x1234, 1, 1, 1, 128, 0, packed.slots, (-2,), int, int, _Chain(), _Chain(), packed.maps[:1])
 
 
 class _Chain:
@@ -81,7 +154,7 @@ def _record(enter=(), leave=()):
         pytest.skip(f"launch records cannot be built here: {direct_launch.unavailable_reason()}")
     if mod.driver_ok():
         pytest.skip("an NVIDIA driver is present: the refusal tests would launch a fake function")
-    slots, ptr_slots = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
+    slots, ptr_slots, _ = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
     return mod.Record(0x1234, 4, 1, 1, 128, 0, slots, ptr_slots, lambda: 0, lambda d: 0,
                       _Chain(enter), _Chain(leave))
 
@@ -167,3 +240,29 @@ def test_keyword_and_scalar_forms_on_cuda_repeat_with_fresh_values():
         torch.testing.assert_close(add(m, m, alpha=alpha), torch.add(m, m, alpha=alpha))
         torch.testing.assert_close(add(m, s), m + s)
         assert broadcast.hot_entry(m, b, out=o) is not None and add.hot_entry(m, m, alpha=alpha) is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tma_hot_calls_on_cuda_encode_their_tensor_maps_per_call():
+    """linear's TMA plan (BERT's 768 -> 768 at 128 tokens: a TMA rule on sm90) repeats through a
+    record that encodes A's, B's and C's tensor maps from each call's own tensors: fresh
+    allocations (other base pointers) give the right results, call after call, 2-D and 3-D x."""
+    import torch.nn.functional as F
+
+    from xkernels.ops import linear
+
+    w, b = torch.randn(768, 768, device="cuda", dtype=torch.bfloat16), torch.randn(768, device="cuda",
+                                                                                   dtype=torch.bfloat16)
+    for shape in [(128, 768), (2, 64, 768)]:
+        x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+        if not linear.explain(x, w, b).config.get("TMA"):
+            pytest.skip(f"no TMA plan for this shape on {torch.cuda.get_device_name()}")
+        linear(x, w, b)
+        hot = linear.hot_entry(x, w, b)
+        records = [c.cell_contents for c in hot.__closure__ if direct_launch.is_record(c.cell_contents)]
+        assert records, "the TMA entry has no launch record"
+        for _ in range(3):
+            x, w2, b2 = torch.randn_like(x), torch.randn_like(w), torch.randn_like(b)  # new base pointers
+            got = linear(x, w2, b2)
+            torch.testing.assert_close(got.float(), F.linear(x.float(), w2.float(), b2.float()), rtol=2e-2, atol=2e-1)
+        assert records[0].map(0) != bytes(128)  # A's tensor map was encoded by the record

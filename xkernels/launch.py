@@ -152,6 +152,27 @@ class Launcher:
 
         return go
 
+    def descriptor_record(self, args: tuple[Any, ...], ptrs: tuple[int, ...],
+                          descriptors: dict[int, direct_launch.Descriptor]) -> Callable[..., bool] | None:
+        """A ``direct_launch.Record`` of the compiled variant ``hot_run(args)`` launches, for a
+        kernel with tensor-descriptor arguments: it takes the tensors at positions ``ptrs`` (at a
+        position in ``descriptors``, the descriptor's base tensor; its tensor map is encoded per
+        call) and returns whether it launched; every other argument is fixed to ``args``'s.
+        ``None`` where no record applies (then ``hot_run``)."""
+        if not self.fast or self._tail is None:
+            return None
+        varying = self.varying if self.varying is not None else range(len(args))
+        entry = self._compiled.get(tuple(_spec(args[i]) for i in varying))
+        if entry is None:
+            return None
+        compiled = entry[3]
+        enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
+        if (not hasattr(enter, "calls") or not hasattr(leave, "calls")
+                or getattr(getattr(compiled.metadata, "target", None), "backend", None) != "cuda"):
+            return None
+        return direct_launch.record(compiled, self._g, (*args, *self._tail), ptrs, self._device, self._stream,
+                                    enter, leave, descriptors)
+
     def hot(self, args: tuple[Any, ...], ptrs: int | tuple[int, ...]) -> Callable[..., bool]:
         """A launch function for calls that differ from ``args`` only in the tensors at positions
         ``ptrs`` (the first ``ptrs`` arguments when an int; ascending positions otherwise, e.g.

@@ -54,7 +54,9 @@ def main():
                     if est[1] not in measured:
                         continue
                     old.append(r["torch_ms"] / measured[est[1]])
-                    to_blas = est[0] * adv > mc.vendor_ms(vendor, s, bool(r["act"])) and est[0] >= mc.HOST_BOUND_MS
+                    # the policy as it stands: wall estimates (device or the route's host cost)
+                    wall = max(est[0], mc.HOST_MS["pointer"])
+                    to_blas = wall * adv > max(mc.vendor_ms(vendor, s, bool(r["act"])), mc.HOST_MS["vendor"])
                     new.append(1.0 if to_blas else old[-1])
             print(f"  advantage {adv:g}: {len(old)} shapes of held-out (N, K); wave model alone: geomean "
                   f"{geomean(old):.3f}, worst {min(old):.2f}, {sum(x < 0.9 for x in old)} below 0.9 | with the BLAS "
