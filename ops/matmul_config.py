@@ -279,7 +279,9 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
     # one read of the device's properties: the fitted model needs its streaming rate, the other its ridge
     ridge = 0.0 if fitted else _ridge(backend, device)
     stream = stream_bytes_per_ms(backend, device) if fitted else None
-    best: tuple[float, float, dict[str, Any]] | None = None  # (wall, device estimate, config)
+    # ranked by (wall, device estimate, the fit alone): at a small shape the streaming floor is
+    # the same for every candidate (same operand bytes), so the fit decides among them
+    best: tuple[float, float, float, dict[str, Any]] | None = None
     estimates: dict[str, float] = {}
     for cand in cands:
         cfg = {k: v for k, v in cand.items() if k != "cost"}
@@ -288,18 +290,18 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
         if fitted and "cost" not in cand:
             continue  # estimates from two models are not comparable
         if fitted:
-            ms = fitted_ms(cand["cost"], cfg, shape, units)
+            fit = ms = fitted_ms(cand["cost"], cfg, shape, units)
             if stream:  # no faster than streaming its operands (the fit has no shared-bandwidth term)
                 ms = max(ms, max(cand["cost"][2], STREAM_FIXED_MS) + operand_bytes(cfg, shape) / stream)
             wall = max(ms, host_ms(cfg, shape))
         else:
-            ms = wall = analytic_ms(cfg, shape, units, ridge)  # relative units: no host term
+            fit = ms = wall = analytic_ms(cfg, shape, units, ridge)  # relative units: no host term
         estimates[_label(cfg)] = ms
-        if best is None or (wall, ms) < best[:2]:
-            best = (wall, ms, cfg)
+        if best is None or (wall, ms, fit) < best[:3]:
+            best = (wall, ms, fit, cfg)
     if best is None:
         return Selection(dict(MATMUL_DEFAULT), f"built-in default of op {op!r}", "no candidate applies", False)
-    wall, ms, chosen = best
+    wall, ms, _, chosen = best
     cfg = {**MATMUL_DEFAULT, **chosen}
     tiles, w = waves(cfg, shape, units)
     how = "fitted costs" if fitted else "device properties (no fitted costs for this arch)"

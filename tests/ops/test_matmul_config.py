@@ -280,3 +280,22 @@ def test_the_ridge_of_a_device_without_cached_peaks_comes_from_its_datasheet():
     assert mc._ridge(_SmMeasured(None), CPU) == pytest.approx(expected)
     assert expected != pytest.approx(mc.DEFAULT_RIDGE_FLOP_PER_BYTE)
     assert mc._ridge(_SmMeasured(None, datasheet=False), CPU) == mc.DEFAULT_RIDGE_FLOP_PER_BYTE
+
+
+def test_kernels_tied_at_the_streaming_floor_are_ranked_by_their_fit():
+    """At 256 x 256 x 256 every candidate's floored estimate is the same (the floor's fixed part
+    and the same operand bytes): the fit alone ranks them. Before that tie-break the first
+    candidate won, a 128x64x128 tile that ran 9.9 us where the fit's pick ran 6.6 (s9/3, s5/3)."""
+    shape = _shape(256, 256, 256)
+    key = mc.bucket_key(torch.bfloat16, shape, "gelu", True)
+    backend = _SmMeasured()
+    sel = mc.select("linear", backend, CPU, key, shape, "kmajor")
+    kernels = {k: v for k, v in sel.estimates_ms.items() if k != "device BLAS"}
+    floor = min(kernels.values())
+    tied = {k for k, v in kernels.items() if v - floor < 1e-12}
+    assert len(tied) > 5  # most candidates sit at the floor here
+    cands, _ = tuning.candidates("linear", backend, "sm90", key)
+    fits = {mc._label({k: v for k, v in c.items() if k != "cost"}): mc.fitted_ms(c["cost"], c, shape, SMS)
+            for c in cands if "cost" in c and not c.get("VENDOR")}
+    chosen = mc._label(sel.config)
+    assert chosen in tied and fits[chosen] == min(fits[k] for k in tied)
