@@ -21,6 +21,7 @@ from unseen_gemms import LAYERS, TOKENS  # noqa: E402
 
 from xkernels.backend import DeviceProperties, Figure  # noqa: E402
 from xkernels.backends.cuda import DATASHEET, CudaBackend  # noqa: E402
+from xkernels.harness.cases import linear_cases, matmul_cases  # noqa: E402
 from xkernels.harness.models import gemm_cases  # noqa: E402
 from xkernels.ops import linear, matmul  # noqa: E402
 from xkernels.ops import matmul_config as mc  # noqa: E402
@@ -48,7 +49,8 @@ class FakeH100(CudaBackend):
 
 
 def gemms(dtype: torch.dtype) -> list[tuple[str, str, int, int, int, str | None, bool]]:
-    """(op, label, M, N, K, activation, bias) of the corpus's GEMMs and the held-out ones."""
+    """(op, label, M, N, K, activation, bias) of the corpus's GEMMs, the seed sizes' 2-D ones and the
+    held-out ones."""
     out = []
     for op in ("matmul", "linear"):
         for case in gemm_cases(op, dtype):
@@ -61,6 +63,15 @@ def gemms(dtype: torch.dtype) -> list[tuple[str, str, int, int, int, str | None,
             act = next((v for v in case.args[3:4] if isinstance(v, str)), None)
             bias = op == "linear" and len(case.args) > 2 and case.args[2] is not None
             out.append((op, case.layout, m, n, k, act, bias))
+    seeds = {"linear": linear_cases, "matmul": matmul_cases}
+    for op, build in seeds.items():  # the seed sizes' 2-D cases (square, M=16/64, K=256, odd shape, bias + gelu)
+        for case in build(dtype):
+            a, b = case.args[0], case.args[1]
+            if case.sizes & {"small", "medium", "large"} and len(a.shape) == 2 and len(b.shape) == 2:
+                n = b.shape[0] if op == "linear" else b.shape[1]
+                act = next((v for v in case.args[3:4] if isinstance(v, str)), None)
+                out.append((op, f"seed {case.layout}", a.shape[0], n, a.shape[1], act,
+                            op == "linear" and len(case.args) > 2 and case.args[2] is not None))
     for model, layer, k, n, act, bias in LAYERS:
         for m in TOKENS:
             out.append(("linear", f"held-out {model}.{layer}", m, n, k, act, bias))
