@@ -1,79 +1,76 @@
-"""Host time of linear calls whose plan is the TMA kernel, at few tokens (launch-bound).
-
-Question: the held-out Gemma-2B qkv (2048 -> 2560) at 77 tokens runs a 64x64x128 TMA kernel of
-12.9 us device time, kept by the launch-bound exception of the wave model (its host cost was
-assumed to be a pointer kernel's ~9 us), yet took 36.9 us wall per back-to-back call against
-F.linear's 20.8 (s9/3). Prediction: TMA plans pay for tensor descriptors on the host each call
-(or have no hot entry at all), several times a pointer kernel's launch.
-
-For each shape: the plan (explain), whether a hot entry exists and what it is, wall us per
-back-to-back call of xkernels and F.linear in alternating rounds, the same with the TMA
-candidate excluded (a forced pointer config of the same tile), and a cProfile of the call.
+"""Why TMA matmul rows of the bench are slow and noisy while the tune sweep timed the same config
+fast: the bench rotates several input sets, the sweep uses one. This times the same call both ways.
 
     python tools/probes/tma_host_probe.py
 """
 
 import cProfile
-import io
 import pstats
 import statistics
 import time
+from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
-from xkernels import tuning
-from xkernels.ops import linear
+from xkernels import get_backend, tuning
+from xkernels.harness import Target
+from xkernels.harness.perf import FULL, time_calls
+from xkernels.ops import linear, matmul
 
-SHAPES = [(77, 2048, 2560, False), (1, 768, 768, True), (128, 768, 2304, True), (128, 768, 768, True),
-          (512, 768, 768, True)]
+backend = get_backend("cuda")
+target = Target(backend, torch.device("cuda"))
+POINTER = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 8, "num_stages": 4}
 
 
-def wall_us(*fns, n=1000, rounds=7):
-    for fn in fns:
-        for _ in range(100):
-            fn()
+def host_us(fn, sets, n=300):
+    for s in sets:
+        fn(s)
     torch.cuda.synchronize()
-    res = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, r in zip(fns, res):
-            t = time.perf_counter()
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-            r.append((time.perf_counter() - t) / n * 1e6)
-    return [statistics.median(r) for r in res]
+    t = time.perf_counter()
+    for i in range(n):
+        fn(sets[i % len(sets)])
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
 
 
-def main() -> None:
-    d = torch.device("cuda")
-    for m, k, n, bias in SHAPES:
-        x = torch.randn(m, k, device=d, dtype=torch.bfloat16)
-        w = torch.randn(n, k, device=d, dtype=torch.bfloat16)
-        b = torch.randn(n, device=d, dtype=torch.bfloat16) if bias else None
-        e = linear.explain(x, w, b)
-        linear(x, w, b)
-        linear(x, w, b)
-        entry = linear.hot_entry(x, w, b)
-        xk_us, th_us = wall_us(lambda: linear(x, w, b), lambda: F.linear(x, w, b))
-        cfg = {k2: v for k2, v in e.config.items() if k2 in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps",
-                                                             "num_stages", "GROUP_M")}
-        with tuning.force(cfg):
-            linear(x, w, b)
-            ptr_us, = wall_us(lambda: linear(x, w, b))
-        print(f"M={m} {k}->{n} bias={bias}: {e.route} {e.config}\n  hot entry: {getattr(entry, '__qualname__', entry)}"
-              f"\n  wall/call xk {xk_us:.1f} us  F.linear {th_us:.1f} us  same tile forced as a pointer kernel "
-              f"(full path, no hot entry while forced) {ptr_us:.1f} us", flush=True)
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(2000):
-            linear(x, w, b)
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(10)
-        print("\n".join(line for line in s.getvalue().splitlines() if line.strip())[-2200:], flush=True)
+def mk(op, m, k, n, dtype):
+    if op is linear:
+        return (torch.randn(m, k, device="cuda").to(dtype), torch.randn(n, k, device="cuda").to(dtype),
+                torch.randn(n, device="cuda").to(dtype), "gelu")
+    return torch.randn(m, k, device="cuda").to(dtype), torch.randn(k, n, device="cuda").to(dtype)
 
 
-if __name__ == "__main__":
-    main()
+for op, (m, k, n), dtype in [(matmul, (4096, 256, 4096), torch.bfloat16), (matmul, (2048, 2048, 2048), torch.float16),
+                             (linear, (2048, 2048, 2048), torch.float16)]:
+    sets = [mk(op, m, k, n, dtype) for _ in range(3)]
+    run = lambda s: op(*s)  # noqa: E731
+    print(f"== {op.name} {m}x{k}x{n} {dtype}: {op.explain(*sets[0]).config}")
+    plan = op.make_plan(op.check(*sets[0]), backend)
+    print("   launcher fast path:", plan.launcher.fast)
+    for label, cfg in (("table", None), ("pointer kernel", POINTER)):
+        ctx = tuning.force(cfg) if cfg else None
+        if ctx:
+            ctx.__enter__()
+        try:
+            one = time_calls(run, sets[:1], target, FULL)
+            three = time_calls(run, sets, target, FULL)
+            noflush = time_calls(run, sets, target, replace(FULL, flush=False))
+            h1, h3 = host_us(run, sets[:1]), host_us(run, sets)
+        finally:
+            if ctx:
+                ctx.__exit__(None, None, None)
+        print(f"   {label:15s} device ms: 1 set {one.median_ms:.4f} ({one.p20_ms:.4f}-{one.p80_ms:.4f}); "
+              f"3 sets {three.median_ms:.4f} ({three.p20_ms:.4f}-{three.p80_ms:.4f}); 3 sets no flush "
+              f"{noflush.median_ms:.4f}; host us per call: 1 set {h1:.1f}, 3 sets {h3:.1f}")
+    tt = time_calls(lambda s: torch.matmul(s[0], s[1]) if op is matmul else
+                    torch.nn.functional.gelu(torch.nn.functional.linear(s[0], s[1], s[2])), sets, target, FULL)
+    print(f"   torch 3 sets {tt.median_ms:.4f}")
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(300):
+        run(sets[i % 3])
+    torch.cuda.synchronize()
+    prof.disable()
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(12)
+    print("   per-call wall from profile (us):", statistics.mean([st.total_tt / 300 * 1e6]))
