@@ -461,8 +461,7 @@ class Op:
             hot = None
         if hot is not None:
             if key[0] == "2t" and not _defaults_are(hot, self._after_two):  # ``__call__`` passes a, b only
-                entry, after = hot, self._after_two
-                hot = lambda a, b: entry(a, b, *after)  # noqa: E731
+                hot = _with_defaults(hot, self._after_two)
             if len(self._hot) >= self.plan_cache_size:
                 self._hot.clear()
             self._hot[key] = hot
@@ -504,3 +503,13 @@ def _defaults_are(fn: Callable[..., Any], defaults: tuple[Any, ...]) -> bool:
     mine = have[2 - first:2 - first + len(defaults)]
     return len(mine) == len(defaults) and all(h is d or (type(h) is type(d) and h == d)
                                               for h, d in zip(mine, defaults))
+
+
+def _with_defaults(entry: Callable[..., Any], defaults: tuple[Any, ...]) -> Callable[..., Any]:
+    """``entry`` callable as ``entry(a, b)`` meaning ``entry(a, b, *defaults)``, and as before with
+    every argument; its attributes (``autograd_entry``, ``vendor_blas``) kept."""
+    def with_defaults(a: Any, b: Any, *rest: Any) -> Any:
+        return entry(a, b, *(rest or defaults))
+
+    with_defaults.__dict__.update(getattr(entry, "__dict__", {}))
+    return with_defaults

@@ -381,3 +381,12 @@ def test_two_tensor_calls_pass_the_op_defaults_to_every_entry():
     assert not _defaults_are(other, (None, 1)) and not _defaults_are(required, (None, 1))
     assert not _defaults_are(entry, (None, True))  # 1 == True, but another type
     assert not _defaults_are(print, (None,))  # no Python signature to read
+    from xkernels.ops.op import _with_defaults
+
+    other.autograd_entry = other
+    seen = []
+    wrapped = _with_defaults(lambda *args: seen.append(args), (None, 1))
+    wrapped(1, 2)
+    wrapped(1, 2, "out", 3)  # the full form (``find_hot``, ``_eager``) still passes every argument
+    assert seen == [(1, 2, None, 1), (1, 2, "out", 3)]
+    assert _with_defaults(other, (None, 1)).autograd_entry is other
