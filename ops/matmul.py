@@ -253,10 +253,12 @@ def epilogue_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None,
 
 
 _ZEROS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+_ZEROS_LIMIT = 64  # distinct (width, dtype, device): a model has a handful; cleared beyond this
 
 
 def zero_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero vector of ``n`` elements, kept per (n, dtype, device) and never written. One asked
+    """A zero vector of ``n`` elements, kept per (n, dtype, device) (at most ``_ZEROS_LIMIT`` at a
+    time) and never written. One asked
     for while a CUDA graph is being captured is made for that call only: its zeros are written
     by the graph, so outside it they would be garbage."""
     key = (n, dtype, device)
@@ -264,6 +266,8 @@ def zero_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     if zeros is None:
         zeros = torch.zeros(n, dtype=dtype, device=device)
         if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            if len(_ZEROS) >= _ZEROS_LIMIT:
+                _ZEROS.clear()
             _ZEROS[key] = zeros
     return zeros
 
