@@ -207,14 +207,12 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
             out: None = None) -> torch.Tensor | None:
-        if record is not None:
-            c = alloc(size, stride, dtype)
-            if record(a, b, c, bias if has_bias else c):
-                return c
+        c = alloc(size, stride, dtype)
+        if record is not None and record(a, b, c, bias if has_bias else c):
+            return c
         if (a.data_ptr() | b.data_ptr()) & 15 or (has_bias and (bias.data_ptr() % 16 == 0) != bias_aligned):
             return None
         s = float(slope) if leaky else fixed_slope  # a float argument: no specialisation to keep
-        c = alloc(size, stride, dtype)
         descs = (_HostDescriptor(a.t() if a_mmajor else a if a.dim() == 2 else a.view(M, K), a_shape, [a_st, 1],
                                  t["a"]),
                  _HostDescriptor(b.t() if b_flip else b, b_shape, b_st, t["b"]),

@@ -125,22 +125,29 @@ class Launcher:
             enter = leave = meta = None
         run(*self._g, stream, function, packed, meta, enter, leave, *full)
 
+    def _compiled_for(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], Any, Any] | None:
+        """(the compiled entry of ``args``'s specs, Triton's launch hook chains), or ``None`` off the
+        fast path, before the first launch of those specs, or where the hook chains are not the
+        ones this Triton's launcher passes (``hot_run``, ``descriptor_record``)."""
+        if not self.fast or self._tail is None:
+            return None
+        pos = self.varying if self.varying is not None else range(len(args))
+        entry = self._compiled.get(tuple(_spec(args[i]) for i in pos))
+        enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
+        if entry is None or not hasattr(enter, "calls") or not hasattr(leave, "calls"):
+            return None
+        return entry, enter, leave
+
     def hot_run(self, args: tuple[Any, ...]) -> Callable[..., bool] | None:
         """Triton's compiled launch for calls whose every argument has the spec (``_spec``) of
         ``args``'s: a function of the runtime arguments that returns whether it launched (not
         while a launch hook is installed). ``None`` before the first launch of that spec, or off
         the fast path. For kernels whose arguments ``Launcher.hot`` does not cover (tensor
         descriptors); the caller keeps the specs equal (alignment, int classes)."""
-        if not self.fast or self._tail is None:
+        found = self._compiled_for(args)
+        if found is None:
             return None
-        pos = self.varying if self.varying is not None else range(len(args))
-        entry = self._compiled.get(tuple(_spec(args[i]) for i in pos))
-        if entry is None:
-            return None
-        run, function, packed, _ = entry
-        enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
-        if not hasattr(enter, "calls") or not hasattr(leave, "calls"):
-            return None
+        (run, function, packed, _), enter, leave = found
         gx, gy, gz = self._g
         stream, device, tail = self._stream, self._device, self._tail
 
@@ -159,16 +166,11 @@ class Launcher:
         position in ``descriptors``, the descriptor's base tensor; its tensor map is encoded per
         call) and returns whether it launched; every other argument is fixed to ``args``'s.
         ``None`` where no record applies (then ``hot_run``)."""
-        if not self.fast or self._tail is None:
+        found = self._compiled_for(args)
+        if found is None:
             return None
-        varying = self.varying if self.varying is not None else range(len(args))
-        entry = self._compiled.get(tuple(_spec(args[i]) for i in varying))
-        if entry is None:
-            return None
-        compiled = entry[3]
-        enter, leave = self._knobs.launch_enter_hook, self._knobs.launch_exit_hook
-        if (not hasattr(enter, "calls") or not hasattr(leave, "calls")
-                or getattr(getattr(compiled.metadata, "target", None), "backend", None) != "cuda"):
+        (_, _, _, compiled), enter, leave = found
+        if getattr(getattr(compiled.metadata, "target", None), "backend", None) != "cuda":
             return None
         return direct_launch.record(compiled, self._g, (*args, *self._tail), ptrs, self._device, self._stream,
                                     enter, leave, descriptors)

@@ -16,8 +16,8 @@ candidate excluded (a forced pointer config of the same tile), and a cProfile of
 import cProfile
 import io
 import pstats
-import statistics
-import time
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -25,24 +25,11 @@ import torch.nn.functional as F
 from xkernels import tuning
 from xkernels.ops import linear
 
+sys.path.insert(0, str(Path(__file__).parent))
+from forms_host_probe import wall_us  # noqa: E402  (the same alternating-rounds timer)
+
 SHAPES = [(77, 2048, 2560, False), (1, 768, 768, True), (128, 768, 2304, True), (128, 768, 768, True),
           (512, 768, 768, True)]
-
-
-def wall_us(*fns, n=1000, rounds=7):
-    for fn in fns:
-        for _ in range(100):
-            fn()
-    torch.cuda.synchronize()
-    res = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, r in zip(fns, res):
-            t = time.perf_counter()
-            for _ in range(n):
-                fn()
-            torch.cuda.synchronize()
-            r.append((time.perf_counter() - t) / n * 1e6)
-    return [statistics.median(r) for r in res]
 
 
 def main() -> None:
