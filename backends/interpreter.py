@@ -73,7 +73,7 @@ def _probe(triton_version: str) -> str | None:
     """
     import torch
 
-    from xkernels.ops import probe_kernels
+    from xkernels.backends import interpreter_probe as probe_kernels
 
     try:
         out = torch.zeros(4, dtype=torch.int32)

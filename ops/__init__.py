@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from xkernels.ops import library
-from xkernels.ops.add import add
-from xkernels.ops.broadcast import broadcast
+from xkernels.ops.elementwise.add import add
+from xkernels.ops.elementwise.broadcast import broadcast
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
 
-library.register()
+library.register({"broadcast": broadcast, "add": add, "matmul": matmul, "linear": linear})
 
 __all__ = ["Explanation", "Op", "add", "broadcast", "explain", "linear", "matmul"]
 

@@ -133,18 +133,6 @@ def linear_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
 
 
 # -- eager autograd -----------------------------------------------------------------------------
-def _eager_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from xkernels.ops.matmul import matmul
-
-    return matmul(a, b)
-
-
-def _eager_lin(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    from xkernels.ops.matmul import linear
-
-    return linear(x, w, bias)
-
-
 class BinaryFunction(torch.autograd.Function):
     """``run(x, y)`` = x + alpha * y, with its gradient."""
 
@@ -170,22 +158,29 @@ class _Operand:
 
 class MatmulFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, run: Callable[[Any, Any], torch.Tensor], a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, run: Callable[[Any, Any], torch.Tensor], mm: MatmulFn, a: torch.Tensor,
+                b: torch.Tensor) -> torch.Tensor:
+        """``run(a, b)``; ``mm`` (``xkernels.ops.matmul``, so that a double backward is recorded
+        too) computes the backward GEMMs."""
         ctx.save_for_backward(a, b)
+        ctx.mm = mm
         return run(a, b)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         a, b = ctx.saved_tensors
-        ga, gb = matmul_backward(grad, a, b, (ctx.needs_input_grad[1], ctx.needs_input_grad[2]), _eager_mm)
-        return None, ga, gb
+        ga, gb = matmul_backward(grad, a, b, (ctx.needs_input_grad[2], ctx.needs_input_grad[3]), ctx.mm)
+        return None, None, ga, gb
 
 
 class LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, run: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
-                bias: torch.Tensor | None, activation: str | None, slope: float) -> torch.Tensor:
+    def forward(ctx: Any, run: Callable[..., torch.Tensor], mm: MatmulFn, lin: LinearFn, x: torch.Tensor,
+                weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None, slope: float) -> torch.Tensor:
+        """``run(x, weight, bias)``; ``mm`` and ``lin`` (``xkernels.ops.matmul`` / ``linear``)
+        compute the backward GEMMs and a recomputed pre-activation."""
         y = run(x, weight, bias)
+        ctx.mm, ctx.lin = mm, lin
         # the output is kept only where the derivative is read off it (see activation_grad)
         keep_y = activation == "relu" or activation == "leaky_relu" and slope >= 0
         ctx.save_for_backward(x, weight, bias, y if keep_y else None)
@@ -197,5 +192,5 @@ class LinearFunction(torch.autograd.Function):
         x, weight, bias, y = ctx.saved_tensors
         needs = ctx.needs_input_grad
         gx, gw, gb = linear_backward(grad, x, weight, bias, ctx.activation, ctx.slope, y,
-                                     (needs[1], needs[2], needs[3]), _eager_mm, _eager_lin)
-        return None, gx, gw, gb, None, None
+                                     (needs[3], needs[4], needs[5]), ctx.mm, ctx.lin)
+        return None, None, None, gx, gw, gb, None, None

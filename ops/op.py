@@ -204,9 +204,9 @@ class Op:
         if plan is None:
             plan = self.make_plan(call, backend)
             if forced is None and not plan.measured and tuning.autotune_enabled():
-                from xkernels import autotune  # tune this bucket once, then plan from the cached rule
-
-                plan = autotune.tune(self, call, backend, plan)
+                # tune this bucket once (xkernels.autotune, a built-in plugin), then plan from its rule
+                tuned = registry.plugin_manager.hook.xkernels_tune_plan(op=self, call=call, backend=backend, plan=plan)
+                plan = plan if tuned is None else tuned
             self._plans[key] = plan
             if len(self._plans) > self.plan_cache_size:
                 self._plans.popitem(last=False)

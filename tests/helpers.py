@@ -93,7 +93,8 @@ def planted_tables(directory, backend: str, tables: dict):
 def every_matmul_to_vendor(monkeypatch):
     """Every matmul/linear selection is ``{"VENDOR": true}`` (a measured class where the device's
     BLAS won) for the block; plans and hot entries are dropped before and after."""
-    from xkernels.ops import linear, matmul, matmul_config
+    from xkernels.ops import linear, matmul
+    from xkernels.ops.matmul import config as matmul_config
 
     vendor = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
     monkeypatch.setattr(matmul_config, "select", lambda *a, **k: vendor)

@@ -85,7 +85,7 @@ def _tma_packed():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from xkernels.ops.matmul_kernels import matmul_tma_kernel
+    from xkernels.ops.matmul.kernels import matmul_tma_kernel
 
     sig = {"a_desc": "tensordesc<bf16[64, 128]>", "b_desc": "tensordesc<bf16[64, 128]>",
            "c_desc": "tensordesc<bf16[64, 64]>", "bias_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",

@@ -128,7 +128,7 @@ def test_fallback_dtypes_reach_aten_without_recursion(backend, device):
 def test_reentrant_aten_call_inside_an_override_reaches_aten(backend, device, monkeypatch):
     """An xkernels op that itself calls a routed aten op (as a plugin implementation may) gets
     aten's kernel for it, not the override again."""
-    from xkernels.ops.add import add
+    from xkernels.ops.elementwise.add import add
 
     real = add.call_no_grad
     inner = []

@@ -7,7 +7,7 @@ import torch
 
 import xkernels
 from helpers import Unchanged, assert_close, require_transformers
-from xkernels.ops.matmul import reference_linear
+from xkernels.ops.matmul.vendor import reference_linear
 
 
 def _ref(x, weight, bias, activation, slope=0.01):

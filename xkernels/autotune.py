@@ -41,6 +41,8 @@ from typing import Any
 import torch
 
 from xkernels import tuning
+from xkernels.cache import tuning_cache_dir
+from xkernels.hookspecs import hookimpl
 
 try:
     import fcntl
@@ -52,10 +54,8 @@ _lock = threading.Lock()
 _tuned: set[str] = set()  # buckets tuned by this process: never twice, whatever the cache holds
 
 
-def cache_dir(backend: str) -> Path:
-    """``$XKERNELS_CACHE_DIR/tuning/<backend>`` (default ``~/.cache/xkernels/tuning/<backend>``)."""
-    root = os.environ.get("XKERNELS_CACHE_DIR") or os.path.join(Path.home(), ".cache", "xkernels")
-    return Path(root) / "tuning" / backend
+cache_dir = tuning_cache_dir
+"""``$XKERNELS_CACHE_DIR/tuning/<backend>`` (default ``~/.cache/xkernels/tuning/<backend>``)."""
 
 
 # -- the cache file -----------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def _candidates(op_name: str, backend: Any, arch: str, key: dict[str, Any]) -> l
     cands, _ = tuning.candidates(op_name, backend, arch, key)
     if not cands:
         if op_name in ("matmul", "linear"):
-            from xkernels.ops.matmul_config import BUILTIN_CANDIDATES as cands
+            from xkernels.ops.matmul.config import BUILTIN_CANDIDATES as cands
         else:
             from xkernels.sweep import ELEMENTWISE_CANDIDATES
 
@@ -167,6 +167,12 @@ def _applies(cfg: dict[str, Any], plan: Any, op_name: str) -> bool:
     if op_name in ("add", "broadcast"):
         return plan.variant.startswith("flat" if "BLOCK" in cfg else "tiled")
     return True
+
+
+@hookimpl
+def xkernels_tune_plan(op: Any, call: Any, backend: Any, plan: Any) -> Any:
+    """The autotune plugin: ``Op.plan`` asks it for a plan of a bucket with no measured rule."""
+    return tune(op, call, backend, plan)
 
 
 def tune(op: Any, call: Any, backend: Any, plan: Any) -> Any:

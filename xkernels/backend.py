@@ -16,6 +16,7 @@ Subclass :class:`Backend` and override what differs; see ``backends/`` for four 
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,10 +29,12 @@ Unit = Literal["vector", "cube"]
 """Which hardware unit a kernel feeds: element-wise ("vector") or matrix ("cube")."""
 
 def _ops_tuning_root() -> Path:
-    """The directory of the built-in tuning tables, in an editable or a wheel install."""
-    import xkernels.ops
-
-    return Path(xkernels.ops.__file__).resolve().parent / "tuning"
+    """The directory of the built-in tuning tables (``xkernels.ops``' data), in an editable or a
+    wheel install, found without importing the ops: the contract sits below them."""
+    spec = importlib.util.find_spec("xkernels.ops")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("xkernels.ops is not installed: the built-in tuning tables cannot be found")
+    return Path(spec.origin).resolve().parent / "tuning"
 
 
 class BackendUnavailableError(RuntimeError):

@@ -14,7 +14,7 @@ pluggy collects the sequences of all plugins.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -59,4 +59,15 @@ def xkernels_add_tuning_dirs() -> Sequence[TuningDir]:
     A :class:`xkernels.TuningDir` names a backend and a directory holding ``<op>.json`` tables.
     Directories from plugins are searched before the backend's own ``tuning_dirs``, so a plugin
     can ship tables for a new architecture of an existing backend without changing xkernels.
+    """
+
+
+@hookspec(firstresult=True)
+def xkernels_tune_plan(op: Any, call: Any, backend: Backend, plan: Any) -> Any | None:
+    """Tune the bucket of one call whose plan comes from no measured rule, and return the plan to
+    run instead (``None``: keep ``plan``). Called by ``Op.plan`` while autotune is on
+    (``XKERNELS_AUTOTUNE=1`` or ``with xkernels.tuning.autotune():``), at most once per bucket and
+    process, never while a config is forced. ``op`` is the :class:`xkernels.ops.Op`, ``call``
+    its checked call record. The built-in implementation is :mod:`xkernels.autotune`, registered
+    like any plugin; the first non-``None`` answer wins.
     """

@@ -20,7 +20,7 @@ __all__ = ["Conv1D", "Linear", "linear_activations"]
 
 def linear_activations() -> tuple[str, ...]:
     """The activation names ``xkernels.ops.linear`` fuses in this build."""
-    from xkernels.ops.matmul_plan import ACTIVATIONS
+    from xkernels.ops.matmul.plan import ACTIVATIONS
 
     return tuple(k for k in ACTIVATIONS if k)
 

@@ -7,19 +7,19 @@ backend and device name. The perf harness measures; ``DeviceProperties`` reads.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from xkernels.backend import Figure
+from xkernels.cache import cache_root
 
 _lock = threading.Lock()
 
 
 def cache_path() -> Path:
-    root = os.environ.get("XKERNELS_CACHE_DIR") or os.path.join(Path.home(), ".cache", "xkernels")
+    root = cache_root()
     return Path(root) / "peaks.json"
 
 

@@ -19,12 +19,14 @@ import pluggy
 
 from xkernels import hookspecs
 from xkernels.backend import Backend, UnknownBackendError
+from xkernels.cache import tuning_cache_dir
 
 BUILTIN_PLUGINS = (
     "xkernels.backends.cpu",
     "xkernels.backends.cuda",
     "xkernels.backends.npu",
     "xkernels.backends.interpreter",
+    "xkernels.autotune",
 )
 
 
@@ -164,12 +166,10 @@ class Registry:
         return tuple(self._impls.values())
 
     def tuning_dirs(self, backend: Backend) -> tuple[Path, ...]:
-        """The user's autotune cache first (``xkernels.autotune.cache_dir``), then plugin-added
+        """The user's autotune cache first (``xkernels.cache.tuning_cache_dir``), then plugin-added
         directories, then the backend's own."""
-        from xkernels.autotune import cache_dir
-
         self._ensure_loaded()
-        return (cache_dir(backend.name), *self._tuning.get(backend.name, ()), *backend.tuning_dirs)
+        return (tuning_cache_dir(backend.name), *self._tuning.get(backend.name, ()), *backend.tuning_dirs)
 
 
 registry = Registry()

@@ -285,7 +285,7 @@ def _remember_add(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result
 
 
 def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
-    from xkernels.ops.add import add
+    from xkernels.ops.elementwise.add import add
 
     default_alpha = alpha.__class__ is int and alpha == 1
     if default_alpha:
@@ -306,7 +306,7 @@ def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
 
 
 def _add_(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
-    from xkernels.ops.add import add
+    from xkernels.ops.elementwise.add import add
 
     default_alpha = alpha.__class__ is int and alpha == 1
     if default_alpha:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from xkernels.backend import Backend
+from xkernels.registry import registry
 
 
 @dataclass(frozen=True)
@@ -129,8 +130,6 @@ def matches(when: dict[str, Any], key: dict[str, Any]) -> bool:
 def _tables(op: str, backend: Backend, arch: str) -> Iterator[tuple[Path, str, dict[str, Any]]]:
     """(path, arch key, table) in lookup order: directories (plugin-added and the user's autotune
     cache first), then the arch's keys from most specific to ``default``."""
-    from xkernels.registry import registry
-
     arch_keys = [*backend.arch_fallbacks(arch), "default"]
     for directory in registry.tuning_dirs(backend):
         path = Path(directory) / f"{op}.json"
@@ -164,7 +163,7 @@ def candidates(op: str, backend: Backend, arch: str, key: dict[str, Any]) -> tup
     """The candidate configs of ``op`` for bucket ``key``, and where they came from: every
     group of the first table section ``"candidates"[arch key]`` that has a group matching
     ``key`` (same order as rules). A group is ``{"when": {...}, "configs": [...]}``; a config may
-    carry a fitted ``"cost"`` (see ``xkernels.ops.matmul_config``). ``([], "")`` when none."""
+    carry a fitted ``"cost"`` (see ``xkernels.ops.matmul.config``). ``([], "")`` when none."""
     for path, arch_key, table in _tables(op, backend, arch):
         groups = [g for g in table.get("candidates", {}).get(arch_key, ()) if matches(g.get("when", {}), key)]
         if groups:
@@ -173,6 +172,4 @@ def candidates(op: str, backend: Backend, arch: str, key: dict[str, Any]) -> tup
 
 
 def table_paths(op: str, backend: Backend) -> list[Path]:
-    from xkernels.registry import registry
-
     return [Path(d) / f"{op}.json" for d in registry.tuning_dirs(backend) if (Path(d) / f"{op}.json").exists()]

@@ -9,7 +9,7 @@ import torch
 
 from xkernels.ops import checks, library
 from xkernels.ops.autograd import BinaryFunction, reject_out
-from xkernels.ops.binary import BinaryCall, BinaryOp
+from xkernels.ops.elementwise.binary import BinaryCall, BinaryOp
 from xkernels.ops.op import Param
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # PyTorch's integer scalars are int64

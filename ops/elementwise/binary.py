@@ -1,5 +1,5 @@
 """Host side of the element-wise binary ops (``add``, ``broadcast``): layout analysis, kernel
-variant and config choice, launch. The Triton source is ``binary_kernels.py``.
+variant and config choice, launch. The Triton source is ``elementwise/kernels.py``.
 
 Layout analysis collapses the broadcast result's dims jointly over out, x and y (adjacent dims
 merge when every operand's strides allow it; size-1 dims drop). Then:
@@ -60,7 +60,7 @@ def _meta(v: Any, device: torch.device) -> Any:
 
 class BinaryPlan(Plan):
     def __init__(self, backend: Backend, call: BinaryCall, op_name: str) -> None:
-        from xkernels.ops import binary_kernels as K
+        from xkernels.ops.elementwise import kernels as K
 
         has_alpha = call.alpha != 1
 

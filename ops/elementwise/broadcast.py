@@ -8,7 +8,7 @@ import torch
 
 from xkernels.ops import checks
 from xkernels.ops.autograd import BinaryFunction, reject_out
-from xkernels.ops.binary import BinaryCall, BinaryOp
+from xkernels.ops.elementwise.binary import BinaryCall, BinaryOp
 from xkernels.ops.op import Param
 
 

@@ -279,7 +279,7 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
     cands = [c for c in cands if not c.get("VENDOR")]
     fitted = any("cost" in c for c in cands)
     if not cands:
-        cands, source = BUILTIN_CANDIDATES, f"built-in candidates of ops/matmul_config.py (no table for {arch!r})"
+        cands, source = BUILTIN_CANDIDATES, f"built-in candidates of ops/matmul/config.py (no table for {arch!r})"
     units = backend.compute_units(device) or 1
     # one read of the device's properties: the fitted model needs its streaming rate, the other its ridge
     ridge = 0.0 if fitted else _ridge(backend, device)

@@ -15,10 +15,11 @@ import torch
 from xkernels.direct_launch import Descriptor
 from xkernels.launch import ByValue
 from xkernels.ops.layout import contiguous_strides, prod
-from xkernels.ops.matmul_plan import MatmulPlan, precision
+from xkernels.ops.matmul.plan import MatmulPlan, precision
+from xkernels.ops.matmul.vendor import epilogue_linear, reference_linear
 
 if TYPE_CHECKING:
-    from xkernels.ops.matmul import MatmulCall
+    from xkernels.ops.matmul.ops import MatmulCall
 
 
 def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
@@ -95,8 +96,6 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
         matmul_entry.autograd_entry = matmul_entry  # type: ignore[attr-defined]
         matmul_entry.vendor_blas = True  # type: ignore[attr-defined]
         return matmul_entry
-    from xkernels.ops.matmul import epilogue_linear, reference_linear
-
     activation, leaky, fixed_slope = call.activation, _slope_of(call), call.slope
 
     if activation is None:

@@ -2,8 +2,8 @@
 activation=None)`` = ``F.linear`` followed by the activation, fused into the matmul epilogue.
 
 This module is the ops' front: argument checks, the call record and the PyTorch fallback. Which
-config a call runs and why: ``matmul_config.py``; how it launches: ``matmul_plan.py``; repeated
-calls: ``matmul_hot.py``; the Triton sources: ``matmul_kernels.py``. Layout handling on the host:
+config a call runs and why: ``matmul/config.py``; how it launches: ``matmul/plan.py``; repeated
+calls: ``matmul/hot.py``; the Triton sources: ``matmul/kernels.py``. Layout handling on the host:
 
 * 1-D operands are promoted (``(K,)`` → ``(1, K)`` / ``(K, 1)``) and the extra dim dropped after;
 * batch dims broadcast; a 2-D ``b`` under a batched contiguous ``a`` folds the batch into M;
@@ -21,14 +21,16 @@ from typing import Any
 import torch
 
 from xkernels.backend import Backend
-from xkernels.ops import checks, matmul_hot
+from xkernels.ops import checks
 from xkernels.ops.autograd import LinearFunction, MatmulFunction, reject_out
 from xkernels.ops.layout import contiguous_strides
-from xkernels.ops.matmul_config import MATMUL_DEFAULT
-from xkernels.ops.matmul_plan import ACTIVATIONS, BLAS_EPILOGUES, MatmulPlan, precision
+from xkernels.ops.matmul import hot as matmul_hot
+from xkernels.ops.matmul.config import MATMUL_DEFAULT
+from xkernels.ops.matmul.plan import ACTIVATIONS, MatmulPlan, precision
+from xkernels.ops.matmul.vendor import activate, epilogue_linear, reference_linear
 from xkernels.ops.op import Op, Param, Plan
 
-__all__ = ["ACTIVATIONS", "MATMUL_DEFAULT", "Linear", "Matmul", "MatmulCall", "linear", "matmul", "reference_linear"]
+__all__ = ["ACTIVATIONS", "MATMUL_DEFAULT", "Linear", "Matmul", "MatmulCall", "linear", "matmul"]
 
 
 @dataclass
@@ -146,7 +148,7 @@ class Matmul(_MatmulBase):
     def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
         a, b, out = canon
         reject_out(self.name, out)
-        return MatmulFunction.apply(self.call_no_grad, a, b)
+        return MatmulFunction.apply(self.call_no_grad, matmul, a, b)
 
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
         return torch.ops.xkernels.matmul.default(canon[0], canon[1])
@@ -222,7 +224,7 @@ class Linear(_MatmulBase):
         if activation is not None and activation != "relu" and not (activation == "leaky_relu" and slope >= 0):
             return activate(self(x, weight, bias), activation, slope)
         run = lambda x, w, b: self.call_no_grad(x, w, b, activation, negative_slope=slope)  # noqa: E731
-        return LinearFunction.apply(run, x, weight, bias, activation, slope)
+        return LinearFunction.apply(run, matmul, linear, x, weight, bias, activation, slope)
 
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
         x, weight, bias, activation, slope, _ = canon
@@ -234,57 +236,6 @@ class Linear(_MatmulBase):
             return result
         call.out.copy_(result)
         return call.out
-
-
-def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                     activation: str | None, negative_slope: float = 0.01) -> torch.Tensor:
-    """The unfused PyTorch composition ``linear`` is defined by (and benchmarked against)."""
-    return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
-
-
-def epilogue_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
-    """``activation(a @ b + bias)`` (2-D ``a``, ``b`` the weight transposed) with bias and
-    activation applied by the device's BLAS in its epilogue (``Backend.vendor_epilogues``); a
-    missing bias is a zero one (``zero_bias``). No derivative is defined for it: calls that need
-    a gradient take ``reference_linear``."""
-    if bias is None:
-        bias = zero_bias(b.shape[1], a.dtype, a.device)
-    return torch._addmm_activation(bias, a, b, use_gelu=BLAS_EPILOGUES[activation])
-
-
-_ZEROS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
-_ZEROS_LIMIT = 64  # distinct (width, dtype, device): a model has a handful; cleared beyond this
-
-
-def zero_bias(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero vector of ``n`` elements, kept per (n, dtype, device) (at most ``_ZEROS_LIMIT`` at a
-    time) and never written. One asked
-    for while a CUDA graph is being captured is made for that call only: its zeros are written
-    by the graph, so outside it they would be garbage."""
-    key = (n, dtype, device)
-    zeros = _ZEROS.get(key)
-    if zeros is None:
-        zeros = torch.zeros(n, dtype=dtype, device=device)
-        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            if len(_ZEROS) >= _ZEROS_LIMIT:
-                _ZEROS.clear()
-            _ZEROS[key] = zeros
-    return zeros
-
-
-def activate(y: torch.Tensor, activation: str | None, negative_slope: float = 0.01) -> torch.Tensor:
-    """PyTorch's ``activation`` of ``y`` (``None``: ``y`` itself)."""
-    if activation == "relu":
-        return torch.relu(y)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(y)
-    if activation == "gelu_tanh":
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    if activation == "silu":
-        return torch.nn.functional.silu(y)
-    if activation == "leaky_relu":
-        return torch.nn.functional.leaky_relu(y, negative_slope)
-    return y
 
 
 matmul = Matmul()

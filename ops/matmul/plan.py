@@ -1,6 +1,6 @@
 """How a matmul/linear call launches: grid, strides, constexprs and the kernel arguments.
 
-``MatmulPlan`` turns one call signature plus its :class:`~xkernels.ops.matmul_config.Selection`
+``MatmulPlan`` turns one call signature plus its :class:`~xkernels.ops.matmul.config.Selection`
 into launches of ``matmul_kernels.matmul_kernel`` (pointer loads), ``matmul_tma_kernel`` (tiles
 through tensor descriptors, sm90+) or, for split-K, ``matmul_kernel`` writing fp32 partials
 followed by ``splitk_reduce_kernel``; or, for a ``"VENDOR": true`` selection (a shape class where
@@ -20,8 +20,8 @@ import torch
 from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.launch import Launcher
-from xkernels.ops import matmul_config
 from xkernels.ops.layout import INT32_MAX, collapse, max_offset, prod
+from xkernels.ops.matmul import config as matmul_config
 from xkernels.ops.op import Plan
 
 #: The epilogues ``torch._addmm_activation`` applies (its ``use_gelu`` flag per activation name):
@@ -29,7 +29,7 @@ from xkernels.ops.op import Plan
 BLAS_EPILOGUES = {"relu": False, "gelu_tanh": True}
 
 if TYPE_CHECKING:
-    from xkernels.ops.matmul import MatmulCall
+    from xkernels.ops.matmul.ops import MatmulCall
 
 #: Epilogue activation codes of the kernels (``ACT`` constexpr).
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4, "gelu_tanh": 5}
@@ -126,7 +126,7 @@ class MatmulPlan(Plan):
     def _plan_pointer(self, backend: Backend, call: MatmulCall, cfg: dict[str, Any], shape: matmul_config.Shape,
                       sizes: list[int], batch_strides: tuple[list[int], list[int], list[int]],
                       a_mk: tuple[int, int], b_kn: tuple[int, int], c_strides: tuple[int, ...]) -> None:
-        from xkernels.ops import matmul_kernels as K
+        from xkernels.ops.matmul import kernels as K
 
         M, N, Kd = shape.m, shape.n, shape.k
         sa, sb, sc = batch_strides
@@ -173,8 +173,8 @@ class MatmulPlan(Plan):
 
     def _plan_reduction(self, backend: Backend, call: MatmulCall, M: int, N: int) -> None:
         """The second launch of a split-K plan: ``splitk_reduce_kernel`` over (16, 128) tiles."""
-        from xkernels.ops import matmul_kernels as K
         from xkernels.ops.layout import next_pow2
+        from xkernels.ops.matmul import kernels as K
 
         rbm, rbn = min(16, next_pow2(M)), min(128, next_pow2(N))
         r_tiles = ((M + rbm - 1) // rbm) * ((N + rbn - 1) // rbn)
@@ -192,7 +192,7 @@ class MatmulPlan(Plan):
         row-major or K-contiguous (``b_kmajor``), tiles loaded through tensor descriptors.
         ``"PERSISTENT": true`` runs one program per compute unit walking tiles pid, pid + nprog,
         ...; ``"EPILOGUE_SUBTILE": true`` stores C in two halves of BLOCK_N // 2 columns."""
-        from xkernels.ops import matmul_kernels as K
+        from xkernels.ops.matmul import kernels as K
 
         bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)

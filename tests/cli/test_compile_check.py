@@ -11,8 +11,8 @@ import pytest
 from helpers import planted_tables
 from xkernels.backends import npu
 from xkernels.cli.compile_check import collect, collect_cases, default_socs
-from xkernels.ops import matmul_kernels
 from xkernels.ops.matmul import ACTIVATIONS
+from xkernels.ops.matmul import kernels as matmul_kernels
 
 A2, A3 = "Ascend910B3", "Ascend910_9392"
 A3_SOCS = ["Ascend910_9362", "Ascend910_9372", "Ascend910_9381", "Ascend910_9382", "Ascend910_9391", "Ascend910_9392"]

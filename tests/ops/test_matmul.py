@@ -490,12 +490,12 @@ def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, has_bi
 
 def test_zero_bias_is_kept_per_size_dtype_and_device(backend, device):
     """The zero bias of a bias-less epilogue call is made once per (n, dtype, device)."""
-    from xkernels.ops.matmul import zero_bias
+    from xkernels.ops.matmul.vendor import zero_bias
 
     z = zero_bias(7, torch.float16, device)
     assert z is zero_bias(7, torch.float16, device) and z.shape == (7,) and not z.any()
     assert zero_bias(7, torch.bfloat16, device) is not z and zero_bias(8, torch.float16, device) is not z
-    from xkernels.ops.matmul import _ZEROS, _ZEROS_LIMIT
+    from xkernels.ops.matmul.vendor import _ZEROS, _ZEROS_LIMIT
 
     for n in range(1, 2 * _ZEROS_LIMIT):  # many widths: the cache stays bounded
         assert not zero_bias(n, torch.float16, device).any()
@@ -505,7 +505,7 @@ def test_zero_bias_is_kept_per_size_dtype_and_device(backend, device):
 def test_a_graph_capture_makes_its_own_zero_bias(backend, device):
     """A zero bias first asked for inside a CUDA graph capture is not kept (its zeros are written
     by the graph); a captured bias-less epilogue linear replays correctly on new inputs."""
-    from xkernels.ops.matmul import _ZEROS
+    from xkernels.ops.matmul.vendor import _ZEROS
 
     if backend.name != "cuda" or "relu" not in backend.vendor_epilogues:
         pytest.skip("CUDA graphs of the BLAS epilogue route: cuda only")

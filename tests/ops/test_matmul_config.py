@@ -1,4 +1,4 @@
-"""Which config a matmul/linear call runs, and why (ops/matmul_config.py): the wave count, the
+"""Which config a matmul/linear call runs, and why (ops/matmul/config.py): the wave count, the
 split-K conditions, the cost fit, and the order rule -> fitted candidates -> device properties."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from xkernels import tuning
 from xkernels.backend import DeviceProperties, Figure
 from xkernels.backends.cuda import DATASHEET, CudaBackend
 from xkernels.cli import matmul_tables
-from xkernels.ops import matmul_config as mc
+from xkernels.ops.matmul import config as mc
 
 SMS = 132
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ import xkernels
 from helpers import Unchanged, assert_close, rand
 from xkernels import tuning
 from xkernels.ops import add, broadcast, linear, matmul
-from xkernels.ops.matmul import reference_linear
+from xkernels.ops.matmul.vendor import reference_linear
 
 
 class CheckCounter:

@@ -1,6 +1,6 @@
 """Which config the matmul/linear selection gives every GEMM of the real-model corpus and of the
 held-out models (``unseen_gemms.py``), on a fake H100 (132 SMs, TMA, the cached copy bandwidth
-of 3.0 TB/s): CPU only, no device. Run it before and after a change to ``ops/matmul_config.py``
+of 3.0 TB/s): CPU only, no device. Run it before and after a change to ``ops/matmul/config.py``
 or a table, then ``--diff`` the two JSON files to see which routes the change moves.
 
     python tools/probes/selection_diff.py --json before.json
@@ -21,10 +21,13 @@ from unseen_gemms import LAYERS, TOKENS  # noqa: E402
 
 from xkernels.backend import DeviceProperties, Figure  # noqa: E402
 from xkernels.backends.cuda import DATASHEET, CudaBackend  # noqa: E402
-from xkernels.harness.cases import linear_cases, matmul_cases  # noqa: E402
-from xkernels.harness.models import gemm_cases  # noqa: E402
+from xkernels.harness.cases import (  # noqa: E402
+    gemm_cases,  # noqa: E402
+    linear_cases,
+    matmul_cases,
+)
 from xkernels.ops import linear, matmul  # noqa: E402
-from xkernels.ops import matmul_config as mc  # noqa: E402
+from xkernels.ops.matmul import config as mc  # noqa: E402
 
 SMS = 132
 

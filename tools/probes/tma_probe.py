@@ -18,7 +18,7 @@ import xkernels
 from xkernels.harness import Target
 from xkernels.harness.perf import Settings, time_calls
 from xkernels.ops import linear, matmul
-from xkernels.ops.matmul_kernels import matmul_tma_kernel as mm_tma  # the probe's kernel, now in ops
+from xkernels.ops.matmul.kernels import matmul_tma_kernel as mm_tma  # the probe's kernel, now in ops
 
 S = Settings(warmup=3, warmup_s=0.1, min_reps=20, max_reps=100, budget_s=0.4)
 target = Target(xkernels.get_backend("cuda"), torch.device("cuda"))

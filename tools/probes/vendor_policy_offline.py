@@ -16,7 +16,7 @@ import statistics
 import sys
 
 from xkernels.cli import matmul_tables as mt
-from xkernels.ops import matmul_config as mc
+from xkernels.ops.matmul import config as mc
 
 RUNS = ["results/h100-2026-11-22-s4-run1/calib.jsonl", "results/h100-2026-11-22-s4-run2/calib2.jsonl",
         "results/h100-2026-11-22-s4-run2/outliers-remeasured.rows.jsonl"]

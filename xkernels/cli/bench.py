@@ -84,11 +84,7 @@ def select_cases(ops: list[str], dtypes: list[torch.dtype] | None, sizes: list[s
     return [c for c in picked if smallest[(c.op, c.dtype)] is c]
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+_version = perf.package_version
 
 
 def what_is_measured(target: Target) -> str:

@@ -280,12 +280,11 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def header(target: Target, args: dict[str, Any]) -> dict[str, Any]:
-    from xkernels.cli.bench import _version
-
     props = target.backend.properties(target.device)
     return {"device_name": props.name, "arch": props.arch, "device": str(target.device),
             "backend": target.backend.name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
-            "triton": _version("triton") or _version("triton-ascend"), "transformers": _version("transformers"),
+            "triton": perf.package_version("triton") or perf.package_version("triton-ascend"),
+            "transformers": perf.package_version("transformers"),
             "python": platform.python_version(), "host": platform.node(), "args": args}
 
 

@@ -123,7 +123,7 @@ def _shown(config: dict[str, Any]) -> str:
 
 
 def _binary_entries(op: str, soc: str) -> list[dict[str, Any]]:
-    from xkernels.ops.binary import FLAT_DEFAULT, TILED_DEFAULT
+    from xkernels.ops.elementwise.binary import FLAT_DEFAULT, TILED_DEFAULT
 
     rules = [r for _, s in _sections(op, soc) for r in s["archs"]]
     rules.append({"when": {"variant": "flat"}, "config": FLAT_DEFAULT})
@@ -197,7 +197,7 @@ class _Entry:
 def mm_entries(op: str, soc: str) -> tuple[list[_Entry], list[str]]:
     """The matmul/linear entries a call on ``soc`` can run, each with the classes it serves, and
     a line for each rule that no class reaches (see the module doc)."""
-    from xkernels.ops.matmul_config import BUILTIN_CANDIDATES
+    from xkernels.ops.matmul.config import BUILTIN_CANDIDATES
 
     sections = list(_sections(op, soc))
     rules = [_Entry(f"{where} rule {i}", r["config"], _split_when(r.get("when", {}))[1], [])
@@ -270,7 +270,7 @@ def _mm_layouts(op: str, cfg: dict[str, Any], shape_when: dict[str, Any], cls: d
 
 def _mm_cases(op_name: str, soc: str, geometry: _Geometry, notes: list[str]) -> Iterator[CompileCase]:
     import xkernels.ops as xops
-    from xkernels.ops import matmul_kernels
+    from xkernels.ops.matmul import kernels as matmul_kernels
 
     op = getattr(xops, op_name)
     entries, never = mm_entries(op_name, soc)

@@ -1,5 +1,5 @@
 """Matmul/linear tuning tables from measurements: measured rules per shape class plus candidates
-with fitted costs for the wave model (see ``xkernels.ops.matmul_config``).
+with fitted costs for the wave model (see ``xkernels.ops.matmul.config``).
 
     python -m xkernels.cli.matmul_tables RUN1.jsonl [RUN2.jsonl ...] --arch sm90 --units 132 \\
         --source "..." --install ops/tuning/cuda --op linear,matmul
@@ -41,8 +41,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from xkernels.ops.matmul_config import Shape, fit_cost, fit_vendor_cost, fitted_ms
-from xkernels.ops.matmul_plan import ACTIVATIONS
+from xkernels.ops.matmul.config import Shape, fit_cost, fit_vendor_cost, fitted_ms
+from xkernels.ops.matmul.plan import ACTIVATIONS
 
 #: what a rule measured only with activations is keyed to: any activation, never none (the
 #: baseline of an activation-free call is the bare GEMM, which such a measurement says nothing of)

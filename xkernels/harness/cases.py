@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
+
 OP_NAMES = ("broadcast", "add", "matmul", "linear")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
@@ -52,7 +54,7 @@ def _torch_matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None 
 def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   activation: str | None = None, *, negative_slope: float = 0.01,
                   out: torch.Tensor | None = None) -> torch.Tensor:
-    from xkernels.ops.matmul import reference_linear
+    from xkernels.ops.matmul.vendor import reference_linear
 
     result = reference_linear(x, weight, bias, activation, negative_slope)
     return result if out is None else out.copy_(result)
@@ -369,6 +371,41 @@ def linear_cases(d: torch.dtype) -> list[Case]:
     return cases
 
 
+# -- the real-model corpus (xkernels.harness.models) -------------------------------------------
+def gemm_cases(op: str, dtype: torch.dtype) -> list:
+    """``matmul`` / ``linear`` cases of the corpus in ``dtype``: every layer at every token count."""
+    tags = frozenset({SIZE_TAG})
+    out = []
+    for key, labels, models in gemm_layers(op):
+        k, n = key[0], key[1]
+        for m in corpus()["tokens"]:
+            if op == "linear":
+                act, bias = key[2], key[3]
+                args: tuple[Any, ...] = (T((m, k), dtype), T((n, k), dtype), T((n,), dtype) if bias else None)
+                if act:
+                    args += (act,)
+                layout = ", ".join(labels) + (f" + {act}" if act else "") + ("" if bias else ", no bias")
+            else:
+                args, layout = (T((m, k), dtype), T((k, n), dtype)), ", ".join(labels)
+            out.append(Case(op, args, layout, tags, models=tuple(models)))
+    return out
+
+
+def elementwise_cases(op: str, dtype: torch.dtype) -> list:
+    """``add`` / ``broadcast`` cases of the corpus in ``dtype``."""
+    tags = frozenset({SIZE_TAG})
+    return [Case(op, (T(tuple(e["x"]), dtype), T(tuple(e["y"]), dtype)), f"{e['model']}: {e['what']}", tags,
+                 models=(e["model"],))
+            for e in corpus()["elementwise"] if op in e["ops"]]
+
+
+def model_cases(op: str, dtype: torch.dtype) -> list:
+    """The corpus cases of ``op`` in ``dtype`` (floating dtypes only: models run in fp16/bf16/fp32)."""
+    if not dtype.is_floating_point:
+        return []
+    return gemm_cases(op, dtype) if op in ("matmul", "linear") else elementwise_cases(op, dtype)
+
+
 _BUILDERS: dict[str, Callable[[torch.dtype], list[Case]]] = {
     "broadcast": broadcast_cases, "add": add_cases, "matmul": matmul_cases, "linear": linear_cases}
 
@@ -382,8 +419,6 @@ def cases(ops: Iterable[str] = OP_NAMES, dtypes: Iterable[torch.dtype] | None = 
           sizes: Iterable[str] = ("quick",), models: Iterable[str] | None = None) -> list[Case]:
     """Cases of ``ops`` × ``dtypes`` (default: each op's own) carrying any of the ``sizes`` tags;
     ``models``: only corpus cases of these models (``harness.models.model_names()``)."""
-    from xkernels.harness.models import SIZE_TAG, model_cases, model_names
-
     want = set(sizes)
     unknown = want - set(SIZES)
     if unknown:

@@ -20,8 +20,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 MODELS_JSON = Path(__file__).with_name("models.json")
 SIZE_TAG = "models"
 
@@ -39,7 +37,7 @@ def model_names() -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _gemm_layers(op: str) -> list[tuple[tuple[Any, ...], list[str], list[str]]]:
+def gemm_layers(op: str) -> list[tuple[tuple[Any, ...], list[str], list[str]]]:
     """(shape key, "model.layer" labels, models) per distinct layer shape of ``op``."""
     merged: dict[tuple[Any, ...], tuple[list[str], list[str]]] = {}
     for g in corpus()["gemms"]:
@@ -49,41 +47,3 @@ def _gemm_layers(op: str) -> list[tuple[tuple[Any, ...], list[str], list[str]]]:
         if g["model"] not in models:
             models.append(g["model"])
     return [(k, labels, models) for k, (labels, models) in merged.items()]
-
-
-def gemm_cases(op: str, dtype: torch.dtype) -> list:
-    """``matmul`` / ``linear`` cases of the corpus in ``dtype``: every layer at every token count."""
-    from xkernels.harness.cases import Case, T
-
-    tags = frozenset({SIZE_TAG})
-    out = []
-    for key, labels, models in _gemm_layers(op):
-        k, n = key[0], key[1]
-        for m in corpus()["tokens"]:
-            if op == "linear":
-                act, bias = key[2], key[3]
-                args: tuple[Any, ...] = (T((m, k), dtype), T((n, k), dtype), T((n,), dtype) if bias else None)
-                if act:
-                    args += (act,)
-                layout = ", ".join(labels) + (f" + {act}" if act else "") + ("" if bias else ", no bias")
-            else:
-                args, layout = (T((m, k), dtype), T((k, n), dtype)), ", ".join(labels)
-            out.append(Case(op, args, layout, tags, models=tuple(models)))
-    return out
-
-
-def elementwise_cases(op: str, dtype: torch.dtype) -> list:
-    """``add`` / ``broadcast`` cases of the corpus in ``dtype``."""
-    from xkernels.harness.cases import Case, T
-
-    tags = frozenset({SIZE_TAG})
-    return [Case(op, (T(tuple(e["x"]), dtype), T(tuple(e["y"]), dtype)), f"{e['model']}: {e['what']}", tags,
-                 models=(e["model"],))
-            for e in corpus()["elementwise"] if op in e["ops"]]
-
-
-def model_cases(op: str, dtype: torch.dtype) -> list:
-    """The corpus cases of ``op`` in ``dtype`` (floating dtypes only: models run in fp16/bf16/fp32)."""
-    if not dtype.is_floating_point:
-        return []
-    return gemm_cases(op, dtype) if op in ("matmul", "linear") else elementwise_cases(op, dtype)

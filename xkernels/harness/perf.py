@@ -19,6 +19,7 @@ accelerator (cold cache every call); on a cpu, a memory-bound case whose working
 
 from __future__ import annotations
 
+import importlib.metadata
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -74,6 +75,14 @@ class Timing:
     p20_ms: float
     p80_ms: float
     reps: int
+
+
+def package_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (``None`` where it is not installed)."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _percentile(sorted_ms: Sequence[float], q: float) -> float:
