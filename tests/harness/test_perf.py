@@ -90,9 +90,10 @@ def test_bench_case_row_on_cpu():
     assert row["pct_of_peak"] is None  # float32 on a cpu: the bf16 peak does not bound it
     assert row["pct_of_peak_omitted"] == "float32 on a cpu is not bounded by the bf16 matmul peak"
     assert row["input_sets"] == 2  # a 256x256 working set fits the assumed cache: inputs rotate
-    bf16 = perf.bench_case(cases(["linear"], [torch.bfloat16], ["small"])[0], target, ceil, seed=0, settings=perf.FAST)
+    high = perf.Ceilings("test cpu", Figure(1e4, "GB/s", "measured"), Figure(100.0, "TFLOP/s", "measured"))
+    bf16 = perf.bench_case(cases(["linear"], [torch.bfloat16], ["small"])[0], target, high, seed=0, settings=perf.FAST)
     assert bf16["bound"] == "compute" and bf16["pct_of_peak_omitted"] is None
-    assert bf16["pct_of_peak"] == pytest.approx(100 * bf16["tflops"] / 0.1)
+    assert bf16["pct_of_peak"] == pytest.approx(100 * bf16["tflops"] / 100.0)
 
 
 def test_percent_of_peak_only_where_the_ceiling_bounds_the_case():
@@ -112,6 +113,32 @@ def test_percent_of_peak_only_where_the_ceiling_bounds_the_case():
     gpu = Target(xkernels.get_backend("cpu"), torch.device("cuda"))
     for bound, dtype in (("memory", torch.float32), ("compute", torch.float32)):
         assert perf.peak_misleads(bound, 1 << 10, dtype, gpu, llc) is None
+
+
+def test_percent_above_100_is_never_shown():
+    """A case faster than its ceiling shows that the figure does not bound it: no % then (a cpu's
+    bf16 peak measured at 256^3 was beaten 14-fold by larger GEMMs)."""
+    ceil = perf.Ceilings("c", Figure(10.0, "GB/s", "measured"), Figure(0.1, "TFLOP/s", "measured"))
+    assert perf.above_ceiling(100.0, "memory", ceil) is None
+    why = perf.above_ceiling(1466.0, "compute", ceil)
+    assert "1466% of the bf16 matmul peak (0.1 TFLOP/s" in why and "does not bound" in why
+    assert "copy bandwidth" in perf.above_ceiling(101.0, "memory", ceil)
+    low = Figure(0.0013, "TFLOP/s", "measured", "bf16 256x256x256 torch.matmul; below 2048^3, " + perf.LOWER_BOUND_NOTE)
+    cpu = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    assert "too small" in perf.peak_misleads("compute", 1 << 20, torch.bfloat16, cpu, perf.Ceilings("c", ceil.copy_bandwidth, low))
+
+
+def test_bench_rows_never_exceed_100_percent(monkeypatch):
+    """Whatever the cached ceilings say, a row's % of peak is at most 100."""
+    figs = (Figure(1e-6, "GB/s", "measured"), Figure(1e-9, "TFLOP/s", "measured"))
+    ceil = perf.Ceilings("tiny ceilings", *figs, cache_bytes=1 << 10)
+    target = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    monkeypatch.setattr(perf, "peak_misleads", lambda *a: None)  # as if the ceilings bounded every case
+    from xkernels.harness.cases import cases
+    for case in [c for c in cases(["add", "linear"], [torch.bfloat16], ["quick"])][:2]:
+        row = perf.bench_case(case, target, ceil, seed=0, settings=perf.Settings(warmup=1, min_reps=1, max_reps=2,
+                                                                                  budget_s=0.01, flush=False))
+        assert row["pct_of_peak"] is None and "does not bound" in row["pct_of_peak_omitted"]
 
 
 def test_cpu_reports_its_last_level_cache():
