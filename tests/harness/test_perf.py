@@ -125,7 +125,8 @@ def test_percent_above_100_is_never_shown():
     assert "copy bandwidth" in perf.above_ceiling(101.0, "memory", ceil)
     low = Figure(0.0013, "TFLOP/s", "measured", "bf16 256x256x256 torch.matmul; below 2048^3, " + perf.LOWER_BOUND_NOTE)
     cpu = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
-    assert "too small" in perf.peak_misleads("compute", 1 << 20, torch.bfloat16, cpu, perf.Ceilings("c", ceil.copy_bandwidth, low))
+    lower_bound = perf.Ceilings("c", ceil.copy_bandwidth, low)
+    assert "too small" in perf.peak_misleads("compute", 1 << 20, torch.bfloat16, cpu, lower_bound)
 
 
 def test_bench_rows_never_exceed_100_percent(monkeypatch):
