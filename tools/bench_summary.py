@@ -2,7 +2,7 @@
 and worst speedup and the count below 0.9x, the slowest cases, and rows whose layout names a
 given substring.
 
-    python3 tools/device_runs/bench_summary.py BENCH.json [--worst N] [--show SUBSTRING ...]
+    python tools/bench_summary.py BENCH.json [--worst N] [--show SUBSTRING ...]
 """
 
 import argparse

@@ -1,29 +1,27 @@
-# usage: gpu_bench.sh DTYPE [elementwise|small]...
+# The real-model shape corpus and the seed sizes through `python -m xkernels.bench`, one bench JSON
+# per item, then its summary (tools/bench_summary.py). Items, run in order:
+#   gemm:DTYPE      every corpus GEMM (matmul and linear)  -> bench-models-gemm-DTYPE.json
+#   matmul:DTYPE    the corpus's matmuls                   -> bench-models-matmul-DTYPE.json
+#   linear:DTYPE    the corpus's linear layers             -> bench-models-linear-DTYPE.json
+#   bert-vit:DTYPE  BERT-base's and ViT-B/16's linear rows -> bench-models-linear-bert-vit-DTYPE.json
+#   elementwise     the element-wise corpus (add, broadcast; fp16, bf16, fp32)
+#   small           the seed sizes (--size small, with the host column per call form)
+# e.g. bash tools/device_runs/bench_corpus.sh matmul:bfloat16 elementwise   (one device call: <= 10 min)
 . tools/device_runs/common.sh
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 t0=$(date +%s)
-dt=$1; shift
-timeout 420 python3 -m xkernels.bench --size models --op matmul,linear --dtype $dt --json $OUT/bench-models-gemm-$dt.json > $OUT/bench-models-gemm-$dt.txt 2>$OUT/bench-models-gemm-$dt.err
-echo "gemm $dt rc=$? $(( $(date +%s)-t0 ))s"
-for extra in "$@"; do
-  if [ $extra = elementwise ]; then
-    timeout 200 python3 -m xkernels.bench --size models --op add,broadcast --json $OUT/bench-models-elementwise.json > $OUT/bench-models-elementwise.txt 2>$OUT/bench-models-elementwise.err
-  else
-    timeout 200 python3 -m xkernels.bench --size small --json $OUT/bench-small.json > $OUT/bench-small.txt 2>$OUT/bench-small.err
-  fi
-  echo "$extra rc=$? $(( $(date +%s)-t0 ))s"
+for item in "$@"; do
+  what=${item%%:*}; dt=${item#*:}
+  case $what in
+    gemm)        name=bench-models-gemm-$dt;   args="--size models --op matmul,linear --dtype $dt" ;;
+    matmul)      name=bench-models-matmul-$dt; args="--size models --op matmul --dtype $dt" ;;
+    linear)      name=bench-models-linear-$dt; args="--size models --op linear --dtype $dt" ;;
+    bert-vit)    name=bench-models-linear-bert-vit-$dt; args="--size models --op linear --model bert-base --model vit-b16 --dtype $dt" ;;
+    elementwise) name=bench-models-elementwise; args="--size models --op add,broadcast" ;;
+    small)       name=bench-small;             args="--size small" ;;
+    *) echo "unknown item $item"; exit 2 ;;
+  esac
+  timeout 500 python3 -m xkernels.bench --device cuda $args --json $OUT/$name.json > $OUT/$name.txt 2>&1
+  echo "$item rc=$? $(( $(date +%s)-t0 ))s"
+  python3 tools/bench_summary.py $OUT/$name.json --worst 3
 done
-python3 - <<'PY'
-import json, statistics, os, glob
-for f in sorted(glob.glob(os.environ["OUT"] + "/bench-*.json")):
-    d = json.load(open(f))
-    for op in ("matmul", "linear", "add", "broadcast"):
-        for dt in ("bfloat16", "float16", "float32"):
-            r = [x["speedup"] for x in d["rows"] if x["op"] == op and x["dtype"] == dt and "speedup" in x]
-            if r:
-                print(os.path.basename(f), op, dt, "n", len(r), "geomean %.3f" % statistics.geometric_mean(r),
-                      "worst %.3f" % min(r), "below0.9", sum(v < 0.9 for v in r))
-    errs = [x for x in d["rows"] if "error" in x]
-    if errs: print("ERRORS", len(errs), errs[:3])
-PY
-grep -h "form:" $OUT/bench-small.txt 2>/dev/null | head -20

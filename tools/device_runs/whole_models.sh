@@ -1,9 +1,9 @@
+# Whole models, four ways (torch, enable(), patch(), patch+enable) in interleaved rounds:
+# `python -m xkernels.bench --model bert-base` (16 x 512) and `--model gpt2` (8 x 1024), bf16.
 . tools/device_runs/common.sh
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 t0=$(date +%s)
-timeout 150 python3 tools/probes/forms_host_probe.py > $OUT/forms-host-probe.txt 2>&1
-echo "forms rc=$? $(( $(date +%s)-t0 ))s"
-timeout 200 python3 -m xkernels.bench --model bert-base --dtype bfloat16 --json $OUT/bench-bert-base.json > $OUT/bench-bert-base.txt 2>&1
-echo "bert rc=$? $(( $(date +%s)-t0 ))s"; tail -8 $OUT/bench-bert-base.txt
-timeout 150 python3 -m xkernels.bench --model gpt2 --dtype bfloat16 --json $OUT/bench-gpt2.json > $OUT/bench-gpt2.txt 2>&1
-echo "gpt2 rc=$? $(( $(date +%s)-t0 ))s"; tail -8 $OUT/bench-gpt2.txt
+for m in bert-base gpt2; do
+  timeout 250 python3 -m xkernels.bench --model $m --dtype bfloat16 --json $OUT/bench-$m.json > $OUT/bench-$m.txt 2>&1
+  echo "$m rc=$? $(( $(date +%s)-t0 ))s"; grep -E "^$m " $OUT/bench-$m.txt
+done
