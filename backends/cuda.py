@@ -50,10 +50,10 @@ class CudaBackend(Backend):
     runs_triton = True
     alignment = 16  # 128-bit loads (ld.global.v4)
     fast_launch = True
-    misaligned_to_vendor = True  # cuBLAS reads misaligned rows in place; the copy cost 0.35-0.64x (s5 run)
-    m_major_a_to_vendor = True  # the TMA kernel on grad.T ran 0.68x cuBLAS (s6 run); no table measured it
-    # cuBLASLt's bias + relu / tanh-GELU epilogues (s7 runs: 1.24x torch unfused, 1.11x the kernels with a
-    # bias; 1.17x / 1.05x with a zero bias for layers without one); ROCm's
+    misaligned_to_vendor = True  # cuBLAS reads misaligned rows in place; the copy cost 0.35-0.64x (H100, 2026-11-23)
+    m_major_a_to_vendor = True  # the TMA kernel on grad.T ran 0.68x cuBLAS (H100, 2026-11-23); no table measured it
+    # cuBLASLt's bias + relu / tanh-GELU epilogues (results/2026-11-23-h100-vendor-epilogue*: 1.24x torch unfused,
+    # 1.11x the kernels with a bias; 1.17x / 1.05x with a zero bias for layers without one); ROCm's
     # hipBLASLt is another library, not measured
     vendor_epilogues = ("relu", "gelu_tanh") if torch.version.hip is None else ()
     priority = 20

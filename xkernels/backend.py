@@ -158,14 +158,14 @@ class Backend:
     #: Whether a matmul whose A is M-contiguous (``grad.T @ x``, a weight gradient's layout: no
     #: tuning table measured it) runs the device's own BLAS unless a table rule names that
     #: layout (``"a_layout": "m-major"``). True where the kernel was measured slower there (cuda:
-    #: 0.68x at BERT's FFN weight gradient, results/h100-2026-11-23-s6); False keeps the kernel.
+    #: 0.68x at BERT's FFN weight gradient on the H100, 2026-11-23); False keeps the kernel.
     m_major_a_to_vendor: bool = False
     #: Activations the device's BLAS applies in its own epilogue together with the bias
     #: (``torch._addmm_activation``: cuBLASLt's RELU_BIAS / GELU_BIAS, whose GELU is the tanh
     #: approximation): a float16/bfloat16 ``linear`` with one of these runs it (without a bias:
     #: with a zero one), where that was measured faster than the kernels (cuda:
     #: ``("relu", "gelu_tanh")``; over real-model layers 1.11x the kernel routes' geomean with a
-    #: bias, 1.05x without, results/h100-2026-11-23-s7). Empty: none.
+    #: bias, 1.05x without, results/2026-11-23-h100-vendor-epilogue*). Empty: none.
     vendor_epilogues: tuple[str, ...] = ()
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True

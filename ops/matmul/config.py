@@ -59,14 +59,15 @@ BUILTIN_CANDIDATES: list[dict[str, Any]] = [
 
 #: The fitted costs (``a * waves * K + b * waves + c``) have no term for the bandwidth all tiles
 #: share, so at few rows, where a GEMM is a stream of its weights, they can promise more than the
-#: memory delivers (held-out 1-token GEMMs estimated 30-45% under their time, s8/6; OPT-1.3B's
-#: qkv at 77 tokens 16.7 us estimated, 22.6 measured, s8/7). The wave model therefore never
+#: memory delivers (held-out 1-token GEMMs estimated 30-45% under their time; OPT-1.3B's qkv at
+#: 77 tokens 16.7 us estimated, 22.6 measured; H100, 2026-11-23). The wave model therefore never
 #: estimates a kernel below ``STREAM_FIXED_MS`` (or its own fitted fixed cost, if larger) plus its
 #: operand bytes at ``STREAM_FRACTION`` of the copy bandwidth. Both are the envelope of the
 #: fastest GEMM, xkernels' or cuBLAS's, on each of the 61 bf16 shapes of 1-128 tokens measured in
-#: s8/7 (corpus and held-out): time = 7.85 us + bytes / 2.42 TB/s fits every one within -10%/+15%
-#: (0.81 of the 3.0 TB/s copy bandwidth); the fixed part is taken a little lower, 7 us, the
-#: fastest 1.2 MB GEMM measured (7.5 us), so that the floor stays under what was measured.
+#: results/2026-11-23-h100-linear-corpus-bf16 (corpus and held-out): time = 7.85 us + bytes /
+#: 2.42 TB/s fits every one within -10%/+15% (0.81 of the 3.0 TB/s copy bandwidth); the fixed
+#: part is taken a little lower, 7 us, the fastest 1.2 MB GEMM measured (7.5 us), so that the
+#: floor stays under what was measured.
 STREAM_FRACTION = 0.80
 STREAM_FIXED_MS = 0.007
 #: Copy bandwidth over datasheet memory bandwidth, for a device whose copy rate is not cached
@@ -79,22 +80,22 @@ DEFAULT_RIDGE_FLOP_PER_BYTE = 300.0
 #: Where no rule matches and the table fits the device's own BLAS too (a ``{"VENDOR": true,
 #: "cost": ...}`` candidate), the wave model picks a kernel only when its estimate beats the
 #: BLAS's by this factor: both estimates come from other shapes, so a near tie is a coin toss
-#: that the BLAS, tuned for every shape, wins more often (results/README.md, session 6).
+#: that the BLAS, tuned for every shape, wins more often (docs/tuning.md).
 VENDOR_ADVANTAGE = 1.10
 #: Host milliseconds one repeated call costs by each route (its hot entry's launch, H100 host):
 #: a pointer kernel's launch record 9.2 us and ``F.linear`` 13.7 us per back-to-back call
-#: (results/h100-2026-11-23-s8/4-final/forms-host-probe.txt). A TMA kernel's record also encodes
-#: its three tensor maps per call: 17.1-19.2 us where ``F.linear`` took 22.7-27.2 and pointer
-#: entries 15.4-17.4 on a slower host moment (s9/5), 10.4 at s8/4's scale (through Triton's own
-#: launcher it was 1.3x ``F.linear``, s9/4, and still is for leaky_relu, whose slope varies per
-#: call). A split-K plan is two record launches and a workspace (estimated: a pointer launch plus
-#: the record alone, 4.2 us in s9/3). The wave model compares routes by their *wall* estimate per
+#: (results/2026-11-23-h100-call-forms-host/forms-host-probe.txt). A TMA kernel's record also
+#: encodes its three tensor maps per call: 17.1-19.2 us where ``F.linear`` took 22.7-27.2 and
+#: pointer entries 15.4-17.4 on a slower host moment, 10.4 at the call-forms run's scale (through
+#: Triton's own launcher it was 1.3x ``F.linear``, and still is for leaky_relu, whose slope varies
+#: per call; H100, 2026-11-23). A split-K plan is two record launches and a workspace (estimated:
+#: a pointer launch plus the record alone, 4.2 us). The wave model compares routes by their *wall* estimate per
 #: call, the longer of this and the device estimate: a launch-bound call (device time under its
-#: host cost) is decided by host time. (Until session 8 a single threshold kept any kernel
-#: estimated under 15 us: Gemma-2B's qkv at 77 tokens then ran a 12.9 us TMA kernel at 0.88x
-#: device time, s9/3, where the BLAS's estimate is lower and its host cost not 1.1x higher.)
+#: host cost) is decided by host time. (A single threshold used to keep any kernel estimated
+#: under 15 us: Gemma-2B's qkv at 77 tokens then ran a 12.9 us TMA kernel at 0.88x device time,
+#: where the BLAS's estimate is lower and its host cost not 1.1x higher.)
 #: The vendor figure is ``F.linear``'s own: through xkernels' front door the BLAS route costs a few
-#: us more (s9/6: 30.4 vs 23.1 us on a slow host moment), left out on purpose, so that a near tie
+#: us more (30.4 vs 23.1 us on a slow host moment), left out on purpose, so that a near tie
 #: goes to the BLAS, whose device time is what the bench measures (with it, Gemma's qkv at 77
 #: tokens would take its 0.88x kernel again: faster per call on a host-bound loop, slower on the
 #: device).

@@ -10,7 +10,7 @@ tiles ``pid, pid + nprog, ...``), the block sizes from the op's tuning table, ``
 ``matmul_tma_kernel`` is the sm90+ form of the same operation for 2-D fp16/bf16 operands whose
 rows are 16-byte aligned: tiles are loaded through tensor descriptors (TMA). On an H100 it
 measured 1.03-1.05x torch at 4096^3 against 0.91-0.99x for the pointer kernel, and it removes the
-30% the pointer kernel loses on linear's K-contiguous weight (results/h100-2026-11-22-s2-run4).
+30% the pointer kernel loses on linear's K-contiguous weight (H100, 2026-11-22).
 Its table config may make it persistent (one program per SM, the next tile's loads overlapping
 this tile's epilogue) and store C in two column halves (``PERSISTENT``, ``EPILOGUE_SUBTILE``).
 

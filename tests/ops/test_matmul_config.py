@@ -106,7 +106,7 @@ def test_a_launch_bound_call_is_decided_by_the_host_cost_of_each_route():
     """Routes compare by wall time per call, the longer of the device estimate and the route's
     host cost (``HOST_MS``). A tiny layer's kernel (a few us of device time) runs its pointer
     kernel: one launch record, less host time than the BLAS route. Gemma-2B's qkv at 77 tokens
-    (s9/3): its TMA kernel ran 12.9 us at 0.88x device time; by wall estimates (its device time
+    (H100, 2026-11-23): its TMA kernel ran 12.9 us at 0.88x device time; by wall estimates (its device time
     over either host cost) no kernel is 1.1x faster than the BLAS, which it runs now."""
     tiny = _select(32, 512, 512)
     assert not tiny.config.get("VENDOR") and not tiny.config.get("TMA") and "launch-bound" in tiny.why
@@ -134,7 +134,7 @@ class _SmMeasured(_Sm):
 
 def test_no_kernel_estimate_beats_streaming_its_operands():
     """A 1-token GEMM is a stream of its weight. Qwen2.5-7B's o-projection (3584 x 3584, no rule;
-    held-out GEMMs, s8/6): the fit alone promised a kernel 1.1x faster than cuBLAS, which ran
+    held-out GEMMs, H100, 2026-11-23): the fit alone promised a kernel 1.1x faster than cuBLAS, which ran
     0.83x; with the floor every kernel estimate is at least its operand bytes at the streaming
     rate (plus its fitted fixed cost), and the call runs the BLAS."""
     shape = _shape(1, 3584, 3584)
@@ -257,9 +257,10 @@ def test_tables_route_a_class_to_the_vendor_blas_only_when_every_kernel_is_slowe
 
 def test_the_streaming_floor_has_a_fixed_part():
     """OPT-1.3B's qkv (2048 -> 6144, bias) at 77 tokens, a shape no rule covers: the fit promised
-    16.7 us for 128x64x128 and the kernel ran 22.6 us against cuBLAS's 18.5 (s8/7). The fastest
-    GEMMs of 1-128 tokens take ~7.85 us + bytes / 2.42 TB/s, so no kernel estimate is below
-    ``STREAM_FIXED_MS`` + its bytes at the streaming rate, and this call runs the BLAS."""
+    16.7 us for 128x64x128 and the kernel ran 22.6 us against cuBLAS's 18.5
+    (results/2026-11-23-h100-linear-corpus-bf16). The fastest GEMMs of 1-128 tokens take
+    ~7.85 us + bytes / 2.42 TB/s, so no kernel estimate is below ``STREAM_FIXED_MS`` + its bytes
+    at the streaming rate, and this call runs the BLAS."""
     shape = _shape(77, 6144, 2048)
     key = mc.bucket_key(torch.bfloat16, shape, None, True)
     sel = mc.select("linear", _SmMeasured(), CPU, key, shape, "kmajor")
@@ -285,7 +286,7 @@ def test_the_ridge_of_a_device_without_cached_peaks_comes_from_its_datasheet():
 def test_kernels_tied_at_the_streaming_floor_are_ranked_by_their_fit():
     """At 256 x 256 x 256 every candidate's floored estimate is the same (the floor's fixed part
     and the same operand bytes): the fit alone ranks them. Before that tie-break the first
-    candidate won, a 128x64x128 tile that ran 9.9 us where the fit's pick ran 6.6 (s9/3, s5/3)."""
+    candidate won, a 128x64x128 tile that ran 9.9 us where the fit's pick ran 6.6 (H100, 2026-11-23)."""
     shape = _shape(256, 256, 256)
     key = mc.bucket_key(torch.bfloat16, shape, "gelu", True)
     backend = _SmMeasured()

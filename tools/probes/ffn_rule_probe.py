@@ -2,13 +2,15 @@
 
 Question: the sm90 rules for 768 -> 3072 with an activation at M 4097-10162 and >= 10163 run
 persistent 128x128 tiles (5 / 4 stages, measured 0.995x / 1.008x at tuning), while two
-`triton.testing.do_bench` probes (s6/1, s8/2) found the non-persistent 128x128x64 at 3 stages
+`triton.testing.do_bench` probes (H100, 2026-11-23) found the non-persistent 128x128x64 at 3 stages
 1.049-1.054x at BERT's 8192 tokens and 1.019x at ViT's 12608. Prediction: with the bench's own
 timer (`perf.bench_case`: cache flush, device held, torch in the same run) the 3-stage
 non-persistent config beats the rule's on both classes and both dtypes, by a few percent.
 
 Each case (BERT 8192 and ViT 64 x 197 tokens; gelu and silu; bf16 and fp16) is timed with every
-config twice, in alternating order, and with the config the tables pick.
+config twice, in alternating order, and with the config the tables pick. Config labels: ``p1`` /
+``p0`` persistent or not, ``s<N>`` N pipeline stages, ``sub1`` the subtiled epilogue. Output:
+results/2026-11-23-h100-ffn-tiles (8192 and 12608 tokens), results/2026-11-23-h100-ffn-tiles-2048.
 
     python tools/probes/ffn_rule_probe.py [--tokens 8192,12608]
 """

@@ -2,15 +2,16 @@
 (xkernels and the equivalent torch call), which hot entry serves it, whether its launch is the
 direct C record or Triton's launcher, and the top functions of a cProfile over 3000 calls.
 
-Question: the s5 small bench showed add(x, y, alpha=2) and add(x, 2.0) ~7 µs slower per call than
-add(x, y) on the host, and broadcast(x, b, out=o) ~4 µs slower than torch.add(x, b, out=o).
-Prediction: their launches miss the direct record (a by-value scalar's spec) and take the
-Python launcher. (Session 6 found them direct; session 7: where the rest goes, timed in
-alternating rounds with torch, and the parts of a hot add, the backend's allocator among them.)
+Also the host time of unmodified torch calls routed by ``xkernels.enable()`` (``x + y``,
+``torch.mm``, ``torch.addmm``) against the same calls with routing off, and the parts of a hot
+``add`` timed alone (signature key, result allocation, launch record, the driver's own
+``cuLaunchKernel``). xkernels and torch are timed in alternating rounds, so a drift of the host's
+speed meets both. Needs a CUDA device. Output: results/2026-11-23-h100-call-forms-host.
 
     python tools/probes/forms_host_probe.py
 """
 
+import argparse
 import cProfile
 import io
 import pstats
@@ -94,6 +95,7 @@ def routed(d: torch.device) -> None:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     d = torch.device("cuda")
     x, y = torch.randn(1024, device=d, dtype=torch.float16), torch.randn(1024, device=d, dtype=torch.float16)
     X, b = torch.randn(64, 1024, device=d, dtype=torch.float16), torch.randn(1024, device=d, dtype=torch.float16)

@@ -1,12 +1,15 @@
 """Short rows: a (C, 1, 1) channel bias over NCHW activations (ResNet-50) makes the tiled
 element-wise kernel's rows H*W long (49 at layer4). ``broadcast`` fp32 at 32x2048x7x7 ran at
-0.42x torch in the s5 models bench (BLOCK_M 256 x BLOCK_N 64 after the row-length reshape of the
+0.42x torch in the element-wise corpus bench (H100, 2026-11-23) (BLOCK_M 256 x BLOCK_N 64 after the row-length reshape of the
 table's 8 x 2048 tile, 4 warps).
 
 Question: which tile shapes and warp counts suit short rows, per dtype, and does one choice
 hold across the four ResNet stages? Prediction: fewer elements per thread (<= 32) recovers >= 1x.
 
     python tools/probes/short_rows_probe.py --json short_rows.json
+
+Output: results/2026-11-23-h100-short-rows (the fp32 short-row rules of the cuda add/broadcast
+tables cite it).
 """
 
 from __future__ import annotations

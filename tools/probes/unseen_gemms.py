@@ -9,7 +9,7 @@ the vendor BLAS; a shape between measured classes gets a neighbour's or the mode
     python tools/probes/unseen_gemms.py --json unseen.json [--dtype bfloat16]
 
 Caveat printed with the results: the calibration runs the cuda tables were built from
-(results/h100-2026-11-22-s4-run1) contain a few of these (N, K) at other token counts
+(results/2026-11-22-h100-gemm-calibration, -seeds) contain a few of these (N, K) at other token counts
 (3000x1000->5000 and 50257x768 among them); the "seen (N,K)" column says which.
 """
 
@@ -44,7 +44,7 @@ LAYERS = [
     ("mlp-3000", "fc", 1000, 5000, None, True),
 ]
 TOKENS = [1, 77, 1000, 4000]
-SEEN_NK = {(5000, 1000), (50257, 768), (11008, 2048), (13824, 5120)}  # in the s4 calibration runs
+SEEN_NK = {(5000, 1000), (50257, 768), (11008, 2048), (13824, 5120)}  # in the calibration runs
 
 
 def cases(dtype: torch.dtype) -> list[tuple[str, Case]]:

@@ -3,7 +3,7 @@ GELU_BIAS epilogues; its GELU is the tanh approximation, i.e. ``activation="gelu
 ``xkernels.ops.linear`` as it routes today and against torch's unfused ``F.linear`` + activation,
 on the linear layers of the real-model corpus and of held-out models, bias present.
 
-Question: session 6 measured cuBLASLt's fused tanh-GELU at 71 µs for BERT/GPT-2's FFN
+Question: cuBLASLt's fused tanh-GELU measured 71 µs for BERT/GPT-2's FFN
 up-projection (8192 x 768 -> 3072) against ~98 µs for the Triton kernel and for torch unfused.
 Across shapes and token counts, where does the fused vendor call beat both (and so should be a
 route for relu / gelu_tanh)? Prediction: from a few hundred tokens up, by 1.2-1.4x over torch
@@ -12,9 +12,12 @@ unfused; at one token the vendor falls back to an unfused path (cuBLASLt needs M
     python tools/probes/vendor_epilogue_probe.py --json out.json [--dtype bfloat16]
     python tools/probes/vendor_epilogue_probe.py --json out.json --no-bias   # layers without a bias
 
-``--no-bias`` (session 7, second question): for layers without a bias (T5's relu FFN, Gemma's
+``--no-bias`` (a second question): for layers without a bias (T5's relu FFN, Gemma's
 gelu_tanh gate), does the fused call with a zero bias still beat xkernels' route and torch
 unfused? Prediction: yes, by the same margins (the bias read is N elements).
+
+Output: results/2026-11-23-h100-vendor-epilogue and -vendor-epilogue-no-bias (the cuda backend's
+``vendor_epilogues`` cite them).
 """
 
 from __future__ import annotations
