@@ -164,9 +164,9 @@ class Registry:
         return tuple(self._impls.values())
 
     def tuning_dirs(self, backend: Backend) -> tuple[Path, ...]:
-        """The user's autotune cache first (``xkernels.autotune.cache_dir``), then plugin-added
+        """The user's autotune cache first (``xkernels.tuning.cache_dir``), then plugin-added
         directories, then the backend's own."""
-        from xkernels.autotune import cache_dir
+        from xkernels.tuning import cache_dir
 
         self._ensure_loaded()
         return (cache_dir(backend.name), *self._tuning.get(backend.name, ()), *backend.tuning_dirs)
