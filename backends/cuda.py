@@ -51,6 +51,7 @@ class CudaBackend(Backend):
     alignment = 16  # 128-bit loads (ld.global.v4)
     fast_launch = True
     misaligned_to_vendor = True  # cuBLAS reads misaligned rows in place; the copy cost 0.35-0.64x (H100, 2026-11-23)
+    kernel_needs_evidence = True  # cuBLAS is there: a kernel runs only on measured evidence
     m_major_a_to_vendor = True  # the TMA kernel on grad.T ran 0.68x cuBLAS (H100, 2026-11-23); no table measured it
     # cuBLASLt's bias + relu / tanh-GELU epilogues (results/2026-11-23-h100-vendor-epilogue*: 1.24x torch unfused,
     # 1.11x the kernels with a bias; 1.17x / 1.05x with a zero bias for layers without one); ROCm's

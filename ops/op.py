@@ -180,6 +180,11 @@ class Op:
         PyTorch computes it (``torch_impl``), as torch does, whatever backend is selected."""
         return False
 
+    def settle(self, call: Any, backend: Backend, plan: Plan) -> Plan:
+        """The plan a new signature runs, given the one ``make_plan`` chose (which ``explain``
+        shows without running anything): ops that measure on first use override this."""
+        return plan
+
     def make_hot(self, plan: Plan, call: Any, canon: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
         """A function of the arguments of a call with this signature, in ``params`` order
         (``canon``: this call's), that runs it, or returns ``None`` to have the full path run it;
@@ -207,6 +212,8 @@ class Op:
                 # tune this bucket once (xkernels.autotune, a built-in plugin), then plan from its rule
                 tuned = registry.plugin_manager.hook.xkernels_tune_plan(op=self, call=call, backend=backend, plan=plan)
                 plan = plan if tuned is None else tuned
+            elif forced is None:
+                plan = self.settle(call, backend, plan)
             self._plans[key] = plan
             if len(self._plans) > self.plan_cache_size:
                 self._plans.popitem(last=False)

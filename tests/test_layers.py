@@ -19,10 +19,10 @@ PACKAGES = {"xkernels": ROOT / "xkernels", "xkernels.ops": ROOT / "ops", "xkerne
 LAYERS = {
     "xkernels._torch_guard": 0, "xkernels.backend": 0, "xkernels.cache": 0, "xkernels.hookspecs": 0,
     "xkernels.registry": 0, "xkernels.tuning": 0, "xkernels.dispatch": 0, "xkernels.peaks": 0,
-    "xkernels.launch": 0, "xkernels.direct_launch": 0, "xkernels.backends": 0,
+    "xkernels.launch": 0, "xkernels.direct_launch": 0, "xkernels.interleave": 0, "xkernels.backends": 0,
     "xkernels.ops": 1,
     "xkernels.harness": 2, "xkernels.autotune": 2, "xkernels.sweep": 2, "xkernels.routing": 2, "xkernels.nn": 2,
-    "xkernels.patching": 2,
+    "xkernels.patching": 2, "xkernels.patterns": 2, "xkernels.blocks": 2, "xkernels.compile_cases": 2,
     "xkernels.cli": 3, "xkernels.bench": 3, "xkernels.check": 3, "xkernels.tune": 3, "xkernels.npu_compile": 3,
     "xkernels": 3,  # the package itself: the public facade
 }
@@ -81,9 +81,18 @@ def graph() -> dict[str, set[str]]:
     return {name: _imports(name, path, mods) for name, path in mods.items()}
 
 
+def _prefix(module: str) -> str:
+    return max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
+
+
 def _layer(module: str) -> int:
-    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)
-    return LAYERS[best]
+    return LAYERS[_prefix(module)]
+
+
+def test_every_module_has_a_layer(graph: dict[str, set[str]]) -> None:
+    """A new module is placed in a layer on purpose (listed in ``LAYERS``), not by default."""
+    unplaced = [m for m in graph if m != "xkernels" and _prefix(m) == "xkernels"]
+    assert not unplaced, f"modules with no layer in tests/test_layers.py's LAYERS: {unplaced}"
 
 
 def test_no_import_cycle(graph: dict[str, set[str]]) -> None:

@@ -25,16 +25,11 @@ each other's rules. The first tuned call of a process warns once, naming the cac
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import json
 import math
-import os
-import tempfile
-import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,34 +39,16 @@ from xkernels import tuning
 from xkernels.cache import tuning_cache_dir
 from xkernels.hookspecs import hookimpl
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: writes stay atomic, concurrent merges are not locked
-    fcntl = None  # type: ignore[assignment]
-
 _warned = False
-_lock = threading.Lock()
 _tuned: set[str] = set()  # buckets tuned by this process: never twice, whatever the cache holds
 
 
 cache_dir = tuning_cache_dir
 """``$XKERNELS_CACHE_DIR/tuning/<backend>`` (default ``~/.cache/xkernels/tuning/<backend>``)."""
+_locked = tuning.locked
 
 
 # -- the cache file -----------------------------------------------------------------------------
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _lock, open(path.with_name(path.name + ".lock"), "a") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
-
 def write_rules(op: str, backend: str, arch: str, rules: list[dict[str, Any]]) -> Path:
     """Merge ``rules`` into the cache table of (``op``, ``backend``) under ``arch``: a cached rule
     with the same ``when`` is replaced, the new rules go first. Atomic and locked."""
@@ -86,17 +63,7 @@ def write_rules(op: str, backend: str, arch: str, rules: list[dict[str, Any]]) -
         whens = [json.dumps(r["when"], sort_keys=True) for r in rules]
         kept = [r for r in table["archs"].get(arch, []) if json.dumps(r["when"], sort_keys=True) not in whens]
         table["archs"][arch] = rules + kept
-        fd, tmp = tempfile.mkstemp(prefix=f".{op}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(table, indent=1) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        tuning.write_json_atomic(path, table)
     tuning._load.cache_clear()  # the next lookup reads the new file even within one mtime tick
     return path
 

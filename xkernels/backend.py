@@ -167,6 +167,12 @@ class Backend:
     #: ``("relu", "gelu_tanh")``; over real-model layers 1.11x the kernel routes' geomean with a
     #: bias, 1.05x without, results/2026-11-23-h100-vendor-epilogue*). Empty: none.
     vendor_epilogues: tuple[str, ...] = ()
+    #: Whether a matmul/linear kernel must be supported by measurement to run instead of the
+    #: device's BLAS: a measured table rule covering the call, measured neighbours that agree,
+    #: or a first-use check on the device (``ops/matmul_evidence.py``, docs/selection.md);
+    #: otherwise the BLAS runs, whatever the wave model predicts. True where the backend has a
+    #: BLAS to fall back on (cuda); False keeps the wave model's choice (nothing to compare with).
+    kernel_needs_evidence: bool = False
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).

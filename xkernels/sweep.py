@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from xkernels import tuning
+from xkernels import interleave, tuning
 from xkernels.backend import Backend
 from xkernels.harness import Target, tolerances
 from xkernels.harness.accuracy import op_function, reference
 from xkernels.harness.cases import OPS, Case, T, cases, expected_result
-from xkernels.harness.perf import Settings, time_calls
+from xkernels.harness.perf import Settings, confirm, time_calls
 
 SHAPE_SETS = ("models", "seed", "quick")
 CHECK_CHUNK = 1 << 24
@@ -49,6 +49,26 @@ SWEEP = Settings(warmup=3, warmup_s=0.05, min_reps=10, max_reps=60, budget_s=0.1
 #: ``timer(fn, label) -> ms``: device milliseconds of one call of ``fn``; ``label`` says what runs
 #: (``{"case": id, "who": "torch" | "xkernels", "cfg": config}``). Tests inject a fixed one.
 Timer = Callable[[Callable[[], Any], dict[str, Any]], float]
+#: ``confirm(kernel_fn, torch_fn, label) -> {"ms": [kernel, torch], "ratio": torch / kernel per round,
+#: median, "spread": [p20, p80], "rounds"}``: re-measures a case whose best config would lose
+#: to PyTorch, in interleaved rounds, before the tables act on it (``harness.perf.confirm``).
+Confirm = Callable[[Callable[[], Any], Callable[[], Any], dict[str, Any]], dict[str, Any]]
+#: Interleaved (kernel, torch) rounds that confirm a loss.
+CONFIRM_ROUNDS = 7
+
+
+def confirm_for(target: Target, timer: Timer | None = None, rounds: int = CONFIRM_ROUNDS) -> Confirm:
+    """The device's interleaved rounds (``harness.perf.confirm``); with an injected ``timer``
+    (tests), rounds of (``timer(kernel)``, ``timer(torch)``) in turn."""
+    if timer is None:
+        return lambda fn, torch_fn, label: confirm(fn, torch_fn, target, rounds)
+
+    def by_timer(fn: Callable[[], Any], torch_fn: Callable[[], Any], label: dict[str, Any]) -> dict[str, Any]:
+        times = [[timer(fn, {**label, "who": "xkernels"}), timer(torch_fn, {**label, "who": "torch"})]
+                 for _ in range(rounds)]
+        return interleave.summary(times)
+
+    return by_timer
 
 #: Element-wise candidates where a table has no ``"candidates"`` section (cuda-shaped: row tiles
 #: of up to 32 Ki elements, flat blocks of 1-16 Ki, 4-16 warps).
@@ -252,14 +272,18 @@ def _check(op: str, got: Any, ref: torch.Tensor, mag: torch.Tensor | None, tol: 
 
 def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, dict[str, Any]],
                  record: Callable[[dict[str, Any]], dict[str, Any]], seed: int = 0,
-                 on_item: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                 on_item: Callable[[dict[str, Any]], None] | None = None,
+                 confirm_loss: Confirm | None = None) -> list[dict[str, Any]]:
     """Measure every config of ``sc`` not in ``done``; ``record`` stores each new record (a
-    checkpoint); returns the case's records (reused and new), torch's first."""
+    checkpoint); returns the case's records (reused and new), torch's first. ``confirm_loss``:
+    where the fastest config of a matmul/linear case is slower than torch, the two are
+    re-measured in interleaved rounds (a ``confirm|<case>`` record), which the tables act on."""
     case = sc.case
     todo = [c for c in sc.configs if item_id(sc.id, c) not in done]
-    torch_key = f"torch|{sc.id}"
-    if not todo and torch_key in done:
-        return [done[torch_key]] + [done[i] for i in sc.item_ids()]
+    torch_key, confirm_key = f"torch|{sc.id}", f"confirm|{sc.id}"
+    if not todo and torch_key in done and (confirm_loss is None or not _loses(sc, done) or confirm_key in done):
+        return [done[torch_key]] + [done[i] for i in sc.item_ids()] + ([done[confirm_key]] if confirm_key in done
+                                                                         else [])
     backend, device = target.backend, target.device
     fn, torch_fn = op_function(case.op), OPS[case.op].torch_fn
     inputs = case.make_inputs(device, seed)
@@ -310,7 +334,32 @@ def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, di
         out.append(record(rec))
         if on_item is not None:
             on_item(rec)
+    if confirm_loss is not None and case.op in MATMUL_OPS:
+        recs = {r["key"]: r for r in out}
+        best = _loses(sc, recs)
+        if best is not None and confirm_key in done:
+            out.append(done[confirm_key])
+        elif best is not None:
+            from xkernels.dispatch import use_backend
+
+            def run_best() -> Any:
+                with use_backend(backend.name), tuning.force(best):
+                    return fn(*args, **kwargs)
+
+            c = confirm_loss(run_best, lambda: torch_fn(*args, **kwargs), {"case": sc.id, "cfg": best})
+            out.append(record({"key": confirm_key, "case": sc.id, "cfg": best, "ms": c["ms"], "ratio": c["ratio"],
+                               "spread": c["spread"], "rounds": c["rounds"]}))
     return out
+
+
+def _loses(sc: SweepCase, recs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest measured config of ``sc`` where it is slower than torch in ``recs``, else ``None``."""
+    torch_rec = recs.get(f"torch|{sc.id}")
+    timed = [(recs[i]["ms"], cfg) for i, cfg in zip(sc.item_ids(), sc.configs) if "ms" in recs.get(i, {})]
+    if torch_rec is None or not timed:
+        return None
+    ms, cfg = min(timed, key=lambda t: t[0])
+    return cfg if ms > torch_rec["torch_ms"] else None
 
 
 # -- rows ---------------------------------------------------------------------------------------
@@ -335,6 +384,9 @@ def rows(sweep: Iterable[SweepCase], records: dict[str, dict[str, Any]]) -> list
         else:
             row.update(shape=[list(s) for s in c.shapes if isinstance(s, tuple)], variant=elementwise_variant(c),
                        numel=math.prod(torch.broadcast_shapes(*[s for s in c.shapes if isinstance(s, tuple)])))
+        conf = records.get(f"confirm|{sc.id}")
+        if conf is not None:
+            row["confirmed"] = {k: conf[k] for k in ("cfg", "ms", "ratio", "spread", "rounds")}
         for iid, cfg in zip(sc.item_ids(), sc.configs):
             rec = records.get(iid)
             if rec is None or "not_applicable" in rec:

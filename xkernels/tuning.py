@@ -27,12 +27,15 @@ import contextvars
 import functools
 import json
 import os
+import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xkernels.backend import Backend
+from xkernels.cache import tuning_cache_dir
 from xkernels.registry import registry
 
 
@@ -49,6 +52,48 @@ class Choice:
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("xkernels_forced", default=None)
 _autotune: contextvars.ContextVar[bool | None] = contextvars.ContextVar("xkernels_autotune", default=None)
+_first_use: contextvars.ContextVar[bool | None] = contextvars.ContextVar("xkernels_first_use", default=None)
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: writes stay atomic, concurrent merges are not locked
+    fcntl = None  # type: ignore[assignment]
+
+_file_lock = threading.Lock()
+
+
+cache_dir = tuning_cache_dir
+"""``$XKERNELS_CACHE_DIR/tuning/<backend>`` (default ``~/.cache/xkernels/tuning/<backend>``): the
+user's autotune cache (tables searched first) and the first-use check's verdicts."""
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Exclusive access to ``path`` across threads and processes (``flock`` on ``<path>.lock``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock, open(path.with_name(path.name + ".lock"), "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            if fcntl is not None:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` through a temp file and ``os.replace`` (hold :func:`locked`)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @contextlib.contextmanager
@@ -66,6 +111,27 @@ def autotune_enabled() -> bool:
     """Whether autotune on first use is on here: :func:`autotune`, else ``XKERNELS_AUTOTUNE=1``."""
     on = _autotune.get()
     return on if on is not None else os.environ.get("XKERNELS_AUTOTUNE", "") == "1"
+
+
+@contextlib.contextmanager
+def first_use_check(enabled: bool = True) -> Iterator[None]:
+    """Turn the matmul/linear first-use check on or off in this block (``enabled=False``: off even
+    where ``XKERNELS_FIRST_USE_CHECK`` is unset). On a backend whose BLAS is the default
+    (``Backend.kernel_needs_evidence``), a kernel the wave model predicts faster for a bucket with
+    no measured evidence is timed once against the BLAS on the device; where the check is off,
+    such calls run the BLAS (``ops/matmul_evidence.py``, docs/selection.md)."""
+    token = _first_use.set(enabled)
+    try:
+        yield
+    finally:
+        _first_use.reset(token)
+
+
+def first_use_check_enabled() -> bool:
+    """Whether the first-use check may run here: :func:`first_use_check`, else
+    ``XKERNELS_FIRST_USE_CHECK`` (on unless ``0``)."""
+    on = _first_use.get()
+    return on if on is not None else os.environ.get("XKERNELS_FIRST_USE_CHECK", "1").strip() != "0"
 
 
 @contextlib.contextmanager

@@ -134,6 +134,9 @@ class Selection:
     why: str
     measured: bool
     estimates_ms: dict[str, float] = field(default_factory=dict)
+    #: Set where the BLAS runs for want of evidence (``ops/matmul_evidence.py``): the wave model's
+    #: kernel selection and the first-use check's key, which a check on the device may settle.
+    pending: Any = None
 
 
 def bucket_key(dtype: torch.dtype, shape: Shape, activation: str | None, has_bias: bool) -> dict[str, Any]:

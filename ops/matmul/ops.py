@@ -24,6 +24,7 @@ from xkernels.backend import Backend
 from xkernels.ops import checks
 from xkernels.ops.autograd import LinearFunction, MatmulFunction, reject_out
 from xkernels.ops.layout import contiguous_strides
+from xkernels.ops.matmul import evidence as matmul_evidence
 from xkernels.ops.matmul import hot as matmul_hot
 from xkernels.ops.matmul.config import MATMUL_DEFAULT
 from xkernels.ops.matmul.plan import ACTIVATIONS, MatmulPlan, precision
@@ -78,10 +79,19 @@ class _MatmulBase(Op):
                 call.activation, precision(backend, call.dtype), tuple(call.batch),
                 call.out is not None and call.out.is_contiguous())
 
-    def make_plan(self, call: MatmulCall, backend: Backend) -> Plan:
+    def make_plan(self, call: MatmulCall, backend: Backend, selection: Any = None) -> Plan:
         M, N = call.a.shape[-2], call.b.shape[-1]
         c_strides = contiguous_strides(tuple(call.batch) + (M, N))
-        return MatmulPlan(self.name, backend, call, c_strides)
+        return MatmulPlan(self.name, backend, call, c_strides, selection)
+
+    def settle(self, call: MatmulCall, backend: Backend, plan: Plan) -> Plan:
+        """A plan that runs the BLAS for want of evidence is settled by a first-use check on the
+        device where one may run (``ops/matmul_evidence.py``)."""
+        assert isinstance(plan, MatmulPlan)
+        if plan.selection.pending is None:
+            return plan
+        return matmul_evidence.first_use(call, backend, plan, lambda c, sel: self.make_plan(c, backend, sel),
+                                         self.run_plan)
 
     def make_hot(self, plan: Plan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
         assert isinstance(plan, MatmulPlan)

@@ -22,6 +22,7 @@ from xkernels.backend import Backend
 from xkernels.launch import Launcher
 from xkernels.ops.layout import INT32_MAX, collapse, max_offset, prod
 from xkernels.ops.matmul import config as matmul_config
+from xkernels.ops.matmul import evidence as matmul_evidence
 from xkernels.ops.op import Plan
 
 #: The epilogues ``torch._addmm_activation`` applies (its ``use_gelu`` flag per activation name):
@@ -43,7 +44,10 @@ def precision(backend: Backend, dtype: torch.dtype) -> str:
 
 
 class MatmulPlan(Plan):
-    def __init__(self, op: str, backend: Backend, call: MatmulCall, c_strides: tuple[int, ...]) -> None:
+    def __init__(self, op: str, backend: Backend, call: MatmulCall, c_strides: tuple[int, ...],
+                 selection: matmul_config.Selection | None = None) -> None:
+        """``selection``: the config to plan (a first-use check's candidate or verdict) instead of
+        choosing one."""
 
         a, b = call.a, call.b
         M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -79,7 +83,9 @@ class MatmulPlan(Plan):
                          and call.activation in BLAS_EPILOGUES
                          and n_batch == 1 and call.dtype in (torch.float16, torch.bfloat16)
                          else None)
-        if self.epilogue:
+        if selection is not None:
+            sel = selection
+        elif self.epilogue:
             sel = matmul_config.Selection(
                 {"VENDOR": True}, f"{backend.name} backend: vendor_epilogues",
                 f"the device's BLAS applies {'bias + ' if call.bias is not None else ''}{self.epilogue} in its own "
@@ -95,8 +101,10 @@ class MatmulPlan(Plan):
                 {"VENDOR": True}, f"{backend.name} backend: m_major_a_to_vendor",
                 "A is M-contiguous (a weight gradient's grad.T): no table rule measured that layout, the "
                 "device's BLAS reads it in place", measured=True)
-        else:
-            sel = matmul_config.select(op, backend, call.device, key, shape, tma)
+        else:  # a table rule, else the wave model, which needs evidence to beat the BLAS
+            sel = matmul_evidence.gate(op, backend, call.device, key, shape, tma,
+                                       matmul_config.select(op, backend, call.device, key, shape, tma),
+                                       precision(backend, call.dtype))
         self.selection = sel
         cfg = sel.config
         self.source, self.why, self.measured = sel.source, sel.why, sel.measured

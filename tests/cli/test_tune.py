@@ -219,3 +219,48 @@ def test_linear_sweep_writes_joint_rules_and_fitted_candidates(tmp_path):
     assert t["sweep"]["items"] == 12 and t["sweep"]["failed"] == []
     fitted = t["candidates"]["interpreter"][0]["configs"]
     assert fitted and all(len(c["cost"]) == 3 for c in fitted)
+
+
+@pytest.mark.parametrize("confirmed,vendor", [(None, True), (1.02, False), (0.9, True)],
+                         ids=["single pass", "loss not confirmed", "loss confirmed"])
+def test_tables_act_on_a_loss_only_as_confirmed(confirmed, vendor):
+    """A best config 10% slower than torch in one pass routes its class to the BLAS; where the
+    interleaved re-measurement of that config says otherwise, the re-measurement decides."""
+    a = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32}
+    row = {"M": 333, "N": 5120, "K": 13824, "act": None, "bias": True, "dtype": "bfloat16", "torch_ms": 1.0,
+           "cfgs": [{"cfg": a, "ms": 1.1}]}
+    if confirmed is not None:
+        row["confirmed"] = {"cfg": a, "ms": [1.0, confirmed], "ratio": confirmed, "spread": [0.98, 1.03], "rounds": 7}
+    (rule,) = matmul_tables.rules(matmul_tables.merge([{**row, "op": "linear"}], "linear"), ["bfloat16"])
+    assert bool(rule["config"].get("VENDOR")) == vendor
+    if confirmed is not None:
+        assert rule["measured"]["confirmed"] == {"ratio": confirmed, "spread": [0.98, 1.03], "rounds": 7}
+        if not vendor:
+            assert rule["measured"]["worst_ratio"] == confirmed
+
+
+def test_a_losing_case_is_re_measured_in_interleaved_rounds(tmp_path):
+    case = Case("linear", (T((8, 32), torch.float32), T((16, 32), torch.float32), T((16,), torch.float32)),
+                "bias", frozenset({"quick"}))
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32}
+    sc = sweep.SweepCase(case, (cfg,), "test")
+    ckpt = sweep.Checkpoint(tmp_path, "linear", 0, INTERP, "interpreter")
+    calls = []
+
+    def timer(fn, label):  # the kernel loses by 20% in one pass
+        calls.append(label["who"])
+        fn()
+        return 1.0 if label["who"] == "torch" else 1.2
+
+    recs = sweep.measure_case(sc, _target(), timer, ckpt.load(), ckpt.append,
+                              confirm_loss=sweep.confirm_for(_target(), timer, rounds=3))
+    assert calls == ["torch", "xkernels"] + ["xkernels", "torch"] * 3
+    conf = recs[-1]
+    assert conf["key"] == f"confirm|{sc.id}" and conf["cfg"] == cfg and conf["rounds"] == 3
+    assert conf["ratio"] == pytest.approx(1 / 1.2) and conf["ms"] == pytest.approx([1.2, 1.0])
+    row = sweep.rows([sc], {r["key"]: r for r in recs})[0]
+    assert row["confirmed"]["ratio"] == pytest.approx(1 / 1.2)
+    calls.clear()  # resumed from the checkpoint: nothing re-measured
+    again = sweep.measure_case(sc, _target(), timer, ckpt.load(), ckpt.append,
+                               confirm_loss=sweep.confirm_for(_target(), timer, rounds=3))
+    assert calls == [] and [r["key"] for r in again] == [r["key"] for r in recs]

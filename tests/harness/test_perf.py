@@ -149,3 +149,40 @@ def test_cpu_reports_its_last_level_cache():
         assert llc and llc >= 1 << 16
     else:
         assert llc is None
+
+
+def test_confirm_interleaves_the_two_routes_and_reports_per_round_ratios():
+    backend = CountingBackend()
+    order = []
+    c = perf.confirm(lambda: order.append("xk"), lambda: order.append("torch"), Target(backend, torch.device("cpu")),
+                     rounds=4)
+    # one warm-up round, then rounds alternating which route goes first
+    assert order == ["xk", "torch", "xk", "torch", "torch", "xk", "xk", "torch", "torch", "xk"]
+    assert c["rounds"] == 4 and len(c["ms"]) == 2 and c["spread"][0] <= c["ratio"] <= c["spread"][1]
+    assert backend.held == [perf.HOLD_US] * 8
+
+
+def test_confirmed_summary_takes_the_re_measured_ratio_where_there_is_one():
+    rows = [{"op": "linear", "dtype": "bfloat16", "shape": "a", "layout": "x", "speedup": 0.6, "confirmed": 0.98},
+            {"op": "linear", "dtype": "bfloat16", "shape": "b", "layout": "y", "speedup": 1.5, "confirmed": None},
+            {"op": "linear", "dtype": "bfloat16", "shape": "c", "layout": "z", "speedup": 0.9, "confirmed": 0.95},
+            {"op": "linear", "dtype": "bfloat16", "shape": "d", "layout": "w", "error": "boom"}]
+    s = perf.confirmed_summary(rows)
+    assert s["rows"] == 3 and s["worst"] == 0.95 and s["worst_case"] == "linear bfloat16 c z"
+    assert s["geomean"] == pytest.approx((0.98 * 1.5 * 0.95) ** (1 / 3))
+    assert s["below_1_single_pass"] == 2 and s["below_1_confirmed"] == 2
+
+
+def test_heldout_shapes_are_outside_the_corpus():
+    from xkernels.harness import heldout, models
+
+    corpus = set(models.model_names())
+    linear = cases(["linear"], [torch.bfloat16], ["heldout"])
+    matmul = cases(["matmul"], [torch.float16], ["heldout"])
+    assert linear and matmul and all(c.sizes == {"heldout"} for c in linear + matmul)
+    assert not {m for c in linear + matmul for m in c.models} & corpus
+    tokens = {c.args[0].shape[0] for c in linear}
+    assert set(heldout.shapes()["tokens"]) <= tokens
+    acts = {c.args[3] if len(c.args) > 3 else None for c in linear}
+    assert acts == {None, "relu", "gelu", "gelu_tanh", "silu", "leaky_relu"}
+    assert any(len(c.args[0].shape) == 3 for c in matmul) and any(len(c.args[0].shape) == 2 for c in matmul)

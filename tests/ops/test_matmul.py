@@ -241,9 +241,11 @@ def test_tma_repeat_calls_are_hot_and_match(backend, device, tmp_path):
     if not backend.tensor_descriptors(device):
         pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
 
-    rules = [{"when": {"variant": "tma", "a_layout": "m-major"}, "config": _TMA_SMALL},  # else cuBLAS on cuda
-             {"when": {"variant": "tma"}, "config": _TMA_SMALL},
-             {"when": {}, "config": {k: v for k, v in _TMA_SMALL.items() if k != "TMA"}}]
+    # measured rules: on cuda an unmeasured one is no evidence against the BLAS (ops/matmul_evidence.py)
+    seen = {"shapes": [], "by": "planted by a test"}
+    rules = [{"when": {"variant": "tma", "a_layout": "m-major"}, "config": _TMA_SMALL, "measured": seen},  # else cuBLAS
+             {"when": {"variant": "tma"}, "config": _TMA_SMALL, "measured": seen},
+             {"when": {}, "config": {k: v for k, v in _TMA_SMALL.items() if k != "TMA"}, "measured": seen}]
     tables = {op: {"archs": {backend.arch(device): rules}} for op in ("linear", "matmul")}
     dtype, (B, S, K, N) = torch.bfloat16, (2, 1100, 1000, 640)
     with planted_tables(tmp_path, backend.name, tables):

@@ -37,11 +37,13 @@ import torch
 from xkernels.cli.check import split_list
 from xkernels.harness import Target, TargetUnavailable, perf, resolve_target
 from xkernels.harness.cases import BENCH_SIZES, FLOAT_DTYPES, OP_NAMES, Case, cases, parse_dtype
+from xkernels.harness.heldout import SIZE_TAG as HELDOUT
 from xkernels.harness.models import SIZE_TAG as MODELS
 from xkernels.harness.models import model_names
 
 COLUMNS = (("op", 9), ("dtype", 8), ("shape", 22), ("layout", 18), ("ms", 9), ("p20-p80", 17),
-           ("torch ms", 9), ("speedup", 7), ("band", 8), ("GB/s", 8), ("TFLOP/s", 8), ("% peak", 6),
+           ("torch ms", 9), ("speedup", 7), ("confirmed", 9),
+           ("spread", 9), ("band", 8), ("GB/s", 8), ("TFLOP/s", 8), ("% peak", 6),
            ("bound", 7), ("host us", 8), ("torch host us", 8))
 KEY = ("op", "dtype", "shape", "layout")
 SAME = 0.05  # --compare: changes within 5% are "same"
@@ -62,6 +64,8 @@ def format_row(r: dict[str, Any]) -> str:
         return _row([r["op"], r["dtype"], r["shape"], r["layout"], "ERROR"]) + f"  {r['error']}"
     return _row([r["op"], r["dtype"], r["shape"], r["layout"], _g(r["time_ms"]),
                  f"{_g(r['p20_ms'], 3)}-{_g(r['p80_ms'], 3)}", _g(r["torch_time_ms"]), f"{r['speedup']:.2f}x",
+                 "-" if r.get("confirmed") is None else f"{r['confirmed']:.2f}x",
+                 "-" if r.get("spread") is None else f"{r['spread'][0]:.2f}-{r['spread'][1]:.2f}",
                  r["band"], _g(r["gbps"], 3), _g(r["tflops"], 3),
                  "-" if r["pct_of_peak"] is None else f"{r['pct_of_peak']:.0f}%", r["bound"],
                  _g(None if r["host_ms"] is None else r["host_ms"] * 1e3, 3),
@@ -199,8 +203,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", help="force an xkernels backend, e.g. interpreter, interpreter-npu")
     p.add_argument("--op", action="append", help=f"op(s), repeat or comma-separate: {', '.join(OP_NAMES)}")
     p.add_argument("--dtype", action="append", help="dtype(s): float16, bfloat16, float32 (int32, int64 for add)")
-    p.add_argument("--size", choices=(*BENCH_SIZES, MODELS, "all"),
-                   help="size class (default: all; small on cpu); models: the real-model shape corpus")
+    p.add_argument("--size", choices=(*BENCH_SIZES, MODELS, HELDOUT, "all"),
+                   help="size class (default: all; small on cpu); models: the real-model shape corpus; heldout: "
+                        "layers of model families outside it at odd token counts (xkernels/harness/heldout.json)")
     p.add_argument("--model", action="append",
                    help="with --size models: only the corpus cases of these models "
                         f"({', '.join(model_names())}); without --size: a whole transformers model "
@@ -260,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 split_list(args.model) or None)
     except ValueError as exc:
         return _fail(str(exc))
-    settings = perf.FAST if args.fast else perf.FULL
+    settings = perf.FAST if args.fast else perf.BRIEF if size == HELDOUT else perf.FULL
     ceil = perf.ceilings(target)
     head = header(target, ceil, args.fast, args.seed)
     print_header(head, ceil)
@@ -278,9 +283,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "error": f"{type(exc).__name__}: {first}"}
         rows.append(row)
         print(("\r\033[K" if tty else "") + format_row(row), flush=True)
+    summary = perf.confirmed_summary(rows)
+    if summary["rows"]:
+        print(f"summary: {summary['rows']} rows, geomean {summary['geomean']:.3f}x, worst {summary['worst']:.2f}x "
+              f"({summary['worst_case']}); below 1.0x: {summary['below_1_single_pass']} in one pass, "
+              f"{summary['below_1_confirmed']} after confirmation (interleaved rounds; columns confirmed, spread)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": head, "rows": rows}, f, indent=1)
+            json.dump({"header": head, "rows": rows, "summary": summary}, f, indent=1)
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot:

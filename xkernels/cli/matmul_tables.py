@@ -116,20 +116,36 @@ def _class_rules(group: list[dict[str, Any]], dtypes: list[str], n: int, k: int,
         shape = [r["M"], r["N"], r["K"]]
 
         def measured(c: dict[str, Any]) -> dict[str, Any]:
-            return {"shapes": [shape], "ms": round(c["ms"], 5), "torch_ms": round(r["torch_ms"], 5),
-                    "worst_ratio": round(r["torch_ms"] / c["ms"], 3), "best_ms": round(best["ms"], 5)}
+            rec = {"shapes": [shape], "ms": round(c["ms"], 5), "torch_ms": round(r["torch_ms"], 5),
+                   "worst_ratio": round(r["torch_ms"] / c["ms"], 3), "best_ms": round(best["ms"], 5)}
+            conf = r.get("confirmed")
+            if conf is not None and conf.get("cfg") == c["cfg"]:
+                rec.update(worst_ratio=round(conf["ratio"], 3), confirmed=_confirmed(conf))
+            return rec
 
-        if vendor_margin and best["ms"] > r["torch_ms"] * vendor_margin:
+        # a loss counts only as confirmed: the interleaved re-measurement of the best config against
+        # torch (sweep.measure_case) decides where there is one
+        conf = r.get("confirmed")
+        confirmed = conf is not None and conf.get("cfg") == best["cfg"]
+        ratio = conf["ratio"] if confirmed else r["torch_ms"] / best["ms"]
+        if vendor_margin and ratio * vendor_margin < 1.0:
             out.append({"when": when, "config": {"VENDOR": True},
                         "measured": {"shapes": [shape], "ms": round(r["torch_ms"], 5),
                                      "torch_ms": round(r["torch_ms"], 5), "worst_ratio": 1.0,
-                                     "best_kernel_ratio": round(r["torch_ms"] / best["ms"], 3)}})
+                                     "best_kernel_ratio": round(ratio, 3),
+                                     **({"confirmed": _confirmed(conf)} if confirmed else {})}})
             continue
         if best["cfg"].get("TMA"):
             out.append({"when": {"variant": "tma", **when}, "config": best["cfg"], "measured": measured(best)})
         if pointer is not None:
             out.append({"when": when, "config": pointer["cfg"], "measured": measured(pointer)})
     return out
+
+
+def _confirmed(conf: dict[str, Any]) -> dict[str, Any]:
+    """A confirmation's record in a rule: torch / kernel per interleaved round, median and spread."""
+    return {"ratio": round(conf["ratio"], 3), "spread": [round(v, 3) for v in conf["spread"]],
+            "rounds": conf["rounds"]}
 
 
 def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> list[dict[str, Any]]:
@@ -169,6 +185,8 @@ def merge(rows: list[dict[str, Any]], op: str, untagged: str = "linear") -> list
         key = (r["M"], r["N"], r["K"], r.get("act"), r.get("bias"))
         m = shapes.setdefault(key, {"M": r["M"], "N": r["N"], "K": r["K"], "act": r.get("act"),
                                     "bias": r.get("bias"), "torch": [], "times": {}, "cfg": {}, "err": {}})
+        if r.get("confirmed"):  # a loss re-measured in interleaved rounds: the latest counts
+            m["confirmed"] = r["confirmed"]
         if "torch_ms" in r:
             m["torch"].append(r["torch_ms"])
         for c in r.get("cfgs", ()):
@@ -185,7 +203,8 @@ def merge(rows: list[dict[str, Any]], op: str, untagged: str = "linear") -> list
         cfgs = [{"cfg": m["cfg"][k], "ms": statistics.median(t)} for k, t in m["times"].items()]
         cfgs += [{"cfg": m["cfg"][k], "err": e} for k, e in m["err"].items() if k not in m["times"]]
         out.append({"op": op, "M": m["M"], "N": m["N"], "K": m["K"], "act": m["act"], "bias": m["bias"],
-                    "torch_ms": statistics.median(m["torch"]), "cfgs": cfgs})
+                    "torch_ms": statistics.median(m["torch"]), "cfgs": cfgs,
+                    **({"confirmed": m["confirmed"]} if "confirmed" in m else {})})
     return sorted(out, key=lambda r: (r["N"], r["K"], r["M"], r["act"] or ""))
 
 

@@ -120,6 +120,7 @@ def run(op: str, backend_name: str, shapes: str, out_dir: Path, dtypes: list[tor
     backend.require_available()
     world = world or join(backend.device_type)
     target = Target(backend, torch.device(backend.device_type))
+    confirm_loss = sweep.confirm_for(target, timer)  # a loss is confirmed in interleaved rounds before it counts
     timer = timer or sweep.timer_for(target, reps)
     arch = backend.arch()
     planned = sweep.plan(op, backend, shapes, dtypes, models)
@@ -135,7 +136,8 @@ def run(op: str, backend_name: str, shapes: str, out_dir: Path, dtypes: list[tor
     progress.resumed(resumed)
     records: dict[str, dict[str, Any]] = {}
     for i in mine[world.rank]:
-        for rec in sweep.measure_case(planned[i], target, timer, done, ckpt.append, seed, on_item=progress.step):
+        for rec in sweep.measure_case(planned[i], target, timer, done, ckpt.append, seed, on_item=progress.step,
+                                      confirm_loss=confirm_loss):
             records[rec["key"]] = rec
     stats = {"items": len(my_items), "resumed": resumed, "seconds": round(time.perf_counter() - t0, 2)}
     progress.wait_for_others()

@@ -23,13 +23,15 @@ from typing import Any
 
 import torch
 
+from xkernels.harness.heldout import SIZE_TAG as HELDOUT
+from xkernels.harness.heldout import heldout_cases
 from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
 
 OP_NAMES = ("broadcast", "add", "matmul", "linear")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
 INT_RANGE = (-1000, 1000)  # random ints: sums and promotions to float16 stay exact
-SIZES = ("quick", "full", "small", "medium", "large", "models")
+SIZES = ("quick", "full", "small", "medium", "large", "models", "heldout")
 BENCH_SIZES = ("small", "medium", "large")
 
 
@@ -432,7 +434,8 @@ def cases(ops: Iterable[str] = OP_NAMES, dtypes: Iterable[torch.dtype] | None = 
         if op not in _BUILDERS:
             raise ValueError(f"unknown op {op!r}; known: {', '.join(OP_NAMES)}")
         for d in dtypes_for(op) if dtypes is None else [d for d in dtypes if d in dtypes_for(op)]:
-            built = _BUILDERS[op](d) + (model_cases(op, d) if SIZE_TAG in want else [])
+            built = (_BUILDERS[op](d) + (model_cases(op, d) if SIZE_TAG in want else [])
+                     + (heldout_cases(op, d, Case, T) if HELDOUT in want else []))
             picked += [c for c in built if c.sizes & want
                        and (wanted_models is None or wanted_models & set(c.models))]
     return picked

@@ -1,0 +1,348 @@
+"""Whether a matmul/linear kernel may run instead of the device's BLAS: the evidence.
+
+On a backend with a BLAS to fall back on (``Backend.kernel_needs_evidence``: cuda), a Triton
+kernel is chosen only where measurement supports it; the wave model (``matmul_config``) still
+ranks the kernel configs, but its estimate alone never overrides the BLAS. In order:
+
+1. **A measured rule** covering the call (``matmul_config.select``: a table rule with a
+   ``"measured"`` record, shipped or from the user's autotune cache). Nothing changes here.
+2. **A first-use verdict** for the call's *check key* (:func:`check_key`): remembered in this
+   process, or in ``<cache dir>/first_use/<op>.json`` from an earlier process on the same device
+   with the same versions.
+3. **Agreeing neighbours** (:func:`neighbours`). A neighbour is a measured point (a table rule's
+   ``"measured"`` shape, or a first-use verdict of this device) of the same op, dtype, epilogue
+   (activation and bias), batch, A layout and kernel variant (TMA or pointer), with the *same N
+   and K* and an M within a factor of :data:`NEIGHBOUR_M_FACTOR` (2) of the call's. Table points
+   are taken from the rule a call at that M would take (the tables' own first-match order). The
+   neighbours *agree* when there is at least one at M' <= M and one at M' >= M (the call lies
+   between measured points, or on one) and every neighbour in the window measured its kernel at
+   least :data:`NEIGHBOUR_MARGIN` (1.10x) faster than the BLAS (a rule's worst ratio; a
+   ``VENDOR`` rule counts as a loss). The call then runs the config of the nearest (in log M).
+4. **A first-use check** (:func:`first_use`), where none of the above decides and the check may
+   run (on by default; ``XKERNELS_FIRST_USE_CHECK=0`` or ``xkernels.tuning.first_use_check(False)``
+   turn it off; never while ``torch.compile`` traces or a CUDA graph is being captured): the
+   wave model's kernel and the BLAS route run on the call's own inputs (into fresh outputs),
+   :data:`CHECK_ROUNDS` interleaved rounds behind cache flushes (``xkernels.interleave``); the
+   kernel wins only if the median per-round ratio is at least :data:`CHECK_MARGIN` (1.05x).
+   The verdict is remembered in the process and on disk; threads that meet the same new key
+   wait for one check.
+5. Otherwise **the BLAS**.
+
+The check key holds everything the choice depends on: op, backend, device (arch and name),
+versions (torch, its CUDA/HIP, Triton, xkernels), dtype, M's power-of-two bucket, N, K, batch,
+activation, bias, A's layout, the TMA layout (or none), and for float32 the matmul precision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import math
+import threading
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from xkernels import interleave, tuning
+from xkernels.backend import Backend
+from xkernels.ops.matmul.config import Selection, Shape, _label
+
+NEIGHBOUR_M_FACTOR = 2.0
+NEIGHBOUR_MARGIN = 1.10
+CHECK_ROUNDS = 5
+CHECK_MARGIN = 1.05
+
+#: ``timer(fns, backend, device) -> [[kernel ms, BLAS ms], ...]`` (one row per round): the
+#: first-use check's clock (tests replace it).
+Timer = Callable[[list[Callable[[], Any]], Backend, torch.device], list[list[float]]]
+
+
+def _device_timer(fns: list[Callable[[], Any]], backend: Backend, device: torch.device) -> list[list[float]]:
+    return interleave.time_rounds(fns, backend, device, CHECK_ROUNDS)
+
+
+timer: Timer = _device_timer
+
+_lock = threading.Lock()
+_verdicts: dict[str, dict[str, Any]] = {}  # check key -> verdict, this process
+_running: dict[str, threading.Event] = {}  # check keys whose check runs now
+_disk: dict[Path, tuple[float, dict[str, Any]]] = {}  # path -> (mtime, verdicts)
+checks_run = 0  # first-use checks this process has run (tests, diagnostics)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, Any]:
+    """What a verdict is only valid for: torch, its CUDA (or HIP), Triton and xkernels versions."""
+    return {"torch": torch.__version__, "cuda": torch.version.cuda or torch.version.hip,
+            "triton": _version("triton") or _version("triton-ascend"), "xkernels": _version("xkernels")}
+
+
+def _m_bucket(m: int) -> list[int]:
+    lo = 1 << max(0, int(m).bit_length() - 1) if m > 0 else 0
+    return [lo, max(lo * 2 - 1, 0)]
+
+
+def check_key(op: str, backend: Backend, device: torch.device, key: dict[str, Any], tma: Any,
+              precision: str) -> dict[str, Any]:
+    """The first-use check's key (see the module doc): a verdict is reused only where all of it matches."""
+    try:
+        name = backend.properties(device).name
+    except Exception:  # noqa: BLE001 - an odd device's properties must not fail a call
+        name = "?"
+    return {"op": op, "backend": backend.name, "arch": backend.arch(device), "device": name,
+            "versions": versions(), "dtype": key["dtype"], "m": _m_bucket(key["m"]), "n": key["n"], "k": key["k"],
+            "batch": key["batch"], "activation": key["activation"], "bias": key["bias"], "a_layout": key["a_layout"],
+            "tma": list(tma) if tma else None, "precision": precision}
+
+
+def _ident(ck: dict[str, Any]) -> str:
+    return json.dumps(ck, sort_keys=True)
+
+
+def _path(backend: str, op: str) -> Path:
+    return tuning.cache_dir(backend) / "first_use" / f"{op}.json"
+
+
+def _disk_verdicts(path: Path) -> dict[str, Any]:
+    try:
+        mtime = path.stat().st_mtime
+    except OSError:
+        return {}
+    hit = _disk.get(path)
+    if hit is None or hit[0] != mtime:
+        try:
+            hit = (mtime, dict(json.loads(path.read_text()).get("verdicts", {})))
+        except (OSError, ValueError, AttributeError):
+            hit = (mtime, {})  # an unreadable cache is a cache miss; the next write replaces it
+        _disk[path] = hit
+    return hit[1]
+
+
+def verdict(ck: dict[str, Any]) -> dict[str, Any] | None:
+    """The verdict for check key ``ck``: this process's, else the disk cache's."""
+    ident = _ident(ck)
+    with _lock:
+        v = _verdicts.get(ident)
+    if v is None:
+        v = _disk_verdicts(_path(ck["backend"], ck["op"])).get(ident)
+        if v is not None:
+            with _lock:
+                _verdicts.setdefault(ident, v)
+    return v
+
+
+def _store(ck: dict[str, Any], v: dict[str, Any]) -> None:
+    path = _path(ck["backend"], ck["op"])
+    with tuning.locked(path):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data["source"] = ("xkernels first-use checks (ops/matmul_evidence.py): kernel vs BLAS timed on this "
+                          "machine; each key holds the device and the versions it is valid for")
+        data.setdefault("verdicts", {})[_ident(ck)] = v
+        tuning.write_json_atomic(path, data)
+
+
+def describe(v: dict[str, Any]) -> str:
+    """A verdict in one phrase, for ``explain()``."""
+    winner = "kernel" if v["winner"] == "kernel" else "BLAS"
+    if "error" in v:
+        return f"first-use check on this device: the kernel failed ({v['error']}) -> BLAS"
+    return (f"first-use check on this device (M={v['m']}, {v['rounds']} interleaved rounds): kernel "
+            f"{v['kernel_ms'] * 1e3:.1f} us vs BLAS {v['blas_ms'] * 1e3:.1f} us, {v['ratio']:.2f}x "
+            f"(needs {CHECK_MARGIN:g}x) -> {winner}")
+
+
+# -- neighbours ---------------------------------------------------------------------------------
+def _rule_for(op: str, backend: Backend, arch: str, key: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+    """The first table rule matching ``key`` (``tuning.lookup``'s order) and where it is."""
+    for path, arch_key, table in tuning._tables(op, backend, arch):
+        for i, rule in enumerate(table["archs"].get(arch_key, ())):
+            if tuning.matches(rule.get("when", {}), key):
+                return rule, f"{path.name} [{arch_key}] rule {i}"
+    return None
+
+
+def _shape_mnk(shape: Any) -> tuple[int, int, int] | None:
+    """(M, N, K) of a ``"measured"`` shape: ``[M, N, K]`` (sweeps) or ``[[M, K], [K, N], ...]`` (autotune)."""
+    if isinstance(shape, list) and len(shape) == 3 and all(isinstance(v, int) for v in shape):
+        return shape[0], shape[1], shape[2]
+    if (isinstance(shape, list) and len(shape) >= 2 and all(isinstance(s, list) and len(s) == 2 for s in shape[:2])
+            and shape[0][1] == shape[1][0]):
+        return shape[0][0], shape[1][1], shape[0][1]
+    return None
+
+
+def neighbours(op: str, backend: Backend, device: torch.device, key: dict[str, Any], ck: dict[str, Any],
+               tma: Any) -> list[dict[str, Any]]:
+    """The call's neighbours (see the module doc): ``[{"m", "ratio", "config", "from"}]``."""
+    m = key["m"]
+    lo, hi = m / NEIGHBOUR_M_FACTOR, m * NEIGHBOUR_M_FACTOR
+    arch = backend.arch(device)
+    ms: set[int] = set()
+    for _, arch_key, table in tuning._tables(op, backend, arch):
+        for rule in table["archs"].get(arch_key, ()):
+            for shape in (rule.get("measured") or {}).get("shapes", ()):
+                mnk = _shape_mnk(shape)
+                if mnk and mnk[1] == key["n"] and mnk[2] == key["k"] and lo <= mnk[0] <= hi:
+                    ms.add(mnk[0])
+    out = []
+    lookup_key = {**key, "variant": "tma"} if tma else key
+    for mp in sorted(ms):
+        found = _rule_for(op, backend, arch, {**lookup_key, "m": mp})
+        if found is None or "measured" not in found[0]:
+            continue
+        rule, where = found
+        rec = rule["measured"]
+        if rule["config"].get("VENDOR"):
+            ratio = min(1.0, float(rec.get("best_kernel_ratio", 1.0)))
+        else:
+            ratio = float(rec.get("worst_ratio") or rec["torch_ms"] / rec["ms"])
+        out.append({"m": mp, "ratio": ratio, "config": rule["config"], "from": where})
+    same = {k: v for k, v in ck.items() if k != "m"}
+    with _lock:
+        mine = [(json.loads(i), v) for i, v in _verdicts.items()]
+    for other, v in mine:
+        if ({k: x for k, x in other.items() if k != "m"} == same and lo <= v["m"] <= hi and "error" not in v
+                and other["m"] != ck["m"]):
+            out.append({"m": v["m"], "ratio": v["ratio"], "config": v["config"], "from": "a first-use check"})
+    return sorted(out, key=lambda p: p["m"])
+
+
+def agreeing(points: list[dict[str, Any]], m: int) -> dict[str, Any] | None:
+    """The nearest neighbour's point where the neighbours agree (see the module doc), else ``None``."""
+    if not points or not any(p["m"] <= m for p in points) or not any(p["m"] >= m for p in points):
+        return None
+    if any(p["ratio"] < NEIGHBOUR_MARGIN or p["config"].get("VENDOR") for p in points):
+        return None
+    return min(points, key=lambda p: (abs(math.log(p["m"] / m)), p["m"]))
+
+
+# -- the gate -----------------------------------------------------------------------------------
+def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], shape: Shape, tma: Any,
+         sel: Selection, precision: str) -> Selection:
+    """``sel`` where it needs no evidence (a measured rule, the BLAS, a backend without a BLAS
+    alternative); else the kernel the evidence supports, or the BLAS with ``pending`` set."""
+    if sel.measured or sel.config.get("VENDOR") or not backend.kernel_needs_evidence:
+        return sel
+    ck = check_key(op, backend, device, key, tma, precision)
+    v = verdict(ck)
+    if v is not None:
+        text = describe(v)
+        if v["winner"] == "kernel":
+            return Selection(dict(v["config"]), sel.source, text, False, sel.estimates_ms)
+        return Selection({"VENDOR": True}, sel.source, text, False, sel.estimates_ms)
+    points = neighbours(op, backend, device, key, ck, tma)
+    near = agreeing(points, shape.m)
+    listed = ", ".join(f"M={p['m']} {p['ratio']:.2f}x" for p in points)
+    if near is not None:
+        return Selection(dict(near["config"]), sel.source,
+                         f"neighbours ({listed}; same N, K, dtype, epilogue) measured the kernel at least "
+                         f"{NEIGHBOUR_MARGIN:g}x faster than the BLAS: the config of M={near['m']} ({near['from']})",
+                         False, sel.estimates_ms)
+    seen = f"; neighbours that do not agree: {listed}" if points else ""
+    return Selection({"VENDOR": True}, sel.source,
+                     f"no evidence: BLAS (a first-use check on the device may settle it{seen}; the wave model's "
+                     f"pick: {_label(sel.config)}: {sel.why})", False, sel.estimates_ms, pending=(ck, sel))
+
+
+# -- the first-use check ------------------------------------------------------------------------
+def cannot_check(device: torch.device) -> str | None:
+    """Why no first-use check may run now, or ``None``."""
+    if not tuning.first_use_check_enabled():
+        return "the first-use check is off"
+    try:
+        if torch.compiler.is_compiling():
+            return "torch.compile is tracing"
+    except AttributeError:  # torch < 2.3
+        pass
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return "a CUDA graph is being captured"
+    return None
+
+
+def first_use(call: Any, backend: Backend, plan: Any, make: Callable[[Any, Selection], Any],
+              run: Callable[[Any, Any], Any]) -> Any:
+    """Settle a ``pending`` plan (the BLAS for want of evidence) by a first-use check where one
+    may run: the plan of the verdict's winner; ``plan`` itself where none may run.
+    ``make(call, selection)`` builds a plan, ``run(plan, call)`` runs one."""
+    ck, kernel_sel = plan.selection.pending
+    if cannot_check(call.device) is not None:
+        return plan
+    ident = _ident(ck)
+    with _lock:
+        v = _verdicts.get(ident)
+        wait = _running.get(ident) if v is None else None
+        mine = v is None and wait is None
+        if mine:
+            done = _running[ident] = threading.Event()
+    if wait is not None:
+        wait.wait()
+        v = verdict(ck)
+    elif mine:
+        try:
+            v = verdict(ck) or _check(ck, call, backend, plan, kernel_sel, make, run)
+        finally:
+            with _lock:
+                if v is not None:
+                    _verdicts[ident] = v
+                _running.pop(ident, None)
+            done.set()
+    if v is None:
+        return plan
+    text = describe(v)
+    if v["winner"] == "kernel":
+        return make(call, Selection(dict(v["config"]), kernel_sel.source, text, False, kernel_sel.estimates_ms))
+    return make(call, Selection({"VENDOR": True}, kernel_sel.source, text, False, kernel_sel.estimates_ms))
+
+
+def _check(ck: dict[str, Any], call: Any, backend: Backend, blas_plan: Any, kernel_sel: Selection,
+           make: Callable[[Any, Selection], Any], run: Callable[[Any, Any], Any]) -> dict[str, Any]:
+    global checks_run
+    trial = dataclasses.replace(call, out=None)  # fresh outputs: the user's out= is never touched
+    m = int(call.a.shape[-2])
+    base = {"m": m, "config": kernel_sel.config, "rounds": 0,
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    try:
+        kernel_plan = make(trial, Selection(kernel_sel.config, kernel_sel.source, kernel_sel.why, False))
+        times = timer([lambda: run(kernel_plan, trial), lambda: run(blas_plan, trial)], backend, call.device)
+    except Exception as exc:  # noqa: BLE001 - said aloud, and the call runs the BLAS
+        err = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:160]}"
+        warnings.warn(f"xkernels: first-use check of {ck['op']} {ck['dtype']} M={m} N={ck['n']} K={ck['k']}: the "
+                      f"kernel {_label(kernel_sel.config)} failed ({err}); this bucket runs the BLAS",
+                      RuntimeWarning, stacklevel=6)
+        with _lock:
+            checks_run += 1
+        return {**base, "winner": "blas", "error": err, "kernel_ms": math.nan, "blas_ms": math.nan, "ratio": 0.0}
+    s = interleave.summary(times)
+    v = {**base, "rounds": s["rounds"], "kernel_ms": s["ms"][0], "blas_ms": s["ms"][1], "ratio": s["ratio"],
+         "spread": s["spread"], "winner": "kernel" if s["ratio"] >= CHECK_MARGIN else "blas"}
+    with _lock:
+        checks_run += 1
+    try:
+        _store(ck, v)
+    except OSError as exc:  # an unwritable cache: the verdict holds for this process, said once
+        warnings.warn(f"xkernels: could not write the first-use cache ({exc}); the verdict holds for this process",
+                      RuntimeWarning, stacklevel=6)
+    return v
+
+
+def forget() -> None:
+    """Drop this process's verdicts (tests; the disk cache stays)."""
+    global checks_run
+    with _lock:
+        _verdicts.clear()
+        _disk.clear()
+        checks_run = 0

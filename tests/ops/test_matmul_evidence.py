@@ -1,0 +1,251 @@
+"""Which evidence lets a matmul/linear kernel run instead of the device's BLAS
+(ops/matmul_evidence.py): a measured rule, agreeing neighbours, a first-use check on the device,
+else the BLAS. On the interpreter the backend is given a BLAS alternative
+(``kernel_needs_evidence``) and the first-use check a fake clock; on cuda (``--backends cuda``)
+the check runs with the device's events."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import xkernels
+from helpers import Unchanged, assert_close
+from xkernels import autotune, tuning
+from xkernels.ops import linear, matmul
+from xkernels.ops.matmul import evidence as ev
+
+interp = pytest.mark.uses_interpreter  # every test but the last, which runs on the suites' backends
+
+
+@pytest.fixture
+def blas(tmp_path, monkeypatch):
+    """The interpreter with a BLAS alternative, a private cache, the check on, no verdicts yet."""
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("XKERNELS_FIRST_USE_CHECK", raising=False)
+    monkeypatch.delenv("XKERNELS_AUTOTUNE", raising=False)
+    backend = xkernels.get_backend("interpreter")
+    monkeypatch.setattr(backend, "kernel_needs_evidence", True, raising=False)
+    ev.forget()
+    for op in (linear, matmul):
+        op._forget()
+    with xkernels.use_backend("interpreter"):
+        yield tmp_path / "tuning" / "interpreter"
+    ev.forget()
+    for op in (linear, matmul):
+        op._forget()
+
+
+def _clock(kernel_ms: float, blas_ms: float, calls: list | None = None, delay: float = 0.0):
+    """A fake first-use clock: runs each route once (so both really run) and reports fixed times."""
+    def timer(fns, backend, device):
+        if calls is not None:
+            calls.append(threading.get_ident())
+        time.sleep(delay)
+        for fn in fns:
+            fn()
+        return [[kernel_ms, blas_ms]] * ev.CHECK_ROUNDS
+    return timer
+
+
+def _inputs(m: int = 16, n: int = 24, k: int = 32):
+    return torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+
+
+def _ref(x, w, b):
+    return x.double() @ w.double().T + b.double()
+
+
+def _rule(m_lo: int, m_hi: int, m: int, ratio: float, n: int = 24, k: int = 32, vendor: bool = False) -> dict:
+    cfg = {"VENDOR": True} if vendor else {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
+    return {"when": {"dtype": ["float32"], "n": n, "k": k, "batch": 1, "activation": "none", "bias": True,
+                     "m_min": m_lo, "m_max": m_hi},
+            "config": cfg, "measured": {"shapes": [[[m, k], [k, n]]], "ms": 1.0, "torch_ms": ratio,
+                                        "worst_ratio": ratio, "by": "test"}}
+
+
+@interp
+def test_no_evidence_runs_the_blas_and_says_so(blas, monkeypatch):
+    monkeypatch.setattr(ev, "timer", _clock(1.0, 9.0))  # would pick the kernel, were the check on
+    x, w, b = _inputs()
+    with tuning.first_use_check(False):
+        e = linear.explain(x, w, b)
+        assert e.route == "vendor BLAS" and e.why.startswith("no evidence: BLAS") and "wave model" in e.why
+        with Unchanged(x, w, b):
+            got = linear(x, w, b)
+    assert_close(got, _ref(x, w, b))
+    assert ev.checks_run == 0 and not (blas / "first_use").exists()
+
+
+@interp
+def test_a_measured_rule_runs_its_kernel_without_a_check(blas, monkeypatch):
+    monkeypatch.setattr(ev, "timer", _clock(9.0, 1.0))  # would pick the BLAS
+    x, w, b = _inputs()
+    autotune.write_rules("linear", "interpreter", "interpreter", [_rule(16, 31, 16, 1.2)])
+    e = linear.explain(x, w, b)
+    assert e.route == "triton kernel" and "rule 0" in e.config_source and e.why == "a measured rule for this shape class"
+    assert_close(linear(x, w, b), _ref(x, w, b))
+    assert ev.checks_run == 0
+
+
+@pytest.mark.parametrize("ratios,kernel", [((1.3, 1.25), True), ((1.3, 1.05), False), ((1.3,), False)],
+                         ids=["agree", "one below the margin", "one side only"])
+@interp
+def test_neighbours_decide_only_where_they_agree_on_both_sides(blas, monkeypatch, ratios, kernel):
+    """Neighbours: same N, K, dtype, epilogue, M within 2x. M=16 lies between rules measured at
+    M=12 and M=24 (no rule covers 13-23); both must show the kernel >= 1.10x faster."""
+    monkeypatch.setattr(ev, "timer", _clock(9.0, 1.0))
+    rules = [_rule(12, 12, 12, ratios[0])] + ([_rule(24, 24, 24, ratios[1])] if len(ratios) > 1 else [])
+    rules.append(_rule(40, 40, 40, 0.5))  # outside the window (M > 2 x 16): never a neighbour
+    autotune.write_rules("linear", "interpreter", "interpreter", rules)
+    x, w, b = _inputs(16)
+    with tuning.first_use_check(False):
+        e = linear.explain(x, w, b)
+        assert_close(linear(x, w, b), _ref(x, w, b))
+    listed = ", ".join(f"M={m} {r:.2f}x" for m, r in zip((12, 24), ratios))
+    assert "M=40" not in e.why
+    if kernel:
+        assert e.route == "triton kernel" and e.why.startswith(f"neighbours ({listed}; same N, K")
+        assert "config of M=12" in e.why
+    else:
+        assert e.route == "vendor BLAS" and f"neighbours that do not agree: {listed}" in e.why
+
+
+@interp
+@pytest.mark.parametrize("kernel_ms,winner", [(1.0 / 1.2, "kernel"), (1.0 / 1.02, "BLAS")], ids=["kernel", "BLAS"])
+def test_first_use_check_picks_the_faster_by_a_margin_and_caches_it(blas, monkeypatch, kernel_ms, winner):
+    monkeypatch.setattr(ev, "timer", _clock(kernel_ms, 1.0))
+    x, w, b = _inputs()
+    with Unchanged(x, w, b):
+        got = linear(x, w, b)
+    assert_close(got, _ref(x, w, b))
+    assert ev.checks_run == 1
+    e = linear.explain(x, w, b)
+    assert e.route == ("triton kernel" if winner == "kernel" else "vendor BLAS")
+    assert e.why.startswith("first-use check on this device (M=16, 5 interleaved rounds): kernel ")
+    assert e.why.endswith(f"(needs 1.05x) -> {winner}")
+    # on disk, keyed by device and versions; a fresh process (forgotten verdicts) reads it, no second check
+    (ident, v), = json.loads((blas / "first_use" / "linear.json").read_text())["verdicts"].items()
+    key = json.loads(ident)
+    assert key["arch"] == "interpreter" and key["versions"]["torch"] == torch.__version__
+    assert (key["m"], key["n"], key["k"], key["bias"], key["activation"]) == ([16, 31], 24, 32, True, "none")
+    assert v["winner"] == winner.lower() and v["kernel_ms"] == pytest.approx(kernel_ms)
+    ev.forget()
+    linear._forget()
+    monkeypatch.setattr(ev, "timer", _clock(5.0, 1.0))  # a check now would flip it
+    assert_close(linear(x, w, b), _ref(x, w, b))
+    assert ev.checks_run == 0 and linear.explain(x, w, b).route == e.route
+    # not reused for other argument values: another M bucket, an activation, no bias, another K
+    for args in ((*_inputs(40)[:2], None), (x, w, b, "relu"), (x, w), (torch.randn(16, 48), torch.randn(24, 48), b)):
+        assert linear.explain(*args).why.startswith("no evidence: BLAS")
+
+
+@interp
+def test_a_verdict_for_other_versions_is_not_reused(blas, monkeypatch):
+    monkeypatch.setattr(ev, "timer", _clock(1.0, 2.0))
+    x, w, b = _inputs()
+    linear(x, w, b)
+    ev.forget()
+    monkeypatch.setattr(ev, "versions", lambda: {"torch": "0.0", "cuda": None, "triton": "0", "xkernels": "0"})
+    assert linear.explain(x, w, b).why.startswith("no evidence: BLAS")
+
+
+@interp
+def test_env_var_and_api_turn_the_check_off(blas, monkeypatch):
+    monkeypatch.setattr(ev, "timer", _clock(1.0, 2.0))
+    x, w, b = _inputs()
+    monkeypatch.setenv("XKERNELS_FIRST_USE_CHECK", "0")
+    assert_close(linear(x, w, b), _ref(x, w, b))
+    assert ev.checks_run == 0
+    linear._forget()
+    with tuning.first_use_check(True):  # the API wins over the environment
+        assert tuning.first_use_check_enabled()
+        linear(x, w, b)
+    assert ev.checks_run == 1 and linear.explain(x, w, b).route == "triton kernel"
+
+
+@interp
+def test_no_check_while_torch_compile_traces(blas, monkeypatch):
+    monkeypatch.setattr(ev, "timer", _clock(1.0, 2.0))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    x, w, b = _inputs()
+    assert ev.cannot_check(x.device) == "torch.compile is tracing"
+    assert_close(linear.call_no_grad(x, w, b), _ref(x, w, b))  # the eager path a traced region may reach
+    assert ev.checks_run == 0
+
+
+@interp
+def test_threads_meeting_one_new_bucket_run_one_check(blas, monkeypatch):
+    calls: list = []
+    # the BLAS wins: Triton's interpreter is not thread-safe, so only the check runs the kernel
+    monkeypatch.setattr(ev, "timer", _clock(2.0, 1.0, calls, delay=0.3))
+    x, w, b = _inputs()
+    results, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            with xkernels.use_backend("interpreter"):  # context-local: each thread says it
+                results[i] = linear(x, w, b)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(calls) == 1 and ev.checks_run == 1
+    for r in results:
+        assert_close(r, _ref(x, w, b))
+
+
+@interp
+def test_a_kernel_that_fails_in_the_check_warns_and_runs_the_blas(blas, monkeypatch):
+    def broken(fns, backend, device):
+        raise RuntimeError("no such kernel")
+
+    monkeypatch.setattr(ev, "timer", broken)
+    x, w, b = _inputs()
+    with pytest.warns(RuntimeWarning, match="first-use check of linear float32 M=16 N=24 K=32: the kernel .* failed"):
+        got = linear(x, w, b)
+    assert_close(got, _ref(x, w, b))
+    assert "the kernel failed (RuntimeError: no such kernel) -> BLAS" in linear.explain(x, w, b).why
+
+
+@interp
+def test_backends_without_a_blas_alternative_keep_the_wave_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path))
+    linear._forget()
+    x, w, b = _inputs()
+    with xkernels.use_backend("interpreter"):
+        assert not xkernels.get_backend("interpreter").kernel_needs_evidence
+        assert linear.explain(x, w, b).route == "triton kernel"
+    assert xkernels.get_backend("cuda").kernel_needs_evidence
+
+
+def test_first_use_check_on_the_device(backend, device, tmp_path, monkeypatch):
+    """The real clock: on cuda the device's events behind cache flushes; elsewhere (given a BLAS
+    alternative) the host's. Whatever wins, the result is right and the verdict names both times."""
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("XKERNELS_FIRST_USE_CHECK", raising=False)
+    if not backend.runs_triton:
+        pytest.skip("the backend runs PyTorch")
+    monkeypatch.setattr(backend, "kernel_needs_evidence", True, raising=False)
+    ev.forget()
+    linear._forget()
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    x, w, b = (t.to(device, dtype) for t in _inputs(333 if device.type == "cuda" else 24, 1000, 4100 if
+                                                      device.type == "cuda" else 40))
+    with xkernels.use_backend(backend.name):
+        e = linear.explain(x, w, b)
+        got = linear(x, w, b)
+        after = linear.explain(x, w, b)
+    assert_close(got, _ref(x.cpu(), w.cpu(), b.cpu()), scale=x.shape[1] ** 0.5)  # as tests/ops/test_matmul.py
+    if e.why.startswith("no evidence"):
+        assert ev.checks_run == 1 and after.why.startswith("first-use check on this device")
+    ev.forget()
+    linear._forget()
