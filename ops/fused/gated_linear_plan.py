@@ -48,6 +48,12 @@ GATE_BLOCK = (16, 256)
 _TMA_KEYS = ("TMA", "PERSISTENT")
 
 
+def _empty(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The plan's allocations (the output, and gate and up where kept): one place, so that tests
+    can hand out NaN-filled memory and see every element written."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def bucket_key(call: GatedCall) -> dict[str, Any]:
     """The fields table rules match on: as ``linear``'s (M, N, K: N is I, the output width; K the
     hidden size), plus ``weight``: ``"concatenated"`` (Phi-3's gate_up) or ``"separate"``."""
@@ -201,7 +207,7 @@ class GatedPlan(Plan):
         """(y (M, N), gate, up): gate and up where the call saves them (``call.save``) or the
         vendor route made them anyway, else ``None``."""
         M, N, K = self.dims
-        y = torch.empty((M, N), dtype=call.dtype, device=call.device)
+        y = _empty((M, N), call.dtype, call.device)
         if self.vendor:
             F = torch.nn.functional
             if call.concatenated:
@@ -212,8 +218,8 @@ class GatedPlan(Plan):
             M_, N_, tiles, programs, *strides = self.gate_dims
             self.launcher(g, u, y, M_, N_, tiles, programs, *strides)
             return y, g, u
-        g = torch.empty_like(y) if self.save else None
-        u = torch.empty_like(y) if self.save else None
+        g = _empty((M, N), call.dtype, call.device) if self.save else None
+        u = _empty((M, N), call.dtype, call.device) if self.save else None
         bg = call.bg if call.bg is not None else y
         bu = call.bu if call.bu is not None else y
         if self.tma is not None:
