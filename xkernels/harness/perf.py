@@ -153,7 +153,7 @@ def work(op: str, inputs: Inputs) -> Work:
     tensors = inputs.named_tensors(OPS[op].arg_names).values()
     nbytes = sum(_distinct_bytes(t) for t in tensors) + out.numel() * out.element_size()
     if OPS[op].matmul_like:
-        return Work(nbytes, 2 * out.numel() * inputs.args[0].shape[-1])
+        return Work(nbytes, 2 * OPS[op].gemms * out.numel() * inputs.args[0].shape[-1])
     return Work(nbytes, out.numel())
 
 
