@@ -169,7 +169,7 @@ class Backend:
     vendor_epilogues: tuple[str, ...] = ()
     #: Whether a matmul/linear kernel must be supported by measurement to run instead of the
     #: device's BLAS: a measured table rule covering the call, measured neighbours that agree,
-    #: or a first-use check on the device (``ops/matmul_evidence.py``, docs/selection.md);
+    #: or a first-use check on the device (``ops/matmul/evidence.py``, docs/selection.md);
     #: otherwise the BLAS runs, whatever the wave model predicts. True where the backend has a
     #: BLAS to fall back on (cuda); False keeps the wave model's choice (nothing to compare with).
     kernel_needs_evidence: bool = False

@@ -9,7 +9,7 @@ first), each behind a cache-flushing write where the device has a cache to flush
 device time). Every comparison is made per round (:func:`ratios`), so a drift between rounds
 meets both sides.
 
-Used by the matmul/linear first-use check (``ops/matmul_evidence.py``) and by ``bench`` and
+Used by the matmul/linear first-use check (``ops/matmul/evidence.py``) and by ``bench`` and
 ``tune`` to confirm a loss before reporting or acting on it (``xkernels.harness.perf.confirm``).
 This module depends only on the backend contract.
 """

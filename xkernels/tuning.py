@@ -119,7 +119,7 @@ def first_use_check(enabled: bool = True) -> Iterator[None]:
     where ``XKERNELS_FIRST_USE_CHECK`` is unset). On a backend whose BLAS is the default
     (``Backend.kernel_needs_evidence``), a kernel the wave model predicts faster for a bucket with
     no measured evidence is timed once against the BLAS on the device; where the check is off,
-    such calls run the BLAS (``ops/matmul_evidence.py``, docs/selection.md)."""
+    such calls run the BLAS (``ops/matmul/evidence.py``, docs/selection.md)."""
     token = _first_use.set(enabled)
     try:
         yield

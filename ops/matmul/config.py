@@ -134,7 +134,7 @@ class Selection:
     why: str
     measured: bool
     estimates_ms: dict[str, float] = field(default_factory=dict)
-    #: Set where the BLAS runs for want of evidence (``ops/matmul_evidence.py``): the wave model's
+    #: Set where the BLAS runs for want of evidence (``ops/matmul/evidence.py``): the wave model's
     #: kernel selection and the first-use check's key, which a check on the device may settle.
     pending: Any = None
 

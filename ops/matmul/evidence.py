@@ -149,7 +149,7 @@ def _store(ck: dict[str, Any], v: dict[str, Any]) -> None:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             data = {}
-        data["source"] = ("xkernels first-use checks (ops/matmul_evidence.py): kernel vs BLAS timed on this "
+        data["source"] = ("xkernels first-use checks (ops/matmul/evidence.py): kernel vs BLAS timed on this "
                           "machine; each key holds the device and the versions it is valid for")
         data.setdefault("verdicts", {})[_ident(ck)] = v
         tuning.write_json_atomic(path, data)

@@ -86,7 +86,7 @@ class _MatmulBase(Op):
 
     def settle(self, call: MatmulCall, backend: Backend, plan: Plan) -> Plan:
         """A plan that runs the BLAS for want of evidence is settled by a first-use check on the
-        device where one may run (``ops/matmul_evidence.py``)."""
+        device where one may run (``ops/matmul/evidence.py``)."""
         assert isinstance(plan, MatmulPlan)
         if plan.selection.pending is None:
             return plan

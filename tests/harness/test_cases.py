@@ -107,3 +107,22 @@ def test_add_of_two_python_numbers_is_checked_like_torch():
         for c in pairs:
             res = accuracy.check_case(c, target.backend, target.device, seed=4)
             assert res.passed, (name, c.id, res.message)
+
+
+def test_gated_linear_cases_and_reference():
+    """Quick cases cover both weight forms and every activation; bench cases carry the model
+    layers (Llama-3-8B/Mistral 4096 -> 14336, Qwen2, Gemma, Phi-3's concatenated gate_up); the
+    reference is ``F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu)``."""
+    from xkernels.harness.cases import OPS
+
+    quick = cases(["gated_linear"], [torch.float32], ["quick"])
+    assert {c.layout for c in quick} >= {"concatenated gate_up (Phi-3)", "separate, biases + gelu_tanh"}
+    bench = {c.layout: c.shapes for c in cases(["gated_linear"], [torch.bfloat16], ["medium"])}
+    assert bench["llama3-8b, mistral-7b 4096->14336 silu"][:3] == ((512, 4096), (14336, 4096), (14336, 4096))
+    assert bench["phi3-mini 3072->8192 silu (gate_up)"] == ((512, 3072), (16384, 3072))
+    assert any(k.startswith("qwen2-7b") for k in bench) and any(k.startswith("gemma-7b") for k in bench)
+    F = torch.nn.functional
+    x, wg, wu, bg, bu = (torch.randn(s, dtype=torch.float64) for s in ((3, 8), (5, 8), (5, 8), (5,), (5,)))
+    want = F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu)
+    torch.testing.assert_close(OPS["gated_linear"].torch_fn(x, wg, wu, bg, bu), want)
+    torch.testing.assert_close(OPS["gated_linear"].torch_fn(x, torch.cat([wg, wu]), None, torch.cat([bg, bu])), want)

@@ -241,7 +241,7 @@ def test_tma_repeat_calls_are_hot_and_match(backend, device, tmp_path):
     if not backend.tensor_descriptors(device):
         pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
 
-    # measured rules: on cuda an unmeasured one is no evidence against the BLAS (ops/matmul_evidence.py)
+    # measured rules: on cuda an unmeasured one is no evidence against the BLAS (ops/matmul/evidence.py)
     seen = {"shapes": [], "by": "planted by a test"}
     rules = [{"when": {"variant": "tma", "a_layout": "m-major"}, "config": _TMA_SMALL, "measured": seen},  # else cuBLAS
              {"when": {"variant": "tma"}, "config": _TMA_SMALL, "measured": seen},

@@ -1,5 +1,5 @@
 """Which evidence lets a matmul/linear kernel run instead of the device's BLAS
-(ops/matmul_evidence.py): a measured rule, agreeing neighbours, a first-use check on the device,
+(ops/matmul/evidence.py): a measured rule, agreeing neighbours, a first-use check on the device,
 else the BLAS. On the interpreter the backend is given a BLAS alternative
 (``kernel_needs_evidence``) and the first-use check a fake clock; on cuda (``--backends cuda``)
 the check runs with the device's events."""

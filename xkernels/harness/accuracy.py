@@ -74,6 +74,8 @@ def _poisoned(t: torch.Tensor) -> torch.Tensor:
 
 
 def _activation(op: str, inputs: Inputs) -> str | None:
+    if op == "gated_linear":
+        return inputs.args[5] if len(inputs.args) > 5 else inputs.kwargs.get("activation", "silu")
     if op != "linear":
         return None
     return inputs.args[3] if len(inputs.args) > 3 else inputs.kwargs.get("activation")
@@ -97,12 +99,35 @@ def reference(op: str, inputs: Inputs, dtype: torch.dtype,
     if not spec.matmul_like:
         return ref, None, 0
     k = args[0].shape[-1]
+    if op == "gated_linear":
+        return ref, _gated_magnitude(args, kwargs), k
     abs_args = [a.abs() if isinstance(a, torch.Tensor) else a for a in args]
     if op == "linear":  # |x| @ |w|.T + |bias|, no activation
         abs_args = abs_args[:3]
         kwargs = {"bias": kwargs["bias"].abs()} if "bias" in kwargs else {}
     mag = spec.torch_fn(*abs_args, **kwargs)
     return ref, mag, k
+
+
+def _gated_magnitude(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    """The magnitude a gated_linear result's rounding error is proportional to: an error e_g in
+    the gate's inner product moves the result by at most L * |up| * e_g, one e_u in up's by
+    |act(gate)| * e_u, each e bounded by the dot coefficient times ``|x| @ |W|.T + |b|``, so
+    ``|up| * mag_gate + |act(gate)| * mag_up`` (L, the activation's slope, is in the coefficient)."""
+    from xkernels.ops.matmul.vendor import activate
+
+    names = ("x", "weight", "up_weight", "bias", "up_bias", "activation")
+    call = {**dict(zip(names, args)), **kwargs}
+    x, w, uw, b, ub = (call.get(n) for n in names[:5])
+    F = torch.nn.functional
+    if uw is None:
+        n = w.shape[0] // 2
+        w, uw = w[:n], w[n:]
+        b, ub = (None, None) if b is None else (b[:n], b[n:])
+    gate, up = F.linear(x, w, b), F.linear(x, uw, ub)
+    mag_g = F.linear(x.abs(), w.abs(), None if b is None else b.abs())
+    mag_u = F.linear(x.abs(), uw.abs(), None if ub is None else ub.abs())
+    return up.abs() * mag_g + activate(gate, call.get("activation", "silu")).abs() * mag_u
 
 
 def _clone(v: Any) -> Any:

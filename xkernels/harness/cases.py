@@ -27,7 +27,7 @@ from xkernels.harness.heldout import SIZE_TAG as HELDOUT
 from xkernels.harness.heldout import heldout_cases
 from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
 
-OP_NAMES = ("broadcast", "add", "matmul", "linear")
+OP_NAMES = ("broadcast", "add", "matmul", "linear", "gated_linear")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
 INT_RANGE = (-1000, 1000)  # random ints: sums and promotions to float16 stay exact
@@ -62,6 +62,16 @@ def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return result if out is None else out.copy_(result)
 
 
+def _torch_gated_linear(x: torch.Tensor, weight: torch.Tensor, up_weight: torch.Tensor | None = None,
+                        bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None,
+                        activation: str = "silu") -> torch.Tensor:
+    """``F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu)`` (or the activation given); with a
+    concatenated gate_up weight (``up_weight`` None), one ``F.linear`` chunked in two (Phi-3)."""
+    from xkernels.ops.fused.gated_linear import reference_gated_linear
+
+    return reference_gated_linear(x, weight, up_weight, bias, up_bias, activation)
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One op as the harnesses see it."""
@@ -71,6 +81,7 @@ class OpSpec:
     torch_fn: Callable[..., torch.Tensor]
     joiner: str  # how shapes are written in tables: "x + bias", "a @ b"
     matmul_like: bool = False
+    gemms: int = 1  # GEMMs of the result's size per call (flop count: 2 * gemms * result numel * K)
 
 
 OPS: dict[str, OpSpec] = {
@@ -78,6 +89,8 @@ OPS: dict[str, OpSpec] = {
     "add": OpSpec("add", ("x", "y"), _torch_add, " + "),
     "matmul": OpSpec("matmul", ("a", "b"), _torch_matmul, " @ ", matmul_like=True),
     "linear": OpSpec("linear", ("x", "weight", "bias"), _torch_linear, ", ", matmul_like=True),
+    "gated_linear": OpSpec("gated_linear", ("x", "weight", "up_weight", "bias", "up_bias"), _torch_gated_linear,
+                           ", ", matmul_like=True, gemms=2),
 }
 
 
@@ -408,8 +421,47 @@ def model_cases(op: str, dtype: torch.dtype) -> list:
     return gemm_cases(op, dtype) if op in ("matmul", "linear") else elementwise_cases(op, dtype)
 
 
+#: gated MLP layers (hidden H -> intermediate I, activation, weight form), from each model's
+#: Hugging Face config.json (hidden_size, intermediate_size, hidden_act): Llama-3-8B and
+#: Mistral-7B 4096 -> 14336 silu; Qwen2-7B 3584 -> 18944 silu; Gemma-7B 3072 -> 24576 and
+#: Gemma-2B 2048 -> 16384 gelu_pytorch_tanh; Phi-3-mini 3072 -> 8192 silu with the concatenated
+#: (2 * 8192, 3072) gate_up_proj. No biases (none of these models has one).
+GATED_LAYERS = (("llama3-8b, mistral-7b", 4096, 14336, "silu", False), ("qwen2-7b", 3584, 18944, "silu", False),
+                ("gemma-7b", 3072, 24576, "gelu_tanh", False), ("gemma-2b", 2048, 16384, "gelu_tanh", False),
+                ("phi3-mini", 3072, 8192, "silu", True))
+GATED_TOKENS = ((16, "small"), (512, "medium"), (2048, "large"))
+
+
+def gated_linear_cases(d: torch.dtype) -> list[Case]:
+    C = lambda *a, layout, **kw: Case("gated_linear", a, layout, Q, **kw)  # noqa: E731
+    cases = [C(T((5, 24), d), T((9, 24), d), T((9, 24), d), layout="separate, no bias")]
+    cases += [C(T((8, 32), d), T((16, 32), d), T((16, 32), d), T((16,), d), T((16,), d), act,
+                layout=f"separate, biases + {act}") for act in ("relu", "gelu", "gelu_tanh", "silu")]
+    cases += [
+        C(T((5, 24), d), T((18, 24), d), layout="concatenated gate_up (Phi-3)"),
+        C(T((5, 24), d), T((18, 24), d), None, T((18,), d), None, "gelu", layout="concatenated, bias + gelu"),
+        C(T((2, 3, 17), d), T((7, 17), d), T((7, 17), d), layout="batched x, odd sizes"),
+        C(T((17,), d), T((7, 17), d), T((7, 17), d), layout="1-D x"),
+        C(T((9, 17), d, "transposed"), T((7, 17), d), T((7, 17), d), layout="x transposed"),
+        C(T((3, 1000), d), T((14, 1000), d), layout="concatenated, K=1000"),
+        C(T((4, 0), d), T((3, 0), d), T((3, 0), d), T((3,), d), T((3,), d), layout="K=0"),
+    ]
+    for n, size in SEEDS:
+        cases.append(Case("gated_linear", (T((n, n), d), T((n, n), d), T((n, n), d)), "silu", _bench(size)))
+    for name, h, i, act, concat in GATED_LAYERS:
+        for m, size in GATED_TOKENS:
+            w = (T((2 * i, h), d),) if concat else (T((i, h), d), T((i, h), d))
+            args = (T((m, h), d), *w)
+            if act != "silu":
+                args += (None,) * (5 - len(args)) + (act,)
+            cases.append(Case("gated_linear", args, f"{name} {h}->{i} {act}" + (" (gate_up)" if concat else ""),
+                              _bench(size)))
+    return cases
+
+
 _BUILDERS: dict[str, Callable[[torch.dtype], list[Case]]] = {
-    "broadcast": broadcast_cases, "add": add_cases, "matmul": matmul_cases, "linear": linear_cases}
+    "broadcast": broadcast_cases, "add": add_cases, "matmul": matmul_cases, "linear": linear_cases,
+    "gated_linear": gated_linear_cases}
 
 
 def dtypes_for(op: str) -> tuple[torch.dtype, ...]:

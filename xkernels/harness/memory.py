@@ -103,11 +103,13 @@ def footprint(case: Case, device: torch.device, chunk: int) -> Footprint:
                    if s.dtype.is_floating_point and s.dtype != torch.float32] + [0])
     matmul_like = OPS[case.op].matmul_like
     activation = case.op == "linear" and any(isinstance(a, str) for a in case.args)
+    gated = case.op == "gated_linear"  # its reference keeps gate, up, their magnitudes and act(gate)
 
     out_new = out_bytes if case.out == "new" else 0
     result = out_bytes if case.out is None else 0
     scratch = stored if matmul_like else out_bytes
     reference = wide_in + wide_out + (wide_in + wide_out if matmul_like else 0) + (wide_out if activation else 0)
+    reference += 6 * wide_out if gated else 0
     kept = wide_out * (2 if matmul_like else 1)  # the reference (and |A|@|B|) during the comparison
     compare = out_bytes + min(out_numel, chunk) * COMPARE_BYTES_PER_ELEMENT  # reference cast + temporaries
 

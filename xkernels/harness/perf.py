@@ -194,7 +194,7 @@ def work(op: str, inputs: Inputs) -> Work:
     tensors = inputs.named_tensors(OPS[op].arg_names).values()
     nbytes = sum(_distinct_bytes(t) for t in tensors) + out.numel() * out.element_size()
     if OPS[op].matmul_like:
-        return Work(nbytes, 2 * out.numel() * inputs.args[0].shape[-1])
+        return Work(nbytes, 2 * OPS[op].gemms * out.numel() * inputs.args[0].shape[-1])
     return Work(nbytes, out.numel())
 
 
@@ -322,7 +322,7 @@ def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: 
     run_torch = lambda s: torch_fn(*s.args, **s.kwargs)  # noqa: E731
     with use_backend(target.backend.name):
         xk = time_calls(run_xk, sets, target, settings)
-        # after the calls: a first-use check (ops/matmul_evidence.py) may have settled the route
+        # after the calls: a first-use check (ops/matmul/evidence.py) may have settled the route
         expl = fn.explain(*first.args, **first.kwargs)
         host = host_time(run_xk, first, target, settings, xk.median_ms) if "small" in case.sizes else None
     th = time_calls(run_torch, sets, target, settings)

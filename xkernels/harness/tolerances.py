@@ -120,15 +120,19 @@ UNIT_ROUNDOFF: dict[torch.dtype, tuple[float, str]] = {
     torch.float32: (2.0**-24, "IEEE 754 binary32: 23 explicit mantissa bits"),
 }
 UNFUSED = "PyTorch's unfused F.linear + activation rounds the pre-activation to the result dtype ({u})"
+GATED_ROUNDED = ("gated_linear's vendor route and PyTorch round gate and up to the result dtype before "
+                 "act(gate) * up ({u}); the magnitude is |up| * (|x|@|Wg|.T + |bg|) + |act(gate)| * "
+                 "(|x|@|Wu|.T + |bu|)")
 
 
 def tolerance(op: str, dtype: torch.dtype, backend: Backend) -> Tolerance:
     """The tolerance for ``op`` producing ``dtype`` on ``backend`` (KeyError if none is defined)."""
-    if op not in ("matmul", "linear"):
+    if op not in ("matmul", "linear", "gated_linear"):
         return ELEMENTWISE[dtype]
     precision = backend.fp32_matmul_precision() if dtype == torch.float32 else "ieee"
     tol = MATMUL[(dtype, precision)]
-    if op == "linear" and not backend.runs_triton:
+    if op == "linear" and not backend.runs_triton or op == "gated_linear":
         u, why = UNIT_ROUNDOFF[dtype]
-        tol = dataclasses.replace(tol, intermediate_u=u, source=f"{tol.source}; {UNFUSED.format(u=why)}")
+        text = GATED_ROUNDED.format(u=why) if op == "gated_linear" else UNFUSED.format(u=why)
+        tol = dataclasses.replace(tol, intermediate_u=u, source=f"{tol.source}; {text}")
     return tol

@@ -1,0 +1,322 @@
+"""gated_linear(x, weight, up_weight, bias, up_bias, activation): act(x @ Wg.T + bg) * (x @ Wu.T + bu)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import xkernels
+from helpers import Unchanged, rand
+from xkernels import tuning
+from xkernels.ops import gated_linear
+from xkernels.ops.fused import gated_linear_plan
+from xkernels.ops.fused.gated_linear import ACTIVATIONS, reference_gated_linear
+
+F = torch.nn.functional
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+#: relative bound on |error| / magnitude (see _assert_gated_close): a few roundings of the dtype
+RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5, torch.float64: 1e-12}
+SLOPE = 1.13  # the activations' largest |f'| (xkernels/harness/tolerances.py ACTIVATION_SLOPE)
+
+
+def _act(v, activation):
+    return {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "silu": F.silu}[activation](v)
+
+
+def _args(device, dtype, m=5, k=37, n=19, lead=(), concat=False, biases=True):
+    """Fresh random (x, weight, up_weight, bias, up_bias) in the form the call takes."""
+    x = rand((*lead, m, k), dtype, device)
+    wg, wu = rand((n, k), dtype, device), rand((n, k), dtype, device)
+    bg, bu = (rand((n,), dtype, device), rand((n,), dtype, device)) if biases else (None, None)
+    if concat:
+        return x, torch.cat([wg, wu]), None, None if bg is None else torch.cat([bg, bu]), None
+    return x, wg, wu, bg, bu
+
+
+def _split(weight, up_weight, bias, up_bias):
+    if up_weight is not None:
+        return weight, up_weight, bias, up_bias
+    n = weight.shape[0] // 2
+    return weight[:n], weight[n:], None if bias is None else bias[:n], None if bias is None else bias[n:]
+
+
+def _assert_gated_close(got, x, weight, up_weight, bias, up_bias, activation, dtype):
+    """``got`` against the float64 composition, element-wise: |err| <= rtol * (|ref| + the error
+    magnitude of a product of two inner products, |act(g)| * (|x| @ |Wu|.T + |bu|) + L * |u| *
+    (|x| @ |Wg|.T + |bg|))."""
+    wg, wu, bg, bu = (None if t is None else t.detach().cpu().double() for t in _split(weight, up_weight, bias, up_bias))
+    x64 = x.detach().cpu().double()
+    g, u = F.linear(x64, wg, bg), F.linear(x64, wu, bu)
+    ref = _act(g, activation) * u
+    mag_g = F.linear(x64.abs(), wg.abs(), None if bg is None else bg.abs())
+    mag_u = F.linear(x64.abs(), wu.abs(), None if bu is None else bu.abs())
+    mag = ref.abs() + _act(g, activation).abs() * mag_u + SLOPE * u.abs() * mag_g
+    assert got.shape == ref.shape and got.dtype == dtype, (got.shape, got.dtype, ref.shape, dtype)
+    err = (got.detach().cpu().double() - ref).abs()
+    assert not torch.isnan(err).any(), "NaN in the result (an element not written?)"
+    bound = RTOL[dtype] * mag + 1e-5
+    worst = (err / bound).max().item() if err.numel() else 0.0
+    assert worst <= 1.0, f"error {worst:.2f}x the bound; max |err| {err.max().item():.3g}"
+
+
+@pytest.fixture
+def nan_memory(monkeypatch):
+    """Every allocation of the plans (output, kept gate and up) starts as NaN."""
+    monkeypatch.setattr(gated_linear_plan, "_empty",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+    gated_linear._forget()
+    yield
+    gated_linear._forget()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+@pytest.mark.parametrize("biases", [False, True], ids=["no bias", "biases"])
+def test_forward_matches_float64(backend, device, nan_memory, dtype, concat, biases):
+    args = _args(device, dtype, concat=concat, biases=biases)
+    for activation in ACTIVATIONS:
+        with Unchanged(*args):
+            got = gated_linear(*args, activation=activation)
+        _assert_gated_close(got, *args, activation, dtype)
+
+
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+def test_vendor_route(backend, device, nan_memory, concat):
+    """The BLAS GEMM(s) + gate kernel route, as a table rule ``{"VENDOR": true}`` picks it."""
+    args = _args(device, torch.float32, concat=concat)
+    with tuning.force({"VENDOR": True}):
+        expl = gated_linear.explain(*args, activation="gelu")
+        with Unchanged(*args):
+            got = gated_linear(*args, activation="gelu")
+    _assert_gated_close(got, *args, "gelu", torch.float32)
+    if backend.runs_triton:
+        assert expl.route == "vendor BLAS + gate kernel"
+        assert ("one F.linear" if concat else "two F.linear") in expl.variant
+
+
+def test_one_bias_only_and_keywords(backend, device):
+    x, wg, wu, bg, bu = _args(device, torch.float32)
+    _assert_gated_close(gated_linear(x, wg, wu, bg), x, wg, wu, bg, None, "silu", torch.float32)
+    _assert_gated_close(gated_linear(x, wg, up_weight=wu, up_bias=bu, activation="relu"), x, wg, wu, None, bu,
+                        "relu", torch.float32)
+
+
+def test_layouts(backend, device, nan_memory):
+    """Non-contiguous x (transposed, step-sliced), batched 3-D and 1-D x, a transposed-view
+    weight, a step-sliced bias."""
+    d = torch.float32
+    x, wg, wu, bg, bu = _args(device, d, m=6, k=20, n=10)
+    cases = [
+        (rand((20, 6), d, device).t(), wg, wu, bg, bu),                       # x transposed
+        (rand((6, 40), d, device)[:, ::2], wg, wu, bg, bu),                   # x step-sliced
+        (rand((2, 3, 20), d, device), wg, wu, bg, bu),                        # batched x
+        (rand((3, 20, 2), d, device).permute(2, 0, 1), wg, wu, bg, bu),       # batched, not foldable
+        (rand((20,), d, device), wg, wu, bg, bu),                             # 1-D x
+        (x, rand((20, 10), d, device).t(), wu, bg, bu),                       # weight a transposed view
+        (x, wg, wu, rand((20,), d, device)[::2], bu),                         # bias step-sliced
+        (x, rand((40, 20), d, device)[::2], None, None, None),                # concatenated weight, strided rows
+    ]
+    for args in cases:
+        with Unchanged(*args):
+            got = gated_linear(*args)
+        assert got.shape == (*args[0].shape[:-1], 10 if args[2] is not None else args[1].shape[0] // 2)
+        _assert_gated_close(got, *args, "silu", d)
+
+
+def test_empty_and_zero_k(backend, device):
+    d = torch.float32
+    for x, w in (((0, 8), (6, 8)), ((4, 8), (0, 8)), ((2, 0, 8), (6, 8)), ((4, 0), (6, 0))):
+        x, w = rand(x, d, device), rand(w, d, device)
+        b = rand((w.shape[0],), d, device)
+        got = gated_linear(x, w, bias=b)
+        want = reference_gated_linear(x.double().cpu(), w.double().cpu(), bias=b.double().cpu())
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_float64_runs_pytorch(backend, device):
+    args = _args(device, torch.float64)
+    expl = gated_linear.explain(*args)
+    assert expl.route == "torch"
+    _assert_gated_close(gated_linear(*args), *args, "silu", torch.float64)
+
+
+def _bad(device):
+    x, wg, wu, bg, bu = _args(device, torch.float32, m=3, k=8, n=6)
+    cat = torch.cat([wg, wu])
+    return [
+        ((x, wg, wu[:5]), {}, ValueError, r"'weight' and 'up_weight' must have one shape .*\(6, 8\) and \(5, 8\)"),
+        ((x, wg[:, :7], wu[:, :7]), {}, ValueError, r"'x' \(3, 8\) has 8 features, 'weight' \(6, 7\) expects 7"),
+        ((x, cat[:11]), {}, ValueError, r"rows must be even; got shape \(11, 8\)"),
+        ((x, wg, wu, bg[:5]), {}, ValueError, r"'bias' must have shape \(6,\) .* got \(5,\)"),
+        ((x, cat, None, bg), {}, ValueError, r"'bias' must have shape \(12,\) for the concatenated"),
+        ((x, wg, wu, None, bu[:4]), {}, ValueError, r"'up_bias' must have shape \(6,\) .* got \(4,\)"),
+        ((x, cat, None, None, bu), {}, ValueError, r"'up_bias' needs 'up_weight'"),
+        ((x, wg, wu), {"activation": "tanh"}, ValueError, r"'activation' must be one of .* got 'tanh'"),
+        ((x, wg, wu), {"activation": None}, ValueError, r"'activation' must be one of"),
+        ((x, wg, wu.half()), {}, TypeError, r"one dtype, got 'x' torch.float32, 'weight' torch.float32, "
+                                            r"'up_weight' torch.float16"),
+        ((x.int(), wg.int(), wu.int()), {}, TypeError, r"dtype torch.int32 is not supported"),
+        ((x, wg, wu, bg.meta if False else bg.to("meta")), {}, ValueError, r"one device, .*'bias' on meta"),
+        ((x, wg[0], wu[0]), {}, ValueError, r"'weight' must be 2-D, got shape \(8,\)"),
+        ((x, wg, [1.0]), {}, TypeError, r"'up_weight' must be a torch.Tensor"),
+        ((x[0, 0], wg, wu), {}, ValueError, r"'x' must have at least 1 dimension"),
+    ]
+
+
+def test_bad_input_raises_before_anything_runs(backend, device, monkeypatch):
+    launched = []
+    monkeypatch.setattr(gated_linear_plan.GatedPlan, "run", lambda self, call: launched.append(call))
+    for args, kwargs, exc, match in _bad(device):
+        with pytest.raises(exc, match=match):
+            gated_linear(*args, **kwargs)
+        with pytest.raises(exc, match=match):  # the same check where a gradient is required
+            gated_linear(*[a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                           and a.device.type != "meta" else a for a in args], **kwargs)
+    assert not launched
+
+
+# -- gradients ----------------------------------------------------------------------------------
+def _grads(fn, args, dy):
+    leaves = [a.detach().clone().requires_grad_() if a is not None else None for a in args]
+    y = fn(*leaves)
+    y.backward(dy)
+    return y.detach(), [None if a is None else a.grad for a in leaves]
+
+
+@pytest.mark.parametrize("route", ["planned", "vendor"])
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+def test_gradients_match_float64(backend, device, nan_memory, concat, route):
+    d = torch.float32
+    args = _args(device, d, m=4, k=12, n=6, lead=(2,), concat=concat)
+    dy = rand((2, 4, 6), d, device)
+    for activation in ACTIVATIONS:
+        mine = lambda *a: gated_linear(*a, activation=activation)  # noqa: E731
+        ref_fn = lambda *a: reference_gated_linear(*a, activation=activation)  # noqa: E731
+        if route == "vendor":
+            with tuning.force({"VENDOR": True}):
+                y, grads = _grads(mine, args, dy)
+        else:
+            y, grads = _grads(mine, args, dy)
+        y64, ref = _grads(ref_fn, [None if a is None else a.double().cpu() for a in args], dy.double().cpu())
+        torch.testing.assert_close(y.cpu().double(), y64, rtol=1e-4, atol=1e-4)
+        for name, g, r in zip(("x", "weight", "up_weight", "bias", "up_bias"), grads, ref):
+            assert (g is None) == (r is None), name
+            if g is not None:
+                assert g.shape == r.shape and g.dtype == d, name
+                scale = r.abs().max().item() + 1
+                torch.testing.assert_close(g.cpu().double(), r, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+def test_gradient_of_x_only_and_bf16(backend, device):
+    d = torch.bfloat16
+    x, wg, wu, bg, bu = _args(device, d, m=3, k=16, n=8)
+    xr = x.detach().clone().requires_grad_()
+    y = gated_linear(xr, wg, wu, bg, bu)
+    assert y.requires_grad and not wg.requires_grad
+    y.sum().backward()
+    x64 = x.double().cpu().requires_grad_()
+    reference_gated_linear(x64, wg.double().cpu(), wu.double().cpu(), bg.double().cpu(), bu.double().cpu()).sum() \
+        .backward()
+    scale = x64.grad.abs().max().item()
+    torch.testing.assert_close(xr.grad.cpu().double(), x64.grad, rtol=3e-2, atol=3e-2 * scale)
+    with torch.no_grad():
+        assert not gated_linear(xr, wg, wu).requires_grad
+
+
+def test_compile_fullgraph(backend, device):
+    torch._dynamo.reset()
+
+    def mlp(x, wg, wu, bg, bu, wd):
+        return gated_linear(x, wg, wu, bg, bu) @ wd.t() + gated_linear(x, torch.cat([wg, wu]), activation="gelu")[..., :1]
+
+    d = torch.float32
+    x, wg, wu, bg, bu = _args(device, d, m=4, k=12, n=6, lead=(2,))
+    wd = rand((12, 6), d, device)
+    inputs = [t.detach().clone().requires_grad_() for t in (x, wg, wu, bg, bu, wd)]
+    try:
+        got = torch.compile(mlp, fullgraph=True, backend="aot_eager")(*inputs)
+        got.sum().backward()
+        compiled = [t.grad.clone() for t in inputs]
+        eager_in = [t.detach().clone().requires_grad_() for t in inputs]
+        want = mlp(*eager_in)
+        want.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-4, atol=1e-4)
+    for g, e in zip(compiled, (t.grad for t in eager_in)):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4 * (e.abs().max().item() + 1))
+
+
+def test_custom_op_fake_and_opcheck(backend, device):
+    x, wg, wu, bg, bu = _args(device, torch.float32, m=3, k=8, n=6)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cat, odd = torch.cat([wg, wu]), wg[:5]
+    with FakeTensorMode() as mode:
+        fx = mode.from_tensor(x)
+        out = torch.ops.xkernels.gated_linear.default(fx, mode.from_tensor(cat))
+        assert out.shape == (3, 6)
+        with pytest.raises(ValueError, match="rows must be even"):
+            torch.ops.xkernels.gated_linear.default(fx, mode.from_tensor(odd))
+    torch.library.opcheck(torch.ops.xkernels.gated_linear.default, (x, wg, wu, bg, bu, "gelu"),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+# -- planning -----------------------------------------------------------------------------------
+def test_npu_table_fits_l0c():
+    """Every npu rule's two fp32 accumulators fit the L0C of every Atlas A2/A3 SoC."""
+    root = Path(__file__).resolve().parents[2]
+    socs = json.loads((root / "backends" / "npu_socs.json").read_text())["socs"]
+    l0c = min(s["l0c_bytes"] for s in socs.values())
+    table = json.loads((root / "ops" / "tuning" / "npu" / "gated_linear.json").read_text())
+    rules = [r for rules in table["archs"].values() for r in rules]
+    assert rules
+    for r in rules:
+        c = r["config"]
+        assert 2 * c["BLOCK_M"] * c["BLOCK_N"] * 4 <= l0c, r
+
+
+def test_cuda_takes_the_vendor_route_where_nothing_was_measured():
+    from xkernels.backends.cuda import CudaBackend
+
+    class _H100(CudaBackend):
+        def arch(self, device=None):
+            return "sm90"
+
+        def compute_units(self, device=None):
+            return 132
+
+        def tensor_descriptors(self, device=None):
+            return True
+
+    meta = lambda *s: torch.empty(s, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    call = gated_linear.check(meta(2048, 4096), meta(14336, 4096), meta(14336, 4096))
+    plan = gated_linear.make_plan(call, _H100())
+    assert plan.vendor and plan.route == "vendor BLAS + gate kernel" and "gated_linear.json [default]" in plan.source
+    assert "no measurement" in plan.why
+    with tuning.force({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": True}):
+        tma = gated_linear.make_plan(call, _H100())
+        pointer = gated_linear.make_plan(gated_linear.check(meta(2048, 4095)[:, :4094], meta(64, 4094)), _H100())
+    assert tma.tma is not None and tma.config["TMA"] and "TMA" in tma.variant
+    assert pointer.tma is None and "TMA" not in pointer.config  # 8188-byte rows: no tensor descriptors
+
+
+def test_explain_names_route_and_table(backend, device):
+    x, wg, wu, bg, bu = _args(device, torch.float16, m=3, k=8, n=6)
+    expl = gated_linear.explain(x, wg, wu, bg, bu, activation="gelu_tanh")
+    if not backend.runs_triton:
+        assert expl.route == "torch"
+        return
+    assert expl.route == "triton kernel" and "gelu_tanh(gate) * up" in expl.variant
+    assert expl.config_source.startswith("gated_linear.json")
+    assert "x read once" in str(expl)
+
+
+def test_export_from_ops():
+    assert xkernels.ops.gated_linear is gated_linear
+    assert "gated_linear" in xkernels.ops.__all__
