@@ -10,6 +10,11 @@ How: the module that defines a kernel is executed a second time with Triton's in
 on, so that the kernel and every ``@triton.jit`` helper it calls become interpreted functions.
 Kernels must therefore call only their own module's helpers and ``tl`` builtins (write
 ``(a + b - 1) // b``, not ``tl.cdiv``).
+
+Threads: Triton's interpreter patches ``triton.language``'s module globals while a kernel runs
+and restores them after, so two kernels interpreted at once break each other ("Did you forget to
+add @triton.jit?"). Every interpreted launch therefore holds one process-wide lock
+(:data:`LAUNCH_LOCK`): calls from many threads work, one kernel at a time.
 """
 
 from __future__ import annotations
@@ -29,6 +34,28 @@ from . import npu
 
 _lock = threading.Lock()
 _modules: dict[str, ModuleType] = {}
+#: Held by every interpreted kernel launch (see the module doc).
+LAUNCH_LOCK = threading.RLock()
+
+
+class Serialized:
+    """An interpreted kernel whose launches (``kernel[grid](...)``) hold :data:`LAUNCH_LOCK`;
+    every other attribute is the kernel's own."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self.kernel[grid]
+
+        def locked(*args: Any, **kwargs: Any) -> Any:
+            with LAUNCH_LOCK:
+                return launch(*args, **kwargs)
+
+        return locked
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.kernel, name)
 
 
 def _interpreted_module(modname: str) -> ModuleType:
@@ -77,7 +104,7 @@ def _probe(triton_version: str) -> str | None:
 
     try:
         out = torch.zeros(4, dtype=torch.int32)
-        _interpreted_module(probe_kernels.__name__).loop_probe[(1,)](out, 4)
+        Serialized(_interpreted_module(probe_kernels.__name__).loop_probe)[(1,)](out, 4)
         if out.tolist() != [0, 1, 2, 3]:
             return f"Triton {triton_version}'s interpreter computed a wrong result in a self-test"
     except Exception as exc:  # noqa: BLE001 - any failure means the ops cannot run here
@@ -108,9 +135,10 @@ class InterpreterBackend(Backend):
         return _probe(triton.__version__)
 
     def kernel(self, jit_fn: Any) -> Any:
-        """The interpreted twin of ``jit_fn`` (same source, same module)."""
+        """The interpreted twin of ``jit_fn`` (same source, same module), launched under
+        :data:`LAUNCH_LOCK`."""
         mod = _interpreted_module(jit_fn.fn.__module__)
-        return getattr(mod, jit_fn.fn.__name__)
+        return Serialized(getattr(mod, jit_fn.fn.__name__))
 
     def properties(self, device: Any = None) -> DeviceProperties:
         import platform

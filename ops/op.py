@@ -34,10 +34,17 @@ call with the same signature skips them: the entry allocates the result and laun
 ``broadcast(x, b, out=o)``); ``matmul``/``linear`` with ``out=`` and ``add`` of a Python number
 with ``out=`` keep the full path. Hot entries are not made or used while a tuning config is
 forced, and are dropped when a plugin registers.
+
+Threads. Calls from many threads at once are safe: the backend override and a forced config are
+context-local (``use_backend``, ``tuning.force``); a plan is made (and its bucket autotuned) by one
+thread at a time per op (``_plan_lock``; a thread finding the plan made meanwhile takes it); the
+caches are dicts whose single operations the interpreter lock makes atomic; and a backend whose
+kernels cannot run concurrently serializes its launches itself (the interpreter backends).
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -150,6 +157,7 @@ class Op:
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
         self._hot: dict[Any, Callable[..., torch.Tensor | None]] = {}
         self._ready: set[str] = set()
+        self._plan_lock = threading.RLock()  # re-entrant: making a plan may call the op (autotune)
         # a plugin registered later may add tuning tables or replace a backend: plan again
         registry.listeners.append(self._forget)
 
@@ -207,16 +215,20 @@ class Op:
             key = (key, forced)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self.make_plan(call, backend)
-            if forced is None and not plan.measured and tuning.autotune_enabled():
-                # tune this bucket once (xkernels.autotune, a built-in plugin), then plan from its rule
-                tuned = registry.plugin_manager.hook.xkernels_tune_plan(op=self, call=call, backend=backend, plan=plan)
-                plan = plan if tuned is None else tuned
-            elif forced is None:
-                plan = self.settle(call, backend, plan)
-            self._plans[key] = plan
-            if len(self._plans) > self.plan_cache_size:
-                self._plans.popitem(last=False)
+            with self._plan_lock:  # one thread makes (and autotunes) a plan; the others then find it
+                plan = self._plans.get(key)
+                if plan is None:
+                    plan = self.make_plan(call, backend)
+                    if forced is None and not plan.measured and tuning.autotune_enabled():
+                        # tune this bucket once (xkernels.autotune, a built-in plugin), then plan from its rule
+                        tuned = registry.plugin_manager.hook.xkernels_tune_plan(op=self, call=call, backend=backend,
+                                                                                plan=plan)
+                        plan = plan if tuned is None else tuned
+                    elif forced is None:
+                        plan = self.settle(call, backend, plan)  # the first-use check, where one is due
+                    self._plans[key] = plan
+                    while len(self._plans) > self.plan_cache_size:
+                        self._plans.popitem(last=False)
         return plan
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:

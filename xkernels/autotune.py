@@ -29,6 +29,7 @@ import dataclasses
 import datetime
 import json
 import math
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from xkernels.hookspecs import hookimpl
 
 _warned = False
 _tuned: set[str] = set()  # buckets tuned by this process: never twice, whatever the cache holds
+_lock = threading.Lock()  # threads: one of them claims a bucket and warns once
 
 
 cache_dir = tuning_cache_dir
@@ -154,11 +156,12 @@ def tune(op: Any, call: Any, backend: Any, plan: Any) -> Any:
     arch = backend.arch(call.device)
     path = cache_dir(backend.name) / f"{op.name}.json"
     seen = json.dumps([op.name, backend.name, arch, when], sort_keys=True)
-    if seen in _tuned:
-        return plan
-    _tuned.add(seen)
-    if not _warned:
-        _warned = True
+    with _lock:  # threads: one of them tunes a bucket, and warns once
+        if seen in _tuned:
+            return plan
+        _tuned.add(seen)
+        first, _warned = not _warned, True
+    if first:
         warnings.warn(f"xkernels: autotuning {op.name} {label} on {call.device}; results cached in {path}",
                       RuntimeWarning, stacklevel=5)
     trial = _clone_call(call)

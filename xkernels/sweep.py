@@ -24,6 +24,7 @@ import itertools
 import json
 import math
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from xkernels.harness import Target, tolerances
 from xkernels.harness.accuracy import op_function, reference
 from xkernels.harness.cases import OPS, Case, T, cases, expected_result
 from xkernels.harness.perf import Settings, confirm, time_calls
+from xkernels.sweep_timing import Phases
 
 SHAPE_SETS = ("models", "seed", "quick")
 CHECK_CHUNK = 1 << 24
@@ -233,10 +235,12 @@ class Checkpoint:
         return done
 
     def append(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Append ``rec`` (on a line of its own: after a line a crash cut short, a new line)."""
         rec = {**rec, "backend": self.backend, "arch": self.arch}
         self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        with open(self.path, "a+b") as f:
+            cut = f.tell() > 0 and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n"
+            f.write((b"\n" if cut else b"") + json.dumps(rec).encode() + b"\n")
             f.flush()
             os.fsync(f.fileno())
         return rec
@@ -270,14 +274,27 @@ def _check(op: str, got: Any, ref: torch.Tensor, mag: torch.Tensor | None, tol: 
         raise ValueError(f"{bad} of {got.numel()} elements outside the tolerance ({tol.source[:60]}...)")
 
 
+def rotated(configs: tuple[dict[str, Any], ...], rank: int, size: int) -> list[dict[str, Any]]:
+    """``configs`` in the order rank ``rank`` of ``size`` measures them: starting ``rank / size``
+    of the way in. Ranks on one host share the Triton cache: started on the same kernels they
+    would compile each one ``size`` times at once; staggered, each compiles its own part of the
+    list first and later finds the others' parts in the cache."""
+    start = rank * len(configs) // max(size, 1)
+    return list(configs[start:]) + list(configs[:start])
+
+
 def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, dict[str, Any]],
                  record: Callable[[dict[str, Any]], dict[str, Any]], seed: int = 0,
-                 on_item: Callable[[dict[str, Any]], None] | None = None,
-                 confirm_loss: Confirm | None = None) -> list[dict[str, Any]]:
+                 on_item: Callable[[dict[str, Any]], None] | None = None, phases: Phases | None = None,
+                 order: tuple[int, int] = (0, 1), confirm_loss: Confirm | None = None) -> list[dict[str, Any]]:
     """Measure every config of ``sc`` not in ``done``; ``record`` stores each new record (a
-    checkpoint); returns the case's records (reused and new), torch's first. ``confirm_loss``:
-    where the fastest config of a matmul/linear case is slower than torch, the two are
-    re-measured in interleaved rounds (a ``confirm|<case>`` record), which the tables act on."""
+    checkpoint); returns the case's records (reused and new; torch's first, then the configs in
+    ``sc.configs`` order, then a ``confirm|<case>`` record where there is one). ``order`` = (rank,
+    world size): the order they are measured in (:func:`rotated`); ``phases`` accumulates where the
+    time goes (``xkernels.sweep_timing``). ``confirm_loss``: where the fastest config of a
+    matmul/linear case is slower than torch, the two are re-measured in interleaved rounds (the
+    ``confirm|<case>`` record), which the tables act on."""
+    phases = phases or Phases()
     case = sc.case
     todo = [c for c in sc.configs if item_id(sc.id, c) not in done]
     torch_key, confirm_key = f"torch|{sc.id}", f"confirm|{sc.id}"
@@ -286,11 +303,12 @@ def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, di
                                                                          else [])
     backend, device = target.backend, target.device
     fn, torch_fn = op_function(case.op), OPS[case.op].torch_fn
-    inputs = case.make_inputs(device, seed)
-    args, kwargs = inputs.args, inputs.kwargs
-    expected = expected_result(case.op, inputs)
-    wide_on = device if device.type in ("cpu", "cuda") else "cpu"  # float64 where the device has it
-    ref, mag, k = reference(case.op, inputs, expected.dtype, on=wide_on)
+    with phases("inputs_s"):
+        inputs = case.make_inputs(device, seed)
+        args, kwargs = inputs.args, inputs.kwargs
+        expected = expected_result(case.op, inputs)
+        wide_on = device if device.type in ("cpu", "cuda") else "cpu"  # float64 where the device has it
+        ref, mag, k = reference(case.op, inputs, expected.dtype, on=wide_on)
     tol = tolerances.tolerance(case.op, expected.dtype, backend)
     act = next((a for a in args[3:] if isinstance(a, str)), None) if case.op == "linear" else None
     dot = tol.dot_coefficient(k, act) if mag is not None else 0.0
@@ -299,19 +317,23 @@ def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, di
     if torch_key in done:
         torch_rec = done[torch_key]
     else:
-        ms = timer(lambda: torch_fn(*args, **kwargs), {"case": sc.id, "who": "torch"})
+        t0 = time.perf_counter()
+        with phases("timing_s"):
+            ms = timer(lambda: torch_fn(*args, **kwargs), {"case": sc.id, "who": "torch"})
+        phases.add("torch_timing_s", time.perf_counter() - t0)
         torch_rec = record({"key": torch_key, "case": sc.id, "torch_ms": ms})
-    out = [torch_rec]
-    for cfg in sc.configs:
+    by_id: dict[str, dict[str, Any]] = {}
+    for cfg in rotated(sc.configs, *order):
         iid = item_id(sc.id, cfg)
         if iid in done:
-            out.append(done[iid])
+            by_id[iid] = done[iid]
             continue
         rec: dict[str, Any] = {"key": iid, "case": sc.id, "cfg": cfg}
+        first = time.perf_counter()
         try:
             from xkernels.dispatch import use_backend
 
-            with use_backend(backend.name), tuning.force(cfg):
+            with use_backend(backend.name), tuning.force(cfg), phases.compiles():
                 expl = fn.explain(*args, **kwargs)
                 if cfg.get("TMA") and not expl.config.get("TMA"):
                     raise NotApplicable("the call cannot load its operands through tensor descriptors")
@@ -326,14 +348,20 @@ def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, di
                 for i, before in saved.items():
                     if not torch.equal(args[i], before):
                         raise ValueError(f"modified its input {OPS[case.op].arg_names[i]!r}")
-                rec["ms"] = timer(lambda: fn(*args, **kwargs), {"case": sc.id, "who": "xkernels", "cfg": cfg})
+                phases.add("first_call_s", time.perf_counter() - first)
+                first = None
+                with phases("timing_s"):
+                    rec["ms"] = timer(lambda: fn(*args, **kwargs), {"case": sc.id, "who": "xkernels", "cfg": cfg})
         except NotApplicable as exc:
             rec["not_applicable"] = str(exc)
         except Exception as exc:  # a config that fails to compile, run or match is recorded, not fatal
             rec["err"] = _first_line(exc)
-        out.append(record(rec))
+        if first is not None:  # failed or not applicable before its timing: all of it was the first call
+            phases.add("first_call_s", time.perf_counter() - first)
+        by_id[iid] = record(rec)
         if on_item is not None:
             on_item(rec)
+    out = [torch_rec] + [by_id[i] for i in sc.item_ids()]
     if confirm_loss is not None and case.op in MATMUL_OPS:
         recs = {r["key"]: r for r in out}
         best = _loses(sc, recs)

@@ -388,7 +388,11 @@ def _label(cfg: dict[str, Any]) -> str:
 def fit_cost(points: list[tuple[Shape, float]], cfg: dict[str, Any], units: int) -> list[float] | None:
     """Least-squares ``[a, b, c] >= 0`` of :func:`fitted_ms` on measured (shape, ms) points,
     relative error weighted, refitted twice without points off by more than 2x (one-off
-    slow measurements). ``None`` with fewer than three points."""
+    slow measurements). ``None`` with fewer than three points. The device's BLAS
+    (``{"VENDOR": true}``) has no tiles to count: its times are fitted by :func:`fit_vendor_cost`."""
+    if cfg.get("VENDOR"):
+        raise ValueError(f"fit_cost fits kernel configs (tiles, waves); {cfg} is the device's BLAS: "
+                         f"fit its times with fit_vendor_cost")
     pts = list(points)
     coef: list[float] | None = None
     for _ in range(3):

@@ -18,6 +18,7 @@ from xkernels.cli import matmul_tables, tune
 from xkernels.harness import Target
 from xkernels.harness.cases import Case, T
 from xkernels.harness.tolerances import tolerance
+from xkernels.ops.matmul import config as mc
 
 sys.path.insert(0, str(Path(__file__).parent))
 from tune_fixed_timer import fixed_timer  # noqa: E402
@@ -196,6 +197,74 @@ def test_torchrun_sweep_writes_the_rules_of_a_single_process_sweep(tmp_path):
     assert again["sweep"]["resumed"] == 5 and _rules(tmp_path / "two/add.json") == _rules(tmp_path / "one/add.json")
 
 
+def test_restart_after_a_rank_stopped_measures_only_what_its_checkpoint_lacks(tmp_path):
+    """A 2-process sweep whose rank 1 stopped mid-sweep (its checkpoint cut after two records, the
+    next line half written): the same command again measures exactly the missing items, on the
+    rank they belong to, and writes the rules of the uninterrupted sweep."""
+    args = [str(ROOT / "tests/cli/tune_fixed_timer.py"), "--backend", INTERP, "--op", "add", "--shapes", "quick",
+            "--out-dir", str(tmp_path)]
+    assert _torchrun(args, tmp_path).returncode == 0
+    full = _rules(tmp_path / "add.json")
+    ckpt = tmp_path / "checkpoints/add.rank1.jsonl"
+    lines = ckpt.read_text().splitlines()
+    lost = [json.loads(line) for line in lines[2:]]
+    lost_items = [r for r in lost if "cfg" in r]
+    assert lost_items, lines  # rank 1 had items after its first two records
+    ckpt.write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])
+    kept0 = len((tmp_path / "checkpoints/add.rank0.jsonl").read_text().splitlines())
+    proc = _torchrun(args, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = json.loads((tmp_path / "add.json").read_text())["sweep"]
+    assert again["measured"] == len(lost_items) and again["resumed"] == 5 - len(lost_items)
+    assert [r["measured"] for r in again["ranks"]] == [0, len(lost_items)]
+    # rank 0 appended nothing; rank 1 appended exactly the lost records (items and torch's)
+    assert len((tmp_path / "checkpoints/add.rank0.jsonl").read_text().splitlines()) == kept0
+    new = [json.loads(x) for x in ckpt.read_text().splitlines()[3:]]
+    assert sorted(r["key"] for r in new) == sorted(r["key"] for r in lost)
+    assert _rules(tmp_path / "add.json") == full
+
+
+def _vendor_candidates(cache: Path) -> list[dict]:
+    """A user-cache table for the interpreter whose linear candidates include the device's BLAS
+    (``{"VENDOR": true}``), as the cuda tables' do: a sweep then measures the vendor route."""
+    configs = [{"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8},
+               {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, {"VENDOR": True}]
+    d = cache / "tuning" / INTERP
+    d.mkdir(parents=True)
+    (d / "linear.json").write_text(json.dumps({"op": "linear", "backend": INTERP, "source": "a test", "archs": {},
+                                               "candidates": {"default": [{"when": {}, "configs": configs}]}}))
+    return configs
+
+
+def test_a_sweep_with_vendor_records_writes_the_same_tables_in_one_and_two_processes(tmp_path, monkeypatch):
+    """The vendor-BLAS candidate is measured like the others (its route checked against PyTorch)
+    and fitted as the vendor candidate, never as a kernel: one process and two (gloo) build the
+    tables, and choose the same rules and candidates from the same measurements."""
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path / "cache"))
+    configs = _vendor_candidates(tmp_path / "cache")
+    args = ["--backend", INTERP, "--op", "linear", "--shapes", "quick"]
+    assert tune.main([*args, "--out-dir", str(tmp_path / "one")], timer=fixed_timer) == 0
+    proc = _torchrun([str(ROOT / "tests/cli/tune_fixed_timer.py"), *args, "--out-dir", str(tmp_path / "two")], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = (json.loads((tmp_path / d / "linear.json").read_text()) for d in ("one", "two"))
+    assert one["sweep"]["items"] == two["sweep"]["items"] == 3 * len(configs)
+    assert one["sweep"]["failed"] == two["sweep"]["failed"] == []
+    assert two["sweep"]["world_size"] == 2 and all(two["sweep"]["items_per_rank"])
+    rows = [json.loads(x) for x in (tmp_path / "two/linear.measurements.jsonl").read_text().splitlines()]
+    assert all(any(c["cfg"] == {"VENDOR": True} and c["ms"] > 0 for c in r["cfgs"]) for r in rows)
+    assert one["archs"] == two["archs"] and one["candidates"] == two["candidates"]
+    fitted = one["candidates"]["interpreter"][0]["configs"]
+    assert [c for c in fitted if c.get("VENDOR")] == [c for c in fitted if "BLOCK_M" not in c]
+    assert len([c for c in fitted if c.get("VENDOR")]) == 1 and all(len(c["cost"]) == 3 for c in fitted if "BLOCK_M" in c)
+    # the same measurements, fed to the table builder in rank order or reversed: the same table
+    again = tune.table("linear", xkernels.get_backend(INTERP), list(reversed(rows)), one["source"])
+    assert again["archs"] == one["archs"] and again["candidates"] == one["candidates"]
+    # per-rank timing breakdown
+    for r in two["sweep"]["ranks"]:
+        assert r["wall_s"] > 0 and r["first_call_s"] > 0 and r["timing_s"] > 0 and r["compiles"] == 0
+    assert two["sweep"]["ranks"][0]["tables_s"] > 0 and "where the time went" in proc.stdout
+
+
 def test_torchrun_module_command_with_the_device_timer(tmp_path):
     proc = _torchrun(["-m", "xkernels.tune", "--backend", INTERP, "--op", "add", "--shapes", "quick", "--reps", "2",
                       "--out-dir", str(tmp_path)], ROOT)
@@ -264,3 +333,64 @@ def test_a_losing_case_is_re_measured_in_interleaved_rounds(tmp_path):
     again = sweep.measure_case(sc, _target(), timer, ckpt.load(), ckpt.append,
                                confirm_loss=sweep.confirm_for(_target(), timer, rounds=3))
     assert calls == [] and [r["key"] for r in again] == [r["key"] for r in recs]
+
+
+FIXTURE = Path(__file__).parent / "data/linear-bert-h100-with-vendor.jsonl"
+
+
+def test_tables_from_h100_measurements_with_vendor_records(tmp_path):
+    """BERT-base linear rows measured on an H100 (bf16; kernel configs and torch's time from
+    results/2026-11-22-h100-gemm-calibration/calib.jsonl, the vendor route's time from torch
+    measured again on the same shape, results/2026-11-22-h100-gemm-calibration-seeds/calib2.jsonl):
+    the ``{"VENDOR": true}`` records are fitted with
+    torch's times as the device's BLAS, never as a kernel (they have no tiles), and never win a
+    rule as a kernel; rows split over ranks in any order build the same table."""
+    rows = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+    assert all(sum(c["cfg"] == {"VENDOR": True} for c in r["cfgs"]) == 1 for r in rows)
+    built = tune.matmul_rules(rows, units=132)["bfloat16"]
+    fitted = built["candidates"][0]["configs"]
+    vendor = [c for c in fitted if c.get("VENDOR")]
+    assert len(vendor) == 1 and len(vendor[0]["cost"]) == 4
+    assert all("BLOCK_M" in c and len(c["cost"]) == 3 for c in fitted if not c.get("VENDOR"))
+    blas = [(mc.Shape(r["M"], r["N"], r["K"], 1, 2, True), bool(r["act"]), ms) for r in rows
+            for ms in [r["torch_ms"]] + [c["ms"] for c in r["cfgs"] if c["cfg"].get("VENDOR")]]
+    assert vendor[0]["cost"] == [float(f"{v:.4g}") for v in mc.fit_vendor_cost(blas)]
+    for rule in built["rules"]:
+        row = next(r for r in rows if [r["M"], r["N"], r["K"]] == rule["measured"]["shapes"][0])
+        kernels = [c["ms"] for c in row["cfgs"] if not c["cfg"].get("VENDOR")]
+        pointer = [c["ms"] for c in row["cfgs"] if "BLOCK_M" in c["cfg"] and not c["cfg"].get("TMA")]
+        if rule["config"] == {"VENDOR": True}:  # only where the best kernel is over 3% slower than torch
+            assert min(kernels) > row["torch_ms"] * matmul_tables.VENDOR_MARGIN
+        else:  # a TMA rule is the fastest kernel; the pointer rule after it the fastest pointer kernel
+            fastest = min(kernels) if rule["when"].get("variant") == "tma" else min(pointer)
+            assert "BLOCK_M" in rule["config"] and rule["measured"]["ms"] == round(fastest, 5)
+    assert {json.dumps(r["config"]) for r in built["rules"]} > {json.dumps({"VENDOR": True})}
+    shuffled = rows[1::2] + rows[::2]  # what rank 0 gathers from two ranks
+    assert tune.matmul_rules(shuffled, units=132) == tune.matmul_rules(rows, units=132)
+    with pytest.raises(ValueError, match="fit_vendor_cost"):
+        mc.fit_cost([(mc.Shape(8, 8, 8, 1, 2, True), 1.0)] * 3, {"VENDOR": True}, 132)
+    # the offline command over the same file installs the same rules
+    table = tmp_path / "linear.json"
+    table.write_text(json.dumps({"op": "linear", "backend": "cuda", "archs": {}}))
+    assert matmul_tables.main([str(FIXTURE), "--arch", "sm90", "--units", "132", "--source", "test", "--install",
+                               str(tmp_path), "--op", "linear"]) == 0
+    installed = json.loads(table.read_text())
+    assert installed["archs"]["sm90"] == matmul_tables.build(matmul_tables.merge(rows, "linear"), 132)["rules"]
+
+
+def test_ranks_measure_a_case_s_configs_in_staggered_orders():
+    """Rank r of n starts r/n of the way into a case's configs (so that ranks sharing a Triton
+    cache do not compile the same kernels at once); the records come back in config order."""
+    cfgs = tuple({"BLOCK_M": m, "BLOCK_N": 64} for m in (1, 2, 4, 8))
+    assert sweep.rotated(cfgs, 0, 2) == list(cfgs) and sweep.rotated(cfgs, 1, 2) == [*cfgs[2:], *cfgs[:2]]
+    assert sweep.rotated(cfgs, 2, 3) == [*cfgs[2:], *cfgs[:2]] and sweep.rotated((), 1, 2) == []
+    sc = sweep.SweepCase(_bias_case(), cfgs, "test")
+    seen = []
+
+    def timer(fn, label):
+        seen.append(label.get("cfg"))
+        return fixed_timer(fn, label)
+
+    recs = sweep.measure_case(sc, _target(), timer, {}, lambda r: r, order=(1, 2))
+    assert seen == [None, *cfgs[2:], *cfgs[:2]]
+    assert [r["cfg"] for r in recs[1:]] == list(cfgs) and all("ms" in r for r in recs[1:])

@@ -29,6 +29,13 @@ row-major, linear's K-contiguous: one op's winners are not the other's). From th
   than 2.5x slower than fitted) are left out of the candidates: the model could not predict them.
   Torch's times are fitted too (``{"VENDOR": true, "cost": ...}``, ``matmul_config.vendor_ms``):
   the model picks a kernel only when it is estimated 1.1x faster than the device's BLAS.
+
+A measured ``{"VENDOR": true}`` config (the tables' vendor candidate, which a sweep measures like
+the others: the front door's BLAS route, checked against PyTorch) is never a kernel: it has no
+tiles, so it is neither a rule's winner nor fitted with :func:`fit_cost`. Its times are the
+device's BLAS measured once more and join torch's in the vendor fit, as ``matmul_config`` uses
+that candidate (its cost is ``vendor_ms``'s, not the wave model's). Vendor rules still compare
+the best kernel with torch's own time.
 """
 
 from __future__ import annotations
@@ -68,6 +75,16 @@ def _m_ranges(ms: list[int]) -> dict[int, tuple[int, int | None]]:
     return out
 
 
+def is_vendor(cfg: dict[str, Any]) -> bool:
+    """Whether a measured config is the device's BLAS route (``{"VENDOR": true}``), not a kernel."""
+    return bool(cfg.get("VENDOR"))
+
+
+def kernel_cfgs(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The kernel configs of a measurement row that ran (not failed, not the BLAS route)."""
+    return [c for c in r["cfgs"] if "ms" in c and not is_vendor(c["cfg"])]
+
+
 def _epilogue(r: dict[str, Any]) -> tuple[str, bool | None]:
     """(activation, bias) of a measurement row (bias ``None`` where the row does not say)."""
     return r.get("act") or "none", r.get("bias")
@@ -104,11 +121,11 @@ def _class_rules(group: list[dict[str, Any]], dtypes: list[str], n: int, k: int,
     out = []
     ranges = _m_ranges([r["M"] for r in group])
     for r in sorted(group, key=lambda r: r["M"]):
-        ok = [c for c in r["cfgs"] if "ms" in c]
+        ok = kernel_cfgs(r)
         if not ok:
             continue
-        best = min(ok, key=lambda c: c["ms"])
-        pointer = min((c for c in ok if not c["cfg"].get("TMA")), key=lambda c: c["ms"], default=None)
+        best = min(ok, key=lambda c: (c["ms"], _key(c["cfg"])))
+        pointer = min((c for c in ok if not c["cfg"].get("TMA")), key=lambda c: (c["ms"], _key(c["cfg"])), default=None)
         lo, hi = ranges[r["M"]]
         when: dict[str, Any] = {"dtype": dtypes, "n": n, "k": k, **extra, "m_min": lo}
         if hi is not None:
@@ -150,16 +167,19 @@ def _confirmed(conf: dict[str, Any]) -> dict[str, Any]:
 
 def candidates(rows: list[dict[str, Any]], dtypes: list[str], units: int) -> list[dict[str, Any]]:
     """Candidate groups with fitted costs (see the module doc), the device's BLAS among them as
-    ``{"VENDOR": true, "cost": ...}`` fitted on the rows' torch times."""
+    ``{"VENDOR": true, "cost": ...}`` fitted on the rows' torch times and their measured
+    ``{"VENDOR": true}`` configs (the BLAS route), which are never fitted as kernels."""
     points: dict[str, list[tuple[Shape, float]]] = {}
     cfgs: dict[str, dict[str, Any]] = {}
-    blas = [(Shape(r["M"], r["N"], r["K"], 1, 2, True), bool(r.get("act")), r["torch_ms"]) for r in rows]
+    blas: list[tuple[Shape, bool, float]] = []
     for r in rows:
-        for c in r["cfgs"]:
-            if "ms" in c:
-                k = _key(c["cfg"])
-                cfgs[k] = c["cfg"]
-                points.setdefault(k, []).append((Shape(r["M"], r["N"], r["K"], 1, 2, True), c["ms"]))
+        shape = Shape(r["M"], r["N"], r["K"], 1, 2, True)
+        blas.append((shape, bool(r.get("act")), r["torch_ms"]))
+        blas += [(shape, bool(r.get("act")), c["ms"]) for c in r["cfgs"] if "ms" in c and is_vendor(c["cfg"])]
+        for c in kernel_cfgs(r):
+            k = _key(c["cfg"])
+            cfgs[k] = c["cfg"]
+            points.setdefault(k, []).append((shape, c["ms"]))
     fitted = []
     for k, pts in sorted(points.items()):
         cost = fit_cost(pts, cfgs[k], units)
@@ -210,6 +230,11 @@ def merge(rows: list[dict[str, Any]], op: str, untagged: str = "linear") -> list
 
 def build(rows: list[dict[str, Any]], units: int, dtypes: list[str] = HALF,
           vendor_margin: float = VENDOR_MARGIN) -> dict[str, Any]:
+    """Rules and fitted candidates of ``rows``. The rows are taken in one canonical order (shape,
+    epilogue), their configs too, so the same measurements give the same table whatever order
+    they were gathered in (ranks, files): the fits' sums are then added up in the same order."""
+    rows = [{**r, "cfgs": sorted(r["cfgs"], key=lambda c: _key(c["cfg"]))}
+            for r in sorted(rows, key=lambda r: (r["N"], r["K"], r["M"], str(r.get("act")), str(r.get("bias"))))]
     return {"rules": rules(rows, dtypes, vendor_margin), "candidates": candidates(rows, dtypes, units)}
 
 

@@ -139,12 +139,13 @@ class Progress:
               file=sys.stderr, flush=True)
 
     def wait_for_others(self, poll_s: float = 0.5) -> None:
-        """On rank 0: keep the bar moving until every rank's items are counted."""
-        if self.world.rank != 0:
-            return
+        """Wait until every rank's items are counted (rank 0 keeps the bar moving meanwhile), so
+        that each rank's time waiting for the others is spent, and can be counted, here."""
         done = self.world.add_done(self.counter, 0)
         while self.world._store is not None and done < self.total:
             time.sleep(poll_s)
             done = self.world.add_done(self.counter, 0)
-            self.show(done)
-        self.show(done, final=True)
+            if self.world.rank == 0:
+                self.show(done)
+        if self.world.rank == 0:
+            self.show(done, final=True)

@@ -40,6 +40,7 @@ from xkernels.cli import matmul_tables
 from xkernels.cli.sweep_world import Progress, World, join
 from xkernels.harness import Target
 from xkernels.harness.cases import parse_dtype
+from xkernels.sweep_timing import Phases, describe
 
 
 def _dtypes_for(dt: str, measured: set[str]) -> list[str]:
@@ -116,6 +117,7 @@ def run(op: str, backend_name: str, shapes: str, out_dir: Path, dtypes: list[tor
         world: World | None = None) -> dict[str, Any] | None:
     """Sweep ``op`` (this rank's share) and, on rank 0, write and return its table."""
     t0 = time.perf_counter()
+    phases = Phases()
     backend = xkernels.get_backend(backend_name)
     backend.require_available()
     world = world or join(backend.device_type)
@@ -123,27 +125,43 @@ def run(op: str, backend_name: str, shapes: str, out_dir: Path, dtypes: list[tor
     confirm_loss = sweep.confirm_for(target, timer)  # a loss is confirmed in interleaved rounds before it counts
     timer = timer or sweep.timer_for(target, reps)
     arch = backend.arch()
-    planned = sweep.plan(op, backend, shapes, dtypes, models)
-    mine = sweep.assign(planned, world.size)
-    ckpt = sweep.Checkpoint(out_dir, op, world.rank, backend.name, arch)
-    world.barrier()  # every rank reads the checkpoints before any writes
-    done = ckpt.load()
-    world.barrier()
+    with phases("plan_s"):
+        planned = sweep.plan(op, backend, shapes, dtypes, models)
+        mine = sweep.assign(planned, world.size)
+        ckpt = sweep.Checkpoint(out_dir, op, world.rank, backend.name, arch)
+    with phases("sync_s"):
+        world.barrier()  # every rank reads the checkpoints before any writes
+    with phases("plan_s"):
+        done = ckpt.load()
+    with phases("sync_s"):
+        world.barrier()
     total = sum(len(sc.configs) for sc in planned)
     progress = Progress(world, total, f"xkernels.tune {op} ({shapes})")
     my_items = [iid for i in mine[world.rank] for iid in planned[i].item_ids()]
     resumed = sum(iid in done for iid in my_items)
-    progress.resumed(resumed)
+    with phases("progress_s"):
+        progress.resumed(resumed)
+    measured = 0
+
+    def step(rec: dict[str, Any]) -> None:
+        nonlocal measured
+        measured += 1
+        with phases("progress_s"):
+            progress.step(rec)
+
     records: dict[str, dict[str, Any]] = {}
     for i in mine[world.rank]:
-        for rec in sweep.measure_case(planned[i], target, timer, done, ckpt.append, seed, on_item=progress.step,
-                                      confirm_loss=confirm_loss):
+        for rec in sweep.measure_case(planned[i], target, timer, done, ckpt.append, seed, on_item=step,
+                                      phases=phases, order=(world.rank, world.size), confirm_loss=confirm_loss):
             records[rec["key"]] = rec
-    stats = {"items": len(my_items), "resumed": resumed, "seconds": round(time.perf_counter() - t0, 2)}
-    progress.wait_for_others()
-    gathered = world.gather((records, stats))
+    with phases("sync_s"):
+        progress.wait_for_others()
+    stats = phases.report(world.rank, items=len(my_items), measured=measured, resumed=resumed)
+    with phases("sync_s"):
+        gathered = world.gather((records, stats))
     if gathered is None:
         return None
+    t_tables = time.perf_counter()
     merged: dict[str, dict[str, Any]] = {}
     for recs, _ in gathered:
         merged.update(recs)
@@ -153,16 +171,23 @@ def run(op: str, backend_name: str, shapes: str, out_dir: Path, dtypes: list[tor
               f"{datetime.date.today()}; torch {torch.__version__}; triton {_triton_version()}")
     result = table(op, backend, rows, source)
     failed = [{"case": r["case"], "cfg": r["cfg"], "err": r["err"]} for r in merged.values() if "err" in r]
-    result["sweep"] = {"world_size": world.size, "items": total, "items_per_rank": [s["items"] for _, s in gathered],
+    ranks = [s for _, s in gathered]
+    result["sweep"] = {"world_size": world.size, "items": total, "items_per_rank": [s["items"] for s in ranks],
                        "failed": failed, "not_applicable": sum("not_applicable" in r for r in merged.values()),
-                       "resumed": sum(s["resumed"] for _, s in gathered),
-                       "seconds": round(time.perf_counter() - t0, 2), "shapes": shapes}
+                       "resumed": sum(s["resumed"] for s in ranks), "measured": sum(s["measured"] for s in ranks),
+                       "seconds": 0.0, "shapes": shapes, "ranks": ranks}
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{op}.json").write_text(json.dumps(result, indent=1) + "\n")
     (out_dir / f"{op}.measurements.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # rank 0's table time (building, plus writing the measurements) joins its breakdown
+    ranks[0]["tables_s"] = round(time.perf_counter() - t_tables, 3)
+    ranks[0]["wall_s"] = round(ranks[0]["wall_s"] + ranks[0]["tables_s"], 3)
+    result["sweep"]["seconds"] = round(time.perf_counter() - t0, 2)
+    (out_dir / f"{op}.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"xkernels.tune {op}: {len(result['archs'][arch])} rules from {len(rows)} cases, {total} items on "
           f"{world.size} process(es), {len(failed)} failed, {result['sweep']['not_applicable']} not applicable, "
-          f"{result['sweep']['seconds']} s -> {out_dir / (op + '.json')}", flush=True)
+          f"{result['sweep']['measured']} measured, {result['sweep']['resumed']} resumed from checkpoints, "
+          f"{result['sweep']['seconds']} s -> {out_dir / (op + '.json')}\n"
+          f"xkernels.tune {op}: where the time went (seconds per rank):\n{describe(ranks)}", flush=True)
     return result
 
 
