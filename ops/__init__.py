@@ -4,6 +4,8 @@
     xkernels.ops.add(x, y, alpha=1)          # torch.add semantics
     xkernels.ops.matmul(a, b)                # torch.matmul semantics
     xkernels.ops.linear(x, w, b, activation="gelu")   # F.linear + activation, fused epilogue
+    xkernels.ops.add_layer_norm(x, residual, w, b)    # (F.layer_norm(x + residual), x + residual), one pass
+    xkernels.ops.add_rms_norm(x, residual, w)         # (RMSNorm(x + residual), x + residual), one pass
     xkernels.ops.explain(xkernels.ops.add, x, y)      # which backend/kernel/config, and why
 """
 
@@ -14,12 +16,15 @@ from typing import Any
 from xkernels.ops import library
 from xkernels.ops.add import add
 from xkernels.ops.broadcast import broadcast
+from xkernels.ops.fused import add_norm_grad
+from xkernels.ops.fused.add_norm import add_layer_norm, add_rms_norm
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
 
 library.register()
+add_norm_grad.register()
 
-__all__ = ["Explanation", "Op", "add", "broadcast", "explain", "linear", "matmul"]
+__all__ = ["Explanation", "Op", "add", "add_layer_norm", "add_rms_norm", "broadcast", "explain", "linear", "matmul"]
 
 
 def explain(op: Op, *args: Any, **kwargs: Any) -> Explanation:
