@@ -185,13 +185,14 @@ def torch_forward(call: AddNormCall) -> tuple[torch.Tensor, torch.Tensor | None,
     (float64 for float64), y cast to s's dtype. The cpu backend's route and the reference of
     the fallback dtypes."""
     x, r = call.x, call.residual
-    s = (x.clone() if call.store_sum else x) if r is None else x + r
+    s = (x.clone(memory_format=torch.contiguous_format) if call.store_sum else x) if r is None else x + r
     if s.dtype != call.dtype:
         s = s.to(call.dtype)
+    s = s.contiguous()  # results are contiguous on every route (the kernels write them so)
     wide = torch.float64 if call.dtype == torch.float64 else torch.float32
     y, mean, rstd = normalize(s.to(wide), call.kind, call.weight, call.bias, call.eps, call.offset,
                               call.store_stats)
-    return y.to(call.dtype), s if call.store_sum else None, mean, rstd
+    return y.to(call.dtype).contiguous(), s if call.store_sum else None, mean, rstd
 
 
 def normalize(s: torch.Tensor, kind: str, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,

@@ -88,6 +88,11 @@ def plan_key(call: AddNormCall, backend: Backend) -> Any:
             _meta(call.bias), call.store_sum, call.store_stats)
 
 
+def _empty(shape: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Result allocation (one place, so tests can poison what the kernel must overwrite)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 class AddNormPlan(Plan):
     def __init__(self, backend: Backend, call: AddNormCall) -> None:
         from xkernels.ops.fused import add_norm_kernels as K
@@ -133,7 +138,10 @@ class AddNormPlan(Plan):
         self.variant = ("one pass: each row tile held on chip" if one_chunk else
                         f"chunked: N={n} > BLOCK_N={block_n}, statistics merged over chunks, s recomputed "
                         f"in the second pass")
-        whys = [f"{block_m} row(s) per program, {'one chunk' if one_chunk else 'chunks'} of {block_n} columns"]
+        norm = "LayerNorm" if call.kind == "layer" else "RMSNorm"
+        writes = "y and s" if call.store_sum else "y only (s not written)"
+        whys = [f"{norm} of x{' + residual' if call.residual is not None else ''}, writes {writes}; "
+                f"{block_m} row(s) per program, {'one chunk' if one_chunk else 'chunks'} of {block_n} columns"]
         if self.copies:
             whys.append(f"{' and '.join(repr(c) for c in self.copies)} copied to contiguous rows first "
                         f"(leading dims do not collapse to one row stride, or the last dim is strided)")
@@ -150,12 +158,12 @@ class AddNormPlan(Plan):
             x = x.contiguous()
         if r is not None and "residual" in self.copies:
             r = r.expand(shape).contiguous()
-        y = torch.empty(shape, dtype=dtype, device=dev)
-        s = torch.empty(shape, dtype=dtype, device=dev) if self.store_sum else None
+        y = _empty(shape, dtype, dev)
+        s = _empty(shape, dtype, dev) if self.store_sum else None
         rows = call.rows
         layer = not self.constexprs["RMS"]
-        mean = torch.empty(rows, dtype=torch.float32, device=dev) if self.store_stats and layer else None
-        rstd = torch.empty(rows, dtype=torch.float32, device=dev) if self.store_stats else None
+        mean = _empty(rows, torch.float32, dev) if self.store_stats and layer else None
+        rstd = _empty(rows, torch.float32, dev) if self.store_stats else None
         if y.numel() == 0:
             for t in (mean, rstd):  # N = 0: no statistics (torch's are NaN too)
                 if t is not None:
