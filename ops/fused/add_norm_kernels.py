@@ -46,12 +46,24 @@ def _rowsum(v):
 
 
 @triton.jit
+def _round_to(s, S_TY: tl.constexpr):
+    """``s`` rounded to ``S_TY`` (to nearest, ties to even), back in fp32. bfloat16 is rounded by
+    hand first, so that the cast is exact whatever rounding mode a backend's fp32 -> bf16 cast
+    has (Triton's interpreter truncates): s is then bit-identical to torch's ``x + residual``."""
+    if S_TY.is_bf16():
+        bits = s.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        s = tl.where(s == s, bits.to(tl.float32, bitcast=True), s)  # NaN stays NaN
+    return s.to(S_TY).to(tl.float32)
+
+
+@triton.jit
 def _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES: tl.constexpr, S_TY: tl.constexpr):
     """s = x + residual on one tile, rounded to s's dtype, returned in fp32 (0 where masked)."""
     s = tl.load(x_ptr + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(r_ptr + roff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = (s + r).to(S_TY).to(tl.float32)
+        s = _round_to(s + r, S_TY)
     return s
 
 
