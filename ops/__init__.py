@@ -5,6 +5,8 @@
     xkernels.ops.matmul(a, b)                # torch.matmul semantics
     xkernels.ops.linear(x, w, b, activation="gelu")   # F.linear + activation, fused epilogue
     xkernels.ops.gated_linear(x, wg, wu)     # silu(x @ wg.T) * (x @ wu.T): a gated MLP's gate/up
+    xkernels.ops.add_layer_norm(x, residual, w, b)    # (F.layer_norm(x + residual), x + residual), one pass
+    xkernels.ops.add_rms_norm(x, residual, w)         # (RMSNorm(x + residual), x + residual), one pass
     xkernels.ops.explain(xkernels.ops.add, x, y)      # which backend/kernel/config, and why
 """
 
@@ -15,15 +17,20 @@ from typing import Any
 from xkernels.ops import library
 from xkernels.ops.elementwise.add import add
 from xkernels.ops.elementwise.broadcast import broadcast
+from xkernels.ops.fused import add_norm_grad
 from xkernels.ops.fused import gated_linear as _gated_linear
+from xkernels.ops.fused.add_norm import add_layer_norm, add_rms_norm
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
 
 library.register({"broadcast": broadcast, "add": add, "matmul": matmul, "linear": linear})
-_gated_linear.register()  # its own fragment of the xkernels namespace
+# the fused ops define their own fragments of the xkernels namespace
+add_norm_grad.register({"add_layer_norm": add_layer_norm, "add_rms_norm": add_rms_norm})
+_gated_linear.register()
 gated_linear = _gated_linear.gated_linear
 
-__all__ = ["Explanation", "Op", "add", "broadcast", "explain", "gated_linear", "linear", "matmul"]
+__all__ = ["Explanation", "Op", "add", "add_layer_norm", "add_rms_norm", "broadcast", "explain", "gated_linear", "linear",
+           "matmul"]
 
 
 def explain(op: Op, *args: Any, **kwargs: Any) -> Explanation:

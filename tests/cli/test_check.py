@@ -48,7 +48,8 @@ def summary(out: str) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("ops, dtypes", [("add,broadcast", "float16,bfloat16,float32,int32,int64"),
-                                         ("matmul,linear", "float16,bfloat16,float32")])
+                                         ("matmul,linear", "float16,bfloat16,float32"),
+                                         ("add_layer_norm,add_rms_norm", "float16,bfloat16,float32")])
 def test_quick_interpreter_run_passes(capsys, ops, dtypes, tmp_path):
     import xkernels
 
@@ -74,6 +75,23 @@ def test_wrong_values_fail(capsys):
     n, _, failed = summary(out)
     assert rc == 1 and failed > n // 2, out
     assert "outside tolerance" in out
+
+
+@pytest.mark.parametrize("wrong, needle", [("y", "output 0: "), ("s", "output 1: "), ("tensor", "not 2 tensors")])
+def test_fused_norm_outputs_are_each_checked(capsys, wrong, needle):
+    """(y, s) of add_rms_norm: a wrong y, a wrong s, or y alone each fail the case."""
+    def off(x, residual, weight=None, eps=1e-6, *, offset=0.0, return_sum=True):
+        result = OPS["add_rms_norm"].torch_fn(x, residual, weight, eps, offset=offset, return_sum=return_sum)
+        if not return_sum:
+            return result if wrong != "y" else result * 1.001
+        y, s = result
+        return {"y": (y * 1.001, s), "s": (y, s * 1.001), "tensor": y}[wrong]
+
+    with Override("add_rms_norm", "cpu", off):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "add_rms_norm", "--dtype", "float32")
+    n, _, failed = summary(out)
+    assert rc == 1 and failed >= n // 2, out
+    assert needle in out
 
 
 def test_one_part_in_a_thousand_fails_float32(capsys):

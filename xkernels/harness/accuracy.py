@@ -95,6 +95,8 @@ def reference(op: str, inputs: Inputs, dtype: torch.dtype,
     if not any(isinstance(a, torch.Tensor) for a in args):  # Python numbers only (add(2.5, 3)): widen one
         args[0] = torch.tensor(args[0], dtype=wide)
     kwargs = {k: up(v) for k, v in inputs.kwargs.items() if k != "out"}
+    if spec.reference is not None:  # tuples for ops with several outputs
+        return spec.reference(dtype, *args, **kwargs)
     ref = spec.torch_fn(*args, **kwargs)
     if not spec.matmul_like:
         return ref, None, 0
@@ -144,7 +146,8 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
     spec = OPS[case.op]
     inputs = case.make_inputs(device, seed)
     expected = expected_result(case.op, inputs)
-    tol = tolerances.tolerance(case.op, expected.dtype, backend)
+    wanted = list(expected) if isinstance(expected, tuple) else [expected]  # (y, s) of the fused norms
+    tol = tolerances.tolerance(case.op, wanted[0].dtype, backend)
 
     out = inputs.out
     named = inputs.named_tensors(spec.arg_names)
@@ -154,7 +157,7 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
     clones = Inputs(tuple(_clone(a) for a in inputs.args),
                     {k: _clone(v) for k, v in inputs.kwargs.items() if k != "out"})
     saved = clones.named_tensors(spec.arg_names)
-    ref64, mag, k = reference(case.op, clones, expected.dtype)
+    ref64, mag, k = reference(case.op, clones, wanted[0].dtype)
     activation = _activation(case.op, inputs)
     tol_text = tol.describe(k if mag is not None else None, activation)
 
@@ -170,32 +173,43 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
         first = (str(exc).strip().splitlines() or [""])[0]
         return fail(f"raised {type(exc).__name__}: {first}")
 
-    if not isinstance(result, torch.Tensor):
-        return fail(f"returned {type(result).__name__}, not a tensor")
-    if tuple(result.shape) != tuple(expected.shape) or result.dtype != expected.dtype:
-        return fail(f"returned {tuple(result.shape)} {result.dtype}, PyTorch gives {tuple(expected.shape)} "
-                    f"{expected.dtype}")
-    # with Python numbers only and no out=, PyTorch's result is on the CPU whatever the device
-    want = torch.device(device) if named or out is not None else expected.device
-    if (result.device.type, result.device.index if want.index is not None else None) != (want.type, want.index):
-        return fail(f"returned a tensor on {result.device}, not {device}")
+    results = list(result) if isinstance(result, tuple) and isinstance(expected, tuple) else [result]
+    if len(results) != len(wanted) or not all(isinstance(r, torch.Tensor) for r in results):
+        what = f"a tuple of {len(results)}" if isinstance(result, tuple) else type(result).__name__
+        return fail(f"returned {what}, not {'a tensor' if len(wanted) == 1 else f'{len(wanted)} tensors'}")
+    for got, exp in zip(results, wanted):
+        if tuple(got.shape) != tuple(exp.shape) or got.dtype != exp.dtype:
+            return fail(f"returned {tuple(got.shape)} {got.dtype}, PyTorch gives {tuple(exp.shape)} {exp.dtype}")
+        # with Python numbers only and no out=, PyTorch's result is on the CPU whatever the device
+        want = torch.device(device) if named or out is not None else exp.device
+        if (got.device.type, got.device.index if want.index is not None else None) != (want.type, want.index):
+            return fail(f"returned a tensor on {got.device}, not {device}")
     if out is not None and not _same_view(result, out):
         return fail("did not return the out= tensor")
     for name, before in saved.items():
         if not (in_place and _same_view(named[name], out)) and not torch.equal(named[name], before):
             return fail(f"modified its input '{name}'")
 
-    cmp = compare(result.detach().cpu(), ref64.to(expected.dtype), mag,
-                  tol, tol.dot_coefficient(k, activation) if mag is not None else 0.0)
-    if cmp.left:
-        what = "NaN" if expected.dtype.is_floating_point else "sentinel"
-        return fail(f"{cmp.left} of {result.numel()} elements still {what} (never written?)", cmp.max_abs, cmp.max_rel)
-    if cmp.bad:
-        idx, got, want = cmp.first_bad
-        at = tuple(int(i) for i in torch.unravel_index(torch.tensor(idx), tuple(result.shape))) if result.dim() else ()
-        return fail(f"{cmp.bad} of {result.numel()} elements outside tolerance; first at {at}: "
-                    f"got {got:.6g}, want {want:.6g}", cmp.max_abs, cmp.max_rel)
-    return CheckResult(case, True, cmp.max_abs, cmp.max_rel, tol_text, "", time.perf_counter() - start)
+    refs = list(ref64) if len(wanted) > 1 else [ref64]
+    mags = list(mag) if len(wanted) > 1 else [mag]
+    max_abs = max_rel = 0.0
+    for i, (got, exp, ref, m) in enumerate(zip(results, wanted, refs, mags)):
+        # a second output without a magnitude (the fused norms' sum s) is element-wise
+        t = tol if i == 0 else tolerances.ELEMENTWISE[exp.dtype]
+        cmp = compare(got.detach().cpu(), ref.to(exp.dtype), m, t, t.dot_coefficient(k, activation) if m is not None
+                      else 0.0)
+        max_abs, max_rel = _nanmax(max_abs, cmp.max_abs), _nanmax(max_rel, cmp.max_rel)
+        which = f"output {i}: " if len(wanted) > 1 else ""
+        if cmp.left:
+            what = "NaN" if exp.dtype.is_floating_point else "sentinel"
+            return fail(f"{which}{cmp.left} of {got.numel()} elements still {what} (never written?)", max_abs,
+                        max_rel)
+        if cmp.bad:
+            idx, g, w = cmp.first_bad
+            at = tuple(int(j) for j in torch.unravel_index(torch.tensor(idx), tuple(got.shape))) if got.dim() else ()
+            return fail(f"{which}{cmp.bad} of {got.numel()} elements outside tolerance; first at {at}: "
+                        f"got {g:.6g}, want {w:.6g}", max_abs, max_rel)
+    return CheckResult(case, True, max_abs, max_rel, tol_text, "", time.perf_counter() - start)
 
 
 @dataclass

@@ -27,7 +27,9 @@ from xkernels.harness.heldout import SIZE_TAG as HELDOUT
 from xkernels.harness.heldout import heldout_cases
 from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
 
-OP_NAMES = ("broadcast", "add", "matmul", "linear", "gated_linear")
+OP_NAMES = ("broadcast", "add", "matmul", "linear", "gated_linear", "add_layer_norm", "add_rms_norm")
+#: ops whose result is ``(y, s)``: a norm of the residual sum and the sum (``return_sum=True``)
+NORM_OPS = ("add_layer_norm", "add_rms_norm")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
 INT_RANGE = (-1000, 1000)  # random ints: sums and promotions to float16 stay exact
@@ -72,16 +74,71 @@ def _torch_gated_linear(x: torch.Tensor, weight: torch.Tensor, up_weight: torch.
     return reference_gated_linear(x, weight, up_weight, bias, up_bias, activation)
 
 
+def _torch_add_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None,
+                          bias: torch.Tensor | None = None, eps: float = 1e-5, *, return_sum: bool = True) -> Any:
+    s = x if residual is None else x + residual
+    y = torch.nn.functional.layer_norm(s, (s.shape[-1],), weight, bias, eps)
+    return (y, s) if return_sum else y
+
+
+def _torch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None,
+                        eps: float = 1e-6, *, offset: float = 0.0, return_sum: bool = True) -> Any:
+    """The add, then RMSNorm as Llama's ``LlamaRMSNorm`` computes it (fp32 inside, cast at the end)."""
+    s = x if residual is None else x + residual
+    h = s if s.dtype == torch.float64 else s.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        h = h * (offset + weight.to(h.dtype))
+    y = h.to(s.dtype)
+    return (y, s) if return_sum else y
+
+
+def _norm_reference(kind: str, dtype: torch.dtype, x: torch.Tensor, residual: torch.Tensor | None,
+                    weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, offset: float,
+                    return_sum: bool) -> tuple[Any, Any, int]:
+    """The float64 reference of a fused add + norm, given the result dtype: ``s`` rounded to it
+    first (torch's ``x + residual`` is a tensor of that dtype, and the norm reads that), then the
+    norm in float64. With it, per element of y, the magnitude the fp32 statistics' rounding
+    scales with, ``(|s - mean| + mean(|s|)) * rstd * |w|`` (RMSNorm: ``|s| * rstd * |offset + w|``),
+    and the reduction length N."""
+    s = (x if residual is None else x + residual).to(dtype).double()
+    if kind == "layer":
+        y = _torch_add_layer_norm(s, None, weight, bias, eps, return_sum=False)
+        centred = s - s.mean(-1, keepdim=True)
+        mag = centred.abs() + s.abs().mean(-1, keepdim=True)
+    else:
+        y = _torch_add_rms_norm(s, None, weight, eps, offset=offset, return_sum=False)
+        centred = mag = s.abs()
+    mag = mag * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        mag = mag * (weight + offset).abs()
+    n = x.shape[-1]
+    return ((y, s.to(dtype)), (mag, None), n) if return_sum else (y, mag, n)
+
+
+def _ref_add_layer_norm(dtype: torch.dtype, x: torch.Tensor, residual: torch.Tensor | None, weight: Any = None,
+                        bias: Any = None, eps: float = 1e-5, *, return_sum: bool = True) -> tuple[Any, Any, int]:
+    return _norm_reference("layer", dtype, x, residual, weight, bias, eps, 0.0, return_sum)
+
+
+def _ref_add_rms_norm(dtype: torch.dtype, x: torch.Tensor, residual: torch.Tensor | None, weight: Any = None,
+                      eps: float = 1e-6, *, offset: float = 0.0, return_sum: bool = True) -> tuple[Any, Any, int]:
+    return _norm_reference("rms", dtype, x, residual, weight, None, eps, offset, return_sum)
+
+
 @dataclass(frozen=True)
 class OpSpec:
-    """One op as the harnesses see it."""
+    """One op as the harnesses see it. ``reference``: where the float64 reference is more than
+    ``torch_fn`` on widened inputs: ``reference(result dtype, *args, **kwargs) -> (ref, mag, K)``
+    (tuples for ops with several outputs; a ``mag`` of ``None`` for an element-wise output)."""
 
     name: str
     arg_names: tuple[str, ...]
-    torch_fn: Callable[..., torch.Tensor]
+    torch_fn: Callable[..., Any]
     joiner: str  # how shapes are written in tables: "x + bias", "a @ b"
     matmul_like: bool = False
     gemms: int = 1  # GEMMs of the result's size per call (flop count: 2 * gemms * result numel * K)
+    reference: Callable[..., Any] | None = None
 
 
 OPS: dict[str, OpSpec] = {
@@ -91,6 +148,10 @@ OPS: dict[str, OpSpec] = {
     "linear": OpSpec("linear", ("x", "weight", "bias"), _torch_linear, ", ", matmul_like=True),
     "gated_linear": OpSpec("gated_linear", ("x", "weight", "up_weight", "bias", "up_bias"), _torch_gated_linear,
                            ", ", matmul_like=True, gemms=2),
+    "add_layer_norm": OpSpec("add_layer_norm", ("x", "residual", "weight", "bias"), _torch_add_layer_norm, ", ",
+                             reference=_ref_add_layer_norm),
+    "add_rms_norm": OpSpec("add_rms_norm", ("x", "residual", "weight"), _torch_add_rms_norm, ", ",
+                           reference=_ref_add_rms_norm),
 }
 
 
@@ -459,14 +520,53 @@ def gated_linear_cases(d: torch.dtype) -> list[Case]:
     return cases
 
 
+#: (rows, N, label, bench size) of the model-sized norm cases: BERT-base 16 x 512 tokens, Llama-3-8B
+#: and Llama-2-13B (N = 5120) 8 x 1024 tokens, an odd N = 1000
+NORM_SHAPES = ((8192, 768, "BERT-base hidden 768", "medium"), (8192, 4096, "Llama-3-8B hidden 4096", "large"),
+               (8192, 5120, "Llama-2-13B hidden 5120", "large"), (4096, 1000, "odd N=1000", "medium"),
+               (16, 4096, "decode: 16 tokens, hidden 4096", "small"))
+
+
+def norm_cases(op: str, d: torch.dtype) -> list[Case]:
+    """``add_layer_norm`` / ``add_rms_norm``: with and without residual, weight, bias, the sum;
+    odd N, broadcast residual, non-contiguous x, promotion."""
+    layer = op == "add_layer_norm"
+    C = lambda *a, layout, **kw: Case(op, a, layout, Q, **kw)  # noqa: E731
+
+    def full(rows: int, n: int, x: str = "contiguous", r: tuple[int, ...] | None = None) -> tuple[Any, ...]:
+        wb = (T((n,), d), T((n,), d)) if layer else (T((n,), d),)
+        return (T((rows, n), d, x), T(r or (rows, n), d), *wb)
+
+    cases = [C(*full(rows, n), layout=f"x + residual, weight{', bias' if layer else ''}, N={n}")
+             for rows, n in ((5, 7), (4, 768), (3, 1000), (2, 4096), (2, 5120))]
+    cases += [
+        C(T((6, 40), d), None, layout="no residual (s = x)"),
+        C(T((6, 40), d), T((6, 40), d), layout="no weight" + (", no bias" if layer else "")),
+        C(*full(6, 40), layout="return_sum=False", kwargs=(("return_sum", False),)),
+        C(*full(6, 40, r=(40,)), layout="residual[N] broadcast"),
+        C(*full(17, 33, x="transposed"), layout="x transposed (copied)"),
+        C(*full(6, 40, x="strided"), layout="x step-sliced [..., ::2] (copied)"),
+        C(T((5, 33), d), T((5, 33), _other_float(d)), layout=f"residual {str(_other_float(d))[6:]} (promotes)"),
+    ]
+    if not layer:
+        cases.append(C(T((6, 40), d), T((6, 40), d), T((40,), d), layout="offset=1.0 (Gemma's 1 + weight)",
+                       kwargs=(("offset", 1.0),)))
+    for n, size in SEEDS:
+        cases.append(Case(op, full(n, n), "x + residual, weight" + (", bias" if layer else ""), _bench(size)))
+    for rows, n, label, size in NORM_SHAPES:
+        cases.append(Case(op, full(rows, n), label, _bench(size)))
+    return cases
+
+
 _BUILDERS: dict[str, Callable[[torch.dtype], list[Case]]] = {
     "broadcast": broadcast_cases, "add": add_cases, "matmul": matmul_cases, "linear": linear_cases,
-    "gated_linear": gated_linear_cases}
+    "gated_linear": gated_linear_cases,
+    "add_layer_norm": lambda d: norm_cases("add_layer_norm", d), "add_rms_norm": lambda d: norm_cases("add_rms_norm", d)}
 
 
 def dtypes_for(op: str) -> tuple[torch.dtype, ...]:
     """The dtypes an op is checked in: floats everywhere, ints for the element-wise ops."""
-    return FLOAT_DTYPES if OPS[op].matmul_like else FLOAT_DTYPES + INT_DTYPES
+    return FLOAT_DTYPES if OPS[op].matmul_like or op in NORM_OPS else FLOAT_DTYPES + INT_DTYPES
 
 
 def cases(ops: Iterable[str] = OP_NAMES, dtypes: Iterable[torch.dtype] | None = None,

@@ -92,9 +92,11 @@ def _meta_inputs(case: Case) -> Inputs:
 def footprint(case: Case, device: torch.device, chunk: int) -> Footprint:
     """The estimated peak of ``check_case(case)`` on ``device`` (see the module doc)."""
     specs = [a for a in case.args if isinstance(a, T)]
-    out = expected_result(case.op, _meta_inputs(case))
-    out_numel, out_es = out.numel(), _element_size(out.dtype)
-    out_bytes = out_numel * out_es
+    outs = expected_result(case.op, _meta_inputs(case))
+    outs = outs if isinstance(outs, tuple) else (outs,)  # (y, s) of the fused norms
+    out = outs[0]
+    out_numel = sum(o.numel() for o in outs)
+    out_bytes = sum(o.numel() * _element_size(o.dtype) for o in outs)
     stored = sum(math.prod(s.shape) * (2 if s.view == "strided" else 1) * _element_size(s.dtype) for s in specs)
     logical = sum(math.prod(s.shape) * _element_size(s.dtype) for s in specs)  # clones are dense
     wide_in = sum(math.prod(s.shape) * _wide_size(s.dtype) for s in specs)
@@ -110,6 +112,8 @@ def footprint(case: Case, device: torch.device, chunk: int) -> Footprint:
     scratch = stored if matmul_like else out_bytes
     reference = wide_in + wide_out + (wide_in + wide_out if matmul_like else 0) + (wide_out if activation else 0)
     reference += 6 * wide_out if gated else 0
+    if len(outs) > 1:  # the fused norms' reference: the rounded sum, centred values and magnitude as well
+        reference += 3 * wide_out
     kept = wide_out * (2 if matmul_like else 1)  # the reference (and |A|@|B|) during the comparison
     compare = out_bytes + min(out_numel, chunk) * COMPARE_BYTES_PER_ELEMENT  # reference cast + temporaries
 

@@ -190,9 +190,11 @@ def _distinct_bytes(t: torch.Tensor) -> int:
 
 def work(op: str, inputs: Inputs) -> Work:
     """What one call of ``op`` on ``inputs`` must do, whatever the implementation."""
-    out = expected_result(op, inputs)
+    outs = expected_result(op, inputs)
+    outs = outs if isinstance(outs, tuple) else (outs,)  # (y, s) of the fused norms
+    out = outs[0]
     tensors = inputs.named_tensors(OPS[op].arg_names).values()
-    nbytes = sum(_distinct_bytes(t) for t in tensors) + out.numel() * out.element_size()
+    nbytes = sum(_distinct_bytes(t) for t in tensors) + sum(o.numel() * o.element_size() for o in outs)
     if OPS[op].matmul_like:
         return Work(nbytes, 2 * OPS[op].gemms * out.numel() * inputs.args[0].shape[-1])
     return Work(nbytes, out.numel())

@@ -92,6 +92,19 @@ MATMUL: dict[tuple[torch.dtype, str], Tolerance] = {
                                        f"{HIGHAM}", TF32_U, FP32_U),
 }
 
+NORM_STATS = ("statistics (mean, variance / mean square) are sums of N terms accumulated in fp32: the inner-product "
+              "bound with operand_u = 0 (the terms are exact in fp32), applied to the magnitude "
+              "(|s - mean| + mean|s|) * rstd * |w| that an error in the mean or in rstd scales; " + HIGHAM)
+
+#: add_layer_norm / add_rms_norm's y by result dtype: the element-wise tolerance of the dtype (one
+#: rounding of y) plus the fp32 statistics' rounding over N (``mag`` from the harness reference).
+NORM: dict[torch.dtype, Tolerance] = {
+    d: dataclasses.replace(ELEMENTWISE[d], source=f"{ELEMENTWISE[d].source}; {NORM_STATS}",
+                           accum_u=2.0**-53 if d == torch.float64 else FP32_U)
+    for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
+NORM_OPS = ("add_layer_norm", "add_rms_norm")
+
 #: Whole models and training runs (many ops, each rounding): the result is compared with the same
 #: model run in float64, and xkernels' error may be at most ``ratio`` times the error of the same
 #: model run by PyTorch in the same dtype, plus ``atol``: both round at the same points (one dtype
@@ -127,6 +140,8 @@ GATED_ROUNDED = ("gated_linear's vendor route and PyTorch round gate and up to t
 
 def tolerance(op: str, dtype: torch.dtype, backend: Backend) -> Tolerance:
     """The tolerance for ``op`` producing ``dtype`` on ``backend`` (KeyError if none is defined)."""
+    if op in NORM_OPS:
+        return NORM[dtype]
     if op not in ("matmul", "linear", "gated_linear"):
         return ELEMENTWISE[dtype]
     precision = backend.fp32_matmul_precision() if dtype == torch.float32 else "ieee"

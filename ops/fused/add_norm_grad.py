@@ -1,0 +1,251 @@
+"""Gradients of ``add_layer_norm`` / ``add_rms_norm`` and their ``torch.library`` custom ops.
+
+Backward (PyTorch, not a Triton kernel yet): from the saved sum ``s`` and the forward's per-row
+statistics (``mean``, ``rstd``, fp32, written by the forward kernel; recomputed from ``s`` where
+a route did not produce them), in fp32 (float64 for float64 inputs)::
+
+    xhat = (s - mean) * rstd                 (RMSNorm: s * rstd)
+    g    = dy * w                            (RMSNorm: dy * (offset + w); no weight: dy)
+    d(s) = rstd * (g - mean(g) - xhat * mean(g * xhat)) + ds     (RMSNorm: no mean(g) term)
+    d(w) = sum over rows of dy * xhat,  d(b) = sum over rows of dy
+
+``ds`` is the gradient reaching the returned sum (the next block's residual), so
+``d(x) = d(s)`` and ``d(residual) = d(s)`` summed over the dims the residual was broadcast
+along, each cast to its operand's dtype. Double backward is not supported (``once_differentiable``).
+
+Custom ops (for ``torch.compile(fullgraph=True)`` and ``torch.export``)::
+
+    xkernels::add_layer_norm(Tensor x, Tensor? residual, Tensor? weight=None, Tensor? bias=None,
+                             float eps=1e-05, bool return_sum=True) -> (Tensor, Tensor, Tensor, Tensor)
+    xkernels::add_rms_norm(Tensor x, Tensor? residual, Tensor? weight=None, float eps=1e-06,
+                           float offset=0.0, bool return_sum=True) -> (Tensor, Tensor, Tensor, Tensor)
+
+returning ``(y, s, mean, rstd)``: ``s`` is an empty ``(0,)`` tensor when ``return_sum`` is False
+(never written; the backward recomputes it from x and residual), ``mean`` is ``(0,)`` for
+RMSNorm; the front door returns ``(y, s)`` or ``y``. Fake implementations run the op's own
+checks, so bad input raises the same error while tracing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+_lib: Any = None
+SCHEMAS = {
+    "add_layer_norm": "add_layer_norm(Tensor x, Tensor? residual, Tensor? weight=None, Tensor? bias=None, "
+                      "float eps=1e-05, bool return_sum=True) -> (Tensor, Tensor, Tensor, Tensor)",
+    "add_rms_norm": "add_rms_norm(Tensor x, Tensor? residual, Tensor? weight=None, float eps=1e-06, "
+                    "float offset=0.0, bool return_sum=True) -> (Tensor, Tensor, Tensor, Tensor)",
+}
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def recompute_sum(x: torch.Tensor, residual: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    s = x if residual is None else x + residual
+    return s if s.dtype == dtype else s.to(dtype)
+
+
+def statistics(s: torch.Tensor, kind: str, eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(mean or None for RMSNorm, rstd) of ``s`` per row, in the compute dtype."""
+    rows = s.reshape(-1, s.shape[-1]).to(_wide(s.dtype))
+    if kind == "rms":
+        return None, torch.rsqrt(rows.square().mean(1) + eps)
+    var, mean = torch.var_mean(rows, dim=1, correction=0)
+    return mean, torch.rsqrt(var + eps)
+
+
+def norm_backward(kind: str, dy: torch.Tensor | None, ds: torch.Tensor | None, s: torch.Tensor,
+                  mean: torch.Tensor | None, rstd: torch.Tensor | None, weight: torch.Tensor | None,
+                  has_bias: bool, eps: float, offset: float,
+                  needs_wb: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(d(s) as (rows, N) in the compute dtype, d(weight), d(bias)); see the module doc."""
+    n = s.shape[-1]
+    wide = _wide(s.dtype)
+    rows = s.numel() // n if n else 0
+    if rstd is None or rstd.numel() != rows or (kind == "layer" and (mean is None or mean.numel() != rows)):
+        mean, rstd = statistics(s, kind, eps)
+    sf = s.reshape(-1, n).to(wide)
+    r = rstd.to(wide)[:, None]
+    xhat = (sf - mean.to(wide)[:, None]) * r if kind == "layer" else sf * r
+    gs = gw = gb = None
+    if dy is not None:
+        g = dy.reshape(-1, n).to(wide)
+        if weight is not None and needs_wb[0]:
+            gw = (g * xhat).sum(0).to(weight.dtype)
+        if has_bias and needs_wb[1]:
+            gb = g.sum(0)
+        if weight is not None:
+            g = g * (weight.to(wide) + offset) if offset else g * weight.to(wide)
+        proj = (g * xhat).mean(1, keepdim=True)
+        gs = r * (g - g.mean(1, keepdim=True) - xhat * proj) if kind == "layer" else r * (g - xhat * proj)
+    if ds is not None:
+        d = ds.reshape(-1, n).to(wide)
+        gs = d if gs is None else gs + d
+    return gs, gw, gb
+
+
+def operand_grads(gs: torch.Tensor | None, shape: torch.Size, x_dtype: torch.dtype,
+                  residual: tuple[torch.Size, torch.dtype] | None,
+                  needs: tuple[bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if gs is None:
+        return None, None
+    g = gs.reshape(shape)
+    gx = g.to(x_dtype) if needs[0] else None
+    gr = None
+    if residual is not None and needs[1]:
+        gr = (g.sum_to_size(residual[0]) if residual[0] != shape else g).to(residual[1])
+    return gx, gr
+
+
+# -- eager autograd -----------------------------------------------------------------------------
+class AddNormFunction(torch.autograd.Function):
+    """``op(call)`` recorded by autograd: outputs (y, s); s is always written (the backward needs it)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Any, call: Any, x: torch.Tensor, residual: torch.Tensor | None,
+                weight: torch.Tensor | None, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        call.store_sum = True
+        y, s, mean, rstd = op.forward_all(call)
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(s, mean, rstd, weight)
+        ctx.meta = (call.kind, call.eps, call.offset, bias is not None, x.shape, x.dtype,
+                    None if residual is None else (residual.shape, residual.dtype),
+                    None if bias is None else bias.dtype)
+        return y, s
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, dy: torch.Tensor | None, ds: torch.Tensor | None) -> tuple[Any, ...]:
+        s, mean, rstd, weight = ctx.saved_tensors
+        kind, eps, offset, has_bias, shape, x_dtype, res, b_dtype = ctx.meta
+        needs = ctx.needs_input_grad
+        gs, gw, gb = norm_backward(kind, dy, ds, s, mean, rstd, weight, has_bias, eps, offset, (needs[4], needs[5]))
+        gx, gr = operand_grads(gs, shape, x_dtype, res, (needs[2], needs[3]))
+        return None, None, gx, gr, gw, None if gb is None else gb.to(b_dtype)
+
+
+def recorded(op: Any, call: Any) -> Any:
+    y, s = AddNormFunction.apply(op, call, call.x, call.residual, call.weight, call.bias)
+    return (y, s) if call.return_sum else y
+
+
+# -- custom ops ---------------------------------------------------------------------------------
+_registered: dict[str, Any] = {}  # "add_layer_norm" / "add_rms_norm" -> the Op, handed in by ``register``
+
+
+def _ops() -> dict[str, Any]:
+    return _registered
+
+
+def _outputs(call: Any, y: torch.Tensor, s: torch.Tensor | None, mean: torch.Tensor | None,
+             rstd: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    if rstd is None:  # a route without statistics (a plugin's): from s, or x + residual
+        base = s if s is not None else recompute_sum(call.x, call.residual, call.dtype)
+        mean, rstd = statistics(base, call.kind, call.eps)
+        rstd = rstd.float() if call.dtype != torch.float64 else rstd
+        mean = None if mean is None else mean.to(rstd.dtype)
+    empty = torch.empty(0, dtype=call.dtype, device=call.device)
+    return (y, s if s is not None else empty, mean if mean is not None else rstd.new_empty(0), rstd)
+
+
+def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _fake_outputs(call: Any) -> tuple[torch.Tensor, ...]:
+    dev, dt, rows = call.device, call.dtype, call.rows
+    st = _stats_dtype(dt)
+    return (torch.empty(call.shape, dtype=dt, device=dev),
+            torch.empty(call.shape if call.return_sum else (0,), dtype=dt, device=dev),
+            torch.empty(rows if call.kind == "layer" else 0, dtype=st, device=dev),
+            torch.empty(rows, dtype=st, device=dev))
+
+
+def _layer(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None, eps: float = 1e-5, return_sum: bool = True) -> tuple[torch.Tensor, ...]:
+    op = _ops()["add_layer_norm"]
+    call = op.check(x, residual, weight, bias, eps, return_sum=return_sum)
+    return _outputs(call, *op.forward_all(call))
+
+
+def _layer_fake(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None,
+                bias: torch.Tensor | None = None, eps: float = 1e-5, return_sum: bool = True) -> tuple[torch.Tensor, ...]:
+    return _fake_outputs(_ops()["add_layer_norm"].check(x, residual, weight, bias, eps, return_sum=return_sum))
+
+
+def _rms(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None, eps: float = 1e-6,
+         offset: float = 0.0, return_sum: bool = True) -> tuple[torch.Tensor, ...]:
+    op = _ops()["add_rms_norm"]
+    call = op.check(x, residual, weight, eps, offset=offset, return_sum=return_sum)
+    return _outputs(call, *op.forward_all(call))
+
+
+def _rms_fake(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None, eps: float = 1e-6,
+              offset: float = 0.0, return_sum: bool = True) -> tuple[torch.Tensor, ...]:
+    return _fake_outputs(_ops()["add_rms_norm"].check(x, residual, weight, eps, offset=offset, return_sum=return_sum))
+
+
+def _setup(kind: str) -> Any:
+    def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        if kind == "layer":
+            x, residual, weight, bias, eps, return_sum = inputs
+            offset = 0.0
+        else:
+            x, residual, weight, eps, offset, return_sum = inputs
+            bias = None
+        y, s, mean, rstd = output
+        keep = (s, None, None) if return_sum else (None, x, residual)
+        ctx.save_for_backward(*keep, mean, rstd, weight)
+        ctx.meta = (kind, eps, offset, bias is not None, x.shape, x.dtype,
+                    None if residual is None else (residual.shape, residual.dtype),
+                    None if bias is None else bias.dtype, y.dtype)
+    return setup
+
+
+def _backward(ctx: Any, dy: Any, ds: Any, _gmean: Any = None, _grstd: Any = None) -> tuple[Any, ...]:
+    s, x, residual, mean, rstd, weight = ctx.saved_tensors
+    kind, eps, offset, has_bias, shape, x_dtype, res, b_dtype, dtype = ctx.meta
+    if s is None:
+        s = recompute_sum(x, residual, dtype)
+        ds = None
+    elif ds is not None and ds.numel() == 0:
+        ds = None
+    needs = ctx.needs_input_grad
+    gs, gw, gb = norm_backward(kind, dy, ds, s, mean if kind == "layer" else None, rstd, weight, has_bias, eps,
+                               offset, (needs[2], kind == "layer" and needs[3]))
+    gx, gr = operand_grads(gs, shape, x_dtype, res, (needs[0], needs[1]))
+    gb = None if gb is None else gb.to(b_dtype)
+    if kind == "layer":
+        return gx, gr, gw, gb, None, None
+    return gx, gr, gw, None, None, None
+
+
+def register(ops: dict[str, Any]) -> None:
+    """Define the two custom ops (once; torch < 2.4 has no register_autograd: eager only).
+    ``ops``: the two Op objects (handed in by the ops package: this module sits below them)."""
+    global _lib
+    _registered.update(ops)
+    if _lib is not None or not hasattr(torch.library, "register_autograd"):
+        return
+    lib = torch.library.Library("xkernels", "FRAGMENT")
+    for name, (real, fake, kind) in {"add_layer_norm": (_layer, _layer_fake, "layer"),
+                                     "add_rms_norm": (_rms, _rms_fake, "rms")}.items():
+        lib.define(SCHEMAS[name])
+        lib.impl(name, real, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"xkernels::{name}", fake, lib=lib)
+        torch.library.register_autograd(f"xkernels::{name}", _backward, setup_context=_setup(kind), lib=lib)
+    _lib = lib
+
+
+def compiled(op: Any, canon: tuple[Any, ...]) -> Any:
+    """The call as its custom op, while ``torch.compile``/``torch.export`` trace."""
+    if _lib is None:
+        raise RuntimeError(f"xkernels.ops.{op.name}: torch.compile/torch.export of xkernels ops needs torch >= 2.4 "
+                           f"(torch.library.register_autograd); this is torch {torch.__version__}")
+    return op.library_call(canon)

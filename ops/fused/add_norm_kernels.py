@@ -1,0 +1,171 @@
+"""Triton source of ``add_layer_norm`` / ``add_rms_norm``: the residual add and the norm after it.
+
+One program normalizes a tile of ``BLOCK_M`` rows of length ``N`` (the last dim). Per row:
+
+    s = round_to_s_dtype(x + residual)        # what torch's ``x + residual`` gives, fp32 inside
+    LayerNorm: y = (s - mean(s)) * rsqrt(var(s) + eps) * w + b
+    RMSNorm:   y = s * rsqrt(mean(s^2) + eps) * (offset + w)
+
+Statistics are accumulated in fp32 whatever the dtype; ``y`` is rounded once, at the store. ``s``
+is rounded to its dtype before the statistics, so ``y`` is exactly what ``norm(x + residual)``
+is in torch, where the sum is a tensor of that dtype.
+
+* ``ONE_CHUNK``: ``N <= BLOCK_N``: the whole row tile stays in registers / the unified buffer;
+  the mean is taken first, then the variance of ``s - mean`` (two-pass in registers, no
+  cancellation). Memory traffic: x, residual read once; s, y written once.
+* otherwise the row is walked in chunks of ``BLOCK_N`` twice: pass 1 reads x and residual, stores
+  s and merges each chunk's (mean, M2) into the running ones (Chan et al.'s pairwise update, as
+  stable as two passes); pass 2 recomputes s from x and residual (it never reads back its own
+  stores, whose visibility within a program no backend promises) and writes y.
+* ``PERSISTENT``: fewer programs than row tiles (Ascend: one per vector core); program ``pid``
+  takes tiles ``pid, pid + nprog, ...``.
+* ``INDEX_64``: row offsets can pass 2**31 - 1.
+
+Operands: x, residual, s, y have a row stride each and unit column stride (the host copies other
+layouts); a residual broadcast along the rows has row stride 0. ``mean``/``rstd`` (fp32, one per
+row) are written only when ``STORE_STATS`` (autograd keeps them for the backward).
+
+Rules for kernels here (they also run under the in-process interpreter): call only helpers of
+this module and ``tl`` builtins, take the program count as an argument, no ``tl.cdiv``.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _rowsum(v):
+    """Sum over the columns (``tl.sum`` spelled as ``tl.reduce`` with this module's combine
+    function: ``tl.sum`` is a jitted library function the in-process interpreter cannot call)."""
+    return tl.reduce(v, 1, _add)
+
+
+@triton.jit
+def _round_to(s, S_TY: tl.constexpr):
+    """``s`` rounded to ``S_TY`` (to nearest, ties to even), back in fp32. bfloat16 is rounded by
+    hand first, so that the cast is exact whatever rounding mode a backend's fp32 -> bf16 cast
+    has (Triton's interpreter truncates): s is then bit-identical to torch's ``x + residual``."""
+    if S_TY.is_bf16():
+        bits = s.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        s = tl.where(s == s, bits.to(tl.float32, bitcast=True), s)  # NaN stays NaN
+    return s.to(S_TY).to(tl.float32)
+
+
+@triton.jit
+def _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES: tl.constexpr, S_TY: tl.constexpr):
+    """s = x + residual on one tile, rounded to s's dtype, returned in fp32 (0 where masked)."""
+    s = tl.load(x_ptr + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(r_ptr + roff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = _round_to(s + r, S_TY)
+    return s
+
+
+@triton.jit
+def _scale_shift(yhat, w_ptr, b_ptr, cols, cmask, offset,
+                 RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if RMS:
+            w = w + offset
+        yhat = yhat * w[None, :]
+    if HAS_B:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        yhat = yhat + b[None, :]
+    return yhat
+
+
+@triton.jit
+def _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R, N, sx, sr, ss, sy, eps, offset,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_RES: tl.constexpr,
+          HAS_W: tl.constexpr, HAS_B: tl.constexpr, STORE_SUM: tl.constexpr, STORE_STATS: tl.constexpr,
+          ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr):
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < R
+    if INDEX_64:
+        rows = rows.to(tl.int64)
+    xoff = rows * sx
+    roff = rows * sr
+    soff = rows * ss
+    yoff = rows * sy
+    S_TY = y_ptr.dtype.element_ty  # y has s's dtype
+    if ONE_CHUNK:
+        cols = tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        mask = rmask[:, None] & cmask[None, :]
+        s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+        if STORE_SUM:
+            tl.store(s_ptr + soff[:, None] + cols[None, :], s.to(S_TY), mask=mask)
+        if RMS:
+            rstd = 1.0 / tl.sqrt(_rowsum(s * s) / N + eps)
+            yhat = s * rstd[:, None]
+        else:
+            mean = _rowsum(s) / N
+            d = tl.where(mask, s - mean[:, None], 0.0)
+            rstd = 1.0 / tl.sqrt(_rowsum(d * d) / N + eps)
+            yhat = d * rstd[:, None]
+        y = _scale_shift(yhat, w_ptr, b_ptr, cols, cmask, offset, RMS, HAS_W, HAS_B)
+        tl.store(y_ptr + yoff[:, None] + cols[None, :], y.to(S_TY), mask=mask)
+    else:
+        mean = tl.full((BLOCK_M,), 0.0, tl.float32)
+        m2 = tl.full((BLOCK_M,), 0.0, tl.float32)
+        for c in range(0, N, BLOCK_N):
+            cols = c + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            mask = rmask[:, None] & cmask[None, :]
+            s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+            if STORE_SUM:
+                tl.store(s_ptr + soff[:, None] + cols[None, :], s.to(S_TY), mask=mask)
+            if RMS:
+                m2 += _rowsum(s * s)
+            else:
+                nb = tl.minimum(N - c, BLOCK_N).to(tl.float32)  # valid columns in this chunk
+                na = c * 1.0  # columns merged so far (every earlier chunk is full)
+                cm = _rowsum(s) / nb
+                d = tl.where(mask, s - cm[:, None], 0.0)
+                delta = cm - mean
+                n = na + nb
+                mean += delta * (nb / n)
+                m2 += _rowsum(d * d) + delta * delta * (na * nb / n)
+        rstd = 1.0 / tl.sqrt(m2 / N + eps)
+        for c in range(0, N, BLOCK_N):
+            cols = c + tl.arange(0, BLOCK_N)
+            cmask = cols < N
+            mask = rmask[:, None] & cmask[None, :]
+            s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+            if RMS:
+                yhat = s * rstd[:, None]
+            else:
+                yhat = (s - mean[:, None]) * rstd[:, None]
+            y = _scale_shift(yhat, w_ptr, b_ptr, cols, cmask, offset, RMS, HAS_W, HAS_B)
+            tl.store(y_ptr + yoff[:, None] + cols[None, :], y.to(S_TY), mask=mask)
+    if STORE_STATS:
+        if not RMS:
+            tl.store(mean_ptr + rows, mean, mask=rmask)
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def add_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr,
+                    R, N, sx, sr, ss, sy, eps, offset, n_tiles, nprog,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_RES: tl.constexpr,
+                    HAS_W: tl.constexpr, HAS_B: tl.constexpr, STORE_SUM: tl.constexpr,
+                    STORE_STATS: tl.constexpr, ONE_CHUNK: tl.constexpr, PERSISTENT: tl.constexpr,
+                    INDEX_64: tl.constexpr):
+    """y = norm(x + residual) over rows of length N; s = x + residual stored when STORE_SUM."""
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        for tile in range(pid, n_tiles, nprog):
+            _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R, N, sx, sr, ss, sy,
+                  eps, offset, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
+                  ONE_CHUNK, INDEX_64)
+    else:
+        _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, pid, R, N, sx, sr, ss, sy,
+              eps, offset, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
+              ONE_CHUNK, INDEX_64)
