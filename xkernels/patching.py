@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from xkernels import blocks
 from xkernels import nn as xnn
 from xkernels.patterns import activation_of, loaded, patterns
 
