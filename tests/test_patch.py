@@ -57,7 +57,8 @@ def test_sequential_mlp(backend, device):
     assert ("13" in left) is not tanh_fused  # Dropout (11) is no activation: not reported
     assert set(left) <= {"9", "13"}
     text = str(report)
-    assert text.startswith(f"xkernels.patch: 7 replaced ({len(fused)} with a fused activation), {len(left)} left")
+    assert text.startswith(f"xkernels.patch: 0 blocks fused, 7 layers replaced ({len(fused)} with a fused activation), "
+                           f"{len(left)} left")
     assert "replaced 0 (Linear) + 1 fused as 'gelu' -> xkernels.nn.Linear(in_features=16, out_features=32" in text
 
     again = xkernels.patch(model)  # idempotent: everything is an xkernels module already

@@ -7,6 +7,11 @@ activation that follows each one where the model's structure says so, and report
 
 Rules, in order:
 
+0. *Block fusions* (``xkernels/blocks.py``): a module whose forward is, statement for statement,
+   a known one (Llama's decoder layer, BERT's output block, GPT-2's block, ViT's layer, Llama's
+   or Phi-3's gated MLP, a Llama/Gemma RMSNorm), whatever its class is called, gets an equivalent
+   forward on the instance that runs the residual add with the norm after it as one pass, the
+   gated MLP as one op, an RMSNorm as one kernel. The report lists them under ``blocks``.
 1. *Fusions*: in an ``nn.Sequential``, a linear layer directly followed by an activation module;
    in a known module class (``data/patch_patterns.json``: BertIntermediate, GPT2MLP, LlamaMLP,
    ViTMLP, ...), its projection and the activation its forward applies to it. The layer becomes
@@ -25,20 +30,17 @@ stay valid. Known module classes are looked up only among modules already import
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from xkernels import blocks
 from xkernels import nn as xnn
+from xkernels.patterns import activation_of, loaded, patterns
 
-__all__ = ["Left", "PatchReport", "Replaced", "patch"]
+__all__ = ["FusedBlock", "Left", "PatchReport", "Replaced", "patch"]
 
-PATTERNS = Path(__file__).parent / "data" / "patch_patterns.json"
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,13 @@ class Replaced:
     new: str  # the xkernels module, as its repr's first line
     activation: str | None = None  # the fused activation
     activation_module: str | None = None  # qualified name of the activation slot now nn.Identity
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    name: str  # qualified name of the module whose forward now runs fused ops
+    kind: str  # its class
+    fusion: str  # what is fused (``xkernels.blocks.FUSIONS``)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class PatchReport:
 
     replaced: list[Replaced] = field(default_factory=list)
     left: list[Left] = field(default_factory=list)
+    blocks: list[FusedBlock] = field(default_factory=list)
+    _forwards: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
     #: (parent, attribute, the module patch found there), in the order patch replaced them
     _originals: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list, repr=False,
                                                                          compare=False)
@@ -74,52 +85,35 @@ class PatchReport:
         while self._originals:
             parent, attr, module = self._originals.pop()
             parent._modules[attr] = module
+        while self._forwards:
+            blocks.restore(self._forwards.pop())
 
     @property
     def fused(self) -> list[Replaced]:
         return [r for r in self.replaced if r.activation]
 
+    def counts(self) -> dict[str, int]:
+        """How many of each fusion ``patch`` made: block fusions by name, plus
+        ``"linear + activation"`` and ``"linear"`` (swapped unfused)."""
+        out: dict[str, int] = {}
+        for b in self.blocks:
+            out[b.fusion] = out.get(b.fusion, 0) + 1
+        for r in self.replaced:
+            kind = "linear + activation" if r.activation else "linear"
+            out[kind] = out.get(kind, 0) + 1
+        return out
+
     def __str__(self) -> str:
-        lines = [f"xkernels.patch: {len(self.replaced)} replaced ({len(self.fused)} with a fused activation), "
-                 f"{len(self.left)} left"]
+        lines = [f"xkernels.patch: {len(self.blocks)} blocks fused, {len(self.replaced)} layers replaced "
+                 f"({len(self.fused)} with a fused activation), {len(self.left)} left"]
+        for b in self.blocks:
+            lines.append(f"  fused {b.name} ({b.kind}): {b.fusion}")
         for r in self.replaced:
             fused = f" + {r.activation_module} fused as {r.activation!r}" if r.activation else ""
             lines.append(f"  replaced {r.name} ({r.old}){fused} -> {r.new}")
         for m in self.left:
             lines.append(f"  left {m.name} ({m.kind}): {m.reason}")
         return "\n".join(lines)
-
-
-@lru_cache(maxsize=1)
-def _patterns() -> dict[str, Any]:
-    return json.loads(PATTERNS.read_text())
-
-
-def _loaded(entries: list[dict[str, Any]]) -> list[tuple[type, dict[str, Any]]]:
-    """The entries whose class is defined in an already-imported module."""
-    found = []
-    for e in entries:
-        cls = getattr(sys.modules.get(e["module"]), e["class"], None)
-        if isinstance(cls, type):
-            found.append((cls, e))
-    return found
-
-
-def activation_of(module: torch.nn.Module) -> tuple[str, float] | str:
-    """``(activation name, negative_slope)`` for a recognised activation module, else why not."""
-    kind = type(module)
-    if kind is torch.nn.ReLU:
-        return ("relu", 0.01)
-    if kind is torch.nn.SiLU:
-        return ("silu", 0.01)
-    if kind is torch.nn.LeakyReLU:
-        return ("leaky_relu", float(module.negative_slope))
-    if kind is torch.nn.GELU:
-        return ("gelu" if module.approximate == "none" else "gelu_tanh", 0.01)
-    for cls, e in _loaded(_patterns()["activations"]):
-        if kind is cls:
-            return (e["as"], 0.01)
-    return f"{kind.__name__} is not an activation xkernels.ops.linear fuses"
 
 
 def _looks_like_activation(m: Any) -> bool:
@@ -131,7 +125,7 @@ def _looks_like_activation(m: Any) -> bool:
 
 
 def _conv1d_classes() -> tuple[type, ...]:
-    return tuple(cls for cls, _ in _loaded(_patterns()["conv1d"]))
+    return tuple(cls for cls, _ in loaded(patterns()["conv1d"]))
 
 
 def _hooked(m: torch.nn.Module) -> bool:
@@ -156,12 +150,26 @@ def patch(model: torch.nn.Module) -> PatchReport:
         raise TypeError(f"xkernels.patch: 'model' must be a torch.nn.Module, got {type(model)}")
     conv1d = _conv1d_classes()
     swappable = (torch.nn.Linear, *conv1d)
-    known = _loaded(_patterns()["modules"])
+    known = loaded(patterns()["modules"])
     supported = set(xnn.linear_activations())
     report = PatchReport()
     names = {id(m): n for n, m in model.named_modules()}
     qual = lambda parent, attr: f"{names[id(parent)]}.{attr}".lstrip(".")
     done: set[tuple[int, str]] = set()  # (id(parent), attr) of slots already handled
+
+    # 0. block fusions: a module whose forward is one of xkernels.blocks' known forwards
+    for module in list(model.modules()):
+        fusion, why = blocks.fusion_for(module)
+        if fusion is None:
+            continue
+        name = names[id(module)] or "(root)"
+        if why:
+            report.left.append(Left(name, type(module).__name__, f"{fusion.name} not fused: {why}"))
+            continue
+        blocks.apply(module, fusion)
+        report._forwards.append(module)
+        report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name))
+        done.update((id(module), attr) for attr in fusion.consumed)
 
     # 1. fusions: (parent, layer slot, activation slot)
     pairs: list[tuple[torch.nn.Module, str, str]] = []
