@@ -22,8 +22,8 @@ from xkernels.backend import Backend, DeviceProperties, Figure, Unit
 from xkernels.hookspecs import hookimpl
 
 MAX_GRID = 65535
-#: On-chip memory of the Atlas A2/A3 SoCs (every one in npu_socs.json has these sizes); used for
-#: an SoC the file does not list.
+#: On-chip memory of the Atlas A2/A3 SoCs; used for an SoC npu_socs.json does not list. (The A5
+#: parts, Ascend 950, have 248 KiB of UB and 256 KiB of L0C: their own entries in the file.)
 UNIFIED_BUFFER_BYTES = 192 * 1024
 L0C_BYTES = 128 * 1024
 
@@ -37,6 +37,7 @@ _COMPILER_NOTE = "bishengir-compile 1.2.0 target description"
 _FIGURES = {  # field -> (unit, note)
     "cube_cores": ("cores", _COMPILER_NOTE), "vector_cores": ("cores", _COMPILER_NOTE),
     "ub_bytes": ("B", _COMPILER_NOTE), "l0c_bytes": ("B", _COMPILER_NOTE), "l1_bytes": ("B", _COMPILER_NOTE),
+    "l0a_bytes": ("B", _COMPILER_NOTE), "l0b_bytes": ("B", _COMPILER_NOTE),
     "hbm_bytes": ("B", ""), "fp16_tflops": ("TFLOP/s", ""),
 }
 
@@ -53,13 +54,37 @@ def soc_family(soc: str) -> str:
     family in npu_socs.json, else one read from the name."""
     if soc in SOCS:
         return str(SOCS[soc]["family"])
+    if re.match(r"Ascend910_95|Ascend950", soc):
+        return "Ascend950"
     m = re.match(r"(Ascend910_93)\d", soc) or re.match(r"(Ascend\d+[A-Z]?)", soc)
     return m.group(1) if m else soc
 
 
+def soc_toolchain(soc: str) -> str:
+    """``"a5"`` for an Ascend 950 part (triton-ascend's compile_on_910_95 path and
+    bishengir-compile-a5), else ``"a2a3"``: the family's ``toolchain`` in npu_socs.json."""
+    return str(SOC_TABLE["families"].get(soc_family(soc), {}).get("toolchain", "a2a3"))
+
+
+#: The compiler target-description fields of npu_socs.json other than the core counts.
+PLAN_FIELDS = ("arch", "ub_bytes", "l0a_bytes", "l0b_bytes", "l0c_bytes", "l1_bytes", "ub_align_bytes",
+               "l1_align_bytes", "l0c_align_bytes", "dcache_min_bytes", "dcache_max_bytes")
+
+
+def memory_class(soc: str) -> tuple[Any, ...]:
+    """What of ``soc``'s target description a memory plan can depend on: its toolchain and every
+    size and alignment (not the core counts). SoCs of one class get the same plan for the same
+    kernel input (docs/npu-offline-compile.md says how that was checked); an SoC the file does
+    not list is a class of its own."""
+    sheet = SOCS.get(soc)
+    if sheet is None:
+        return ("unlisted", soc)
+    return (soc_toolchain(soc), *(sheet.get(k) for k in PLAN_FIELDS))
+
+
 def table_keys(soc: str) -> list[str]:
     """The npu tuning-table keys ``soc`` reads, most specific first: the SoC, its family, and the
-    families it falls back to (A3 → the A2 family's rules; see npu_socs.json)."""
+    families it falls back to (A3 → the A2 family's rules; A5 reads only its own; see npu_socs.json)."""
     family = soc_family(soc)
     fallback = SOC_TABLE["families"].get(family, {}).get("table_keys", [family])
     return list(dict.fromkeys([soc, family, *fallback]))

@@ -117,6 +117,9 @@ class Plan:
         raise NotImplementedError
 
 
+#: Every op object made, by name, in the order they were made (the compile check walks them).
+REGISTERED: dict[str, Op] = {}
+
 REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
 
 
@@ -155,6 +158,7 @@ class Op:
                                for i, p in enumerate(self.params)
                                if i >= 2 and all(j == i for j in range(2, self._n_required))}
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
+        REGISTERED.setdefault(self.name, self)
         self._hot: dict[Any, Callable[..., torch.Tensor | None]] = {}
         self._ready: set[str] = set()
         self._plan_lock = threading.RLock()  # re-entrant: making a plan may call the op (autotune)
@@ -192,6 +196,12 @@ class Op:
         """The plan a new signature runs, given the one ``make_plan`` chose (which ``explain``
         shows without running anything): ops that measure on first use override this."""
         return plan
+
+    def compile_cases(self, target: Any) -> Any:
+        """The npu kernel compilations this op's tuning entries imply on ``target.soc`` (an
+        ``xkernels.compile_cases.CompileTarget``): an iterable of ``CompileCase``, checked by
+        ``python -m xkernels.npu_compile``. Default: none (an op without npu kernels)."""
+        return ()
 
     def make_hot(self, plan: Plan, call: Any, canon: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
         """A function of the arguments of a call with this signature, in ``params`` order

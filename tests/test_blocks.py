@@ -122,7 +122,8 @@ def test_gpt2_and_vit_blocks(backend, device):
                                    image_size=16, patch_size=8, **ATTN), add_pooling_layer=False).to(device).eval()
     ids = torch.randint(0, 64, (2, 6), device=device)
     pixels = torch.randn(2, 3, 16, 16, device=device)
-    for model, x, fusion in ((gpt2, ids, "residual add + norm (GPT-2 block)"), (vit, pixels, "residual add + norm (ViT layer)")):
+    for model, x, fusion in ((gpt2, ids, "residual add + norm (GPT-2 block)"),
+                             (vit, pixels, "residual add + norm (ViT layer)")):
         ref64 = copy.deepcopy(model).double()
         with torch.no_grad():
             want = model(x).last_hidden_state

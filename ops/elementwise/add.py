@@ -29,6 +29,13 @@ class Add(BinaryOp):
     params = (Param("x"), Param("y"), Param("out", None, positional=False),
               Param("alpha", 1, positional=False, key="alpha"))
 
+    def compile_layouts(self, cfg: dict[str, Any], variant: str, dtype: torch.dtype) -> Any:
+        """broadcast's layouts, then a Python-number operand with alpha and int64 indexing (flat)
+        or both sides broadcast (tiled)."""
+        from xkernels.ops.elementwise.compile import add_layouts
+
+        return add_layouts(cfg, variant, dtype)
+
     def check(self, x: Any, y: Any, *, alpha: Any = 1, out: torch.Tensor | None = None) -> BinaryCall:
         xt, yt = isinstance(x, torch.Tensor), isinstance(y, torch.Tensor)
         for arg, v, is_t in (("x", x, xt), ("y", y, yt)):

@@ -271,6 +271,20 @@ class BinaryOp(Op):
     def make_plan(self, call: BinaryCall, backend: Backend) -> Plan:
         return BinaryPlan(backend, call, self.name)
 
+    #: the built-in config of each kernel variant (no table rule matched)
+    default_configs = {"flat": FLAT_DEFAULT, "tiled": TILED_DEFAULT}
+
+    def compile_cases(self, target: Any) -> Any:
+        from xkernels.ops.elementwise.compile import binary_cases
+
+        return binary_cases(self, target)
+
+    def compile_layouts(self, cfg: dict[str, Any], variant: str, dtype: torch.dtype) -> Any:
+        """(label, args, kwargs) of the calls a ``variant`` tuning entry serves, for the compile check."""
+        from xkernels.ops.elementwise.compile import base_layouts
+
+        return base_layouts(cfg, variant, dtype)
+
     def make_hot(self, plan: Plan, call: BinaryCall, canon: tuple[Any, ...]) -> Any:
         """An entry ``hot(x, y, out=None, alpha=1)`` (``canon``: the call's arguments in
         ``params`` order): allocate the result (or take ``out=``) and launch with the call's

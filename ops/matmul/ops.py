@@ -97,6 +97,16 @@ class _MatmulBase(Op):
         assert isinstance(plan, MatmulPlan)
         return matmul_hot.make_hot(plan, call, canon)
 
+    def compile_cases(self, target: Any) -> Any:
+        from xkernels.ops.matmul.compile import mm_cases
+
+        return mm_cases(self, target)
+
+    def compile_classes(self) -> list[dict[str, Any]]:
+        """The classes of this op's calls as table conditions (dtype, activation, bias): the compile
+        check walks the tuning rules once per class."""
+        raise NotImplementedError
+
     def run_plan(self, plan: Plan, call: MatmulCall) -> torch.Tensor:
         assert isinstance(plan, MatmulPlan)
         if plan.vendor:
@@ -123,6 +133,17 @@ class Matmul(_MatmulBase):
     float16, bfloat16 and float32 run the Triton kernel; float64 and complex are computed by
     PyTorch; integer and bool dtypes are a TypeError (as on CUDA in PyTorch).
     """
+
+    def compile_classes(self) -> list[dict[str, Any]]:
+        from xkernels.ops.matmul.compile import MM_DTYPES
+
+        return [{"dtype": d, "activation": "none", "bias": False} for d in MM_DTYPES]
+
+    def compile_layouts(self, cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[str, Any],
+                        dtype: torch.dtype) -> Any:
+        from xkernels.ops.matmul.compile import matmul_layouts
+
+        return matmul_layouts(cfg, shape_when, cls, dtype)
 
     name = "matmul"
     params = (Param("a"), Param("b"), Param("out", None, positional=False))
@@ -183,6 +204,20 @@ def _foldable(a: torch.Tensor) -> bool:
 class Linear(_MatmulBase):
     """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, gelu_tanh, silu, leaky_relu),
     with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's."""
+
+    def compile_classes(self) -> list[dict[str, Any]]:
+        """Each dtype x activation (``ACTIVATIONS``: a new epilogue is compiled with no edit
+        elsewhere) x with and without bias."""
+        from xkernels.ops.matmul.compile import MM_DTYPES
+
+        return [{"dtype": d, "activation": a or "none", "bias": b}
+                for d in MM_DTYPES for a in ACTIVATIONS for b in (True, False)]
+
+    def compile_layouts(self, cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[str, Any],
+                        dtype: torch.dtype) -> Any:
+        from xkernels.ops.matmul.compile import linear_layouts
+
+        return linear_layouts(cfg, shape_when, cls, dtype)
 
     name = "linear"
     params = (Param("x"), Param("weight"), Param("bias", None), Param("activation", None, key="value"),

@@ -11,7 +11,16 @@ import pytest
 import torch
 
 import xkernels
-from xkernels.backends.npu import DATASHEET, SOCS, grid_for, memory_bytes, soc_family, table_keys
+from xkernels.backends.npu import (
+    DATASHEET,
+    SOCS,
+    grid_for,
+    memory_bytes,
+    memory_class,
+    soc_family,
+    soc_toolchain,
+    table_keys,
+)
 
 
 def test_host_event_times_in_milliseconds():
@@ -89,6 +98,8 @@ def test_a3_soc_geometry_memory_and_table_keys(monkeypatch):
     assert table_keys("Ascend910_9362") == ["Ascend910_9362", "Ascend910_93", "Ascend910B"]
     assert table_keys("Ascend910B1") == ["Ascend910B1", "Ascend910B"]
     for soc in SOCS:
+        if soc_toolchain(soc) == "a5":
+            continue
         assert memory_bytes(soc) == {"unified_buffer_bytes": 192 * 1024, "l0c_bytes": 128 * 1024}
         assert "compiler" in DATASHEET[soc]["cube_cores"].note or "bishengir" in DATASHEET[soc]["cube_cores"].note
     monkeypatch.setenv("XKERNELS_NPU_SOC", "Ascend910_9392")
@@ -98,6 +109,37 @@ def test_a3_soc_geometry_memory_and_table_keys(monkeypatch):
     x, b = torch.randn(64, 32), torch.randn(32)
     with xkernels.use_backend("interpreter-npu"):
         assert "broadcast.json [Ascend910B] rule" in str(xkernels.ops.broadcast.explain(x, b))
+
+
+def test_a5_socs_geometry_memory_and_table_keys(monkeypatch):
+    """Ascend 950 (A5) targets of bishengir-compile-a5: their own family and rules (``Ascend950``,
+    no fallback to the A2 rules sized for a smaller UB), memory and core counts from
+    bishengir-opt-a5's target description; the interpreter emulates their geometry."""
+    a5 = [s for s in SOCS if SOCS[s]["family"] == "Ascend950"]
+    assert len(a5) == 47 and {"Ascend910_9599", "Ascend950PR_9599", "Ascend950DT_95A2", "Ascend950PR_950z"} <= set(a5)
+    for soc in a5:
+        assert soc_toolchain(soc) == "a5" and SOCS[soc]["arch"] == "dav-c310"
+        assert memory_bytes(soc) == {"unified_buffer_bytes": 248 * 1024, "l0c_bytes": 256 * 1024}
+        assert table_keys(soc) == [soc, "Ascend950"]
+        assert memory_class(soc) == memory_class("Ascend950PR_9599")  # core counts differ, sizes do not
+    assert {(SOCS[s]["cube_cores"], SOCS[s]["vector_cores"]) for s in a5} == {(4, 8), (8, 16), (28, 56), (32, 64),
+                                                                              (36, 72)}
+    assert soc_family("Ascend950PR_9999") == "Ascend950" and soc_toolchain("Ascend910_9599") == "a5"
+    assert soc_toolchain("Ascend910B3") == soc_toolchain("Ascend910_9392") == "a2a3"
+    assert memory_class("Ascend910B1") == memory_class("Ascend910_9362") != memory_class("Ascend910_9599")
+    monkeypatch.setenv("XKERNELS_NPU_SOC", "Ascend950PR_9599")
+    emu = xkernels.get_backend("interpreter-npu")
+    assert (emu.programs(1000, "cube"), emu.programs(1000, "vector")) == (36, 72)
+    assert emu.arch_fallbacks(emu.arch()) == ["Ascend950PR_9599", "Ascend950"]
+    x, b = torch.randn(64, 32), torch.randn(32)
+    w = torch.randn(16, 32)
+    with xkernels.use_backend("interpreter-npu"):
+        shown = str(xkernels.ops.broadcast.explain(x, b))
+        assert "broadcast.json [Ascend950] rule 5" in shown
+        torch.testing.assert_close(xkernels.ops.broadcast(x, b), x + b)
+        assert "linear.json [Ascend950] rule" in str(xkernels.ops.linear.explain(x, w, activation="gelu"))
+        torch.testing.assert_close(xkernels.ops.linear(x, w, activation="gelu"),
+                                   torch.nn.functional.gelu(x.double() @ w.double().T).float(), rtol=1e-4, atol=1e-4)
 
 
 def test_import_survives_a_broken_torch_npu(tmp_path):

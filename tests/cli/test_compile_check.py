@@ -7,6 +7,7 @@ layouts); tests/npu_compile compiles cases with triton-ascend and bishengir-comp
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers import planted_tables
 from xkernels.backends import npu
@@ -14,7 +15,7 @@ from xkernels.cli.compile_check import collect, collect_cases, default_socs
 from xkernels.ops.matmul import ACTIVATIONS
 from xkernels.ops.matmul import kernels as matmul_kernels
 
-A2, A3 = "Ascend910B3", "Ascend910_9392"
+A2, A3, A5 = "Ascend910B3", "Ascend910_9392", "Ascend950PR_9599"
 A3_SOCS = ["Ascend910_9362", "Ascend910_9372", "Ascend910_9381", "Ascend910_9382", "Ascend910_9391", "Ascend910_9392"]
 
 
@@ -22,10 +23,10 @@ def _mm(cases, kernel=None):
     return [c for c in cases if c.op in ("matmul", "linear") and (kernel is None or c.kernel is kernel)]
 
 
-def test_every_a2_and_a3_soc_is_checked():
+def test_every_a2_a3_and_a5_soc_is_checked():
     socs = default_socs()
     assert socs == list(npu.SOCS)
-    assert {"Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4", *A3_SOCS} <= set(socs)
+    assert {"Ascend910B1", "Ascend910B2", "Ascend910B3", "Ascend910B4", *A3_SOCS, A5, "Ascend910_9579"} <= set(socs)
     cases, notes = collect(None, ["linear"])
     assert notes == []
     for soc in socs:
@@ -33,7 +34,7 @@ def test_every_a2_and_a3_soc_is_checked():
 
 
 def test_shipped_tables_have_no_never_selected_entries():
-    cases, notes = collect([A2, A3])
+    cases, notes = collect([A2, A3, A5])
     assert notes == []
     assert {c.op for c in cases} == {"broadcast", "add", "matmul", "linear"}
 
@@ -137,3 +138,50 @@ def test_entry_outside_every_checked_layout_is_reported(tmp_path):
         cases, notes = collect([A2], ["matmul"])
     assert any("rule 0" in n and "no layout of the check falls in its shape range" in n for n in notes), notes
     assert not any("BLOCK_M=64,BLOCK_N=64,BLOCK_K=64" in c.config for c in cases)
+
+
+def test_a5_reads_only_its_own_rules():
+    """An A5 SoC compiles the Ascend950 rules (sized to its 248 KiB UB / 256 KiB L0C), none of the
+    A2 ones, with every op, dtype, epilogue and layout an A2 SoC gets."""
+    assert npu.table_keys(A5) == [A5, "Ascend950"]
+    cases, notes = collect([A5])
+    assert notes == []
+    assert all("[Ascend950]" in c.config for c in _mm(cases))
+    a2 = collect_cases([A2])
+    assert {(c.op, c.dtype) for c in cases} == {(c.op, c.dtype) for c in a2}
+    layout = lambda c: c.config.split("|")[1]  # noqa: E731
+    assert {(c.op, c.dtype, layout(c)) for c in cases} == {(c.op, c.dtype, layout(c)) for c in a2}
+    mm = [c for c in cases if c.op == "matmul" and "|contiguous|" in c.config and c.dtype == "float16"]
+    assert mm and all((c.constants["BLOCK_M"], c.constants["BLOCK_N"]) == (128, 256) for c in mm)
+
+
+def test_an_op_joins_by_declaring_compile_cases(monkeypatch):
+    """An op made anywhere (a fused op under ops/fused) is checked once it implements
+    ``compile_cases``; the check names no op. Ops without it are not listed."""
+    from xkernels.cli.compile_check import compile_ops
+    from xkernels.compile_cases import CompileTarget
+    from xkernels.ops import op as op_module
+
+    assert list(compile_ops()) == ["add", "broadcast", "matmul", "linear"]
+    seen: list[CompileTarget] = []
+
+    class Toy(op_module.Op):
+        name = "toy_fused"
+
+        def compile_cases(self, target):
+            seen.append(target)
+            assert target.sections("broadcast") and target.backend.max_programs("cube") == 36
+            args = (torch.empty(8, device="meta"), torch.empty(8, device="meta"), torch.empty(8, device="meta"), 8, 1)
+            yield target.case(self.name, matmul_kernels.splitk_reduce_kernel, args, {}, "float32", "toy")
+
+    class NoKernels(op_module.Op):
+        name = "toy_torch_only"
+
+    monkeypatch.setattr(op_module, "REGISTERED", dict(op_module.REGISTERED))
+    Toy(), NoKernels()
+    assert "toy_fused" in compile_ops() and "toy_torch_only" not in compile_ops()
+    (case,) = collect_cases([A5], ["toy_fused"])
+    assert [t.soc for t in seen] == [A5] and case.soc == A5 and case.op == "toy_fused"
+    assert case.signature["ws_ptr"] == "*fp32" and case.signature["M"] == "i32" and case.constants["N"] == 1
+    with pytest.raises(ValueError, match="unknown op.*toy_torch_only"):
+        collect([A5], ["toy_torch_only"])

@@ -266,52 +266,68 @@ def test_project_cases_are_well_formed():
         npu_compile._full_signature(kernel, dict(c.signature), dict(c.constants))
 
 
-# One SoC per family (Atlas A2, Atlas A3) for the planted entries; every SoC runs in the CLI step.
-FAMILY_SOCS = {"Ascend910B": "Ascend910B1", "Ascend910_93": "Ascend910_9392"}
+# One SoC per family (Atlas A2, Atlas A3, Ascend 950 / A5) for the planted entries; every SoC
+# (one per memory class) runs in the CLI step.
+FAMILY_SOCS = {"Ascend910B": "Ascend910B1", "Ascend910_93": "Ascend910_9392", "Ascend950": "Ascend950PR_9599"}
+#: per family: the planted L0C entry (a fp16 matmul tile) and the compiler's limits, in bits.
+#: On A5 a 256x256 fp16 tile overflows the UB first (its fp32 result passes through the UB), so
+#: the L0C entry there is 512x256: a 512 KiB accumulator in a 256 KiB L0C.
+_A2_LIMITS = {"tile": (256, 256), "ub": "requires 2097152 bits while 1572864 bits available",
+              "cc": "requires 2097152 bits while 1048576 bits available", "ub_kib": "256 KiB > 192 KiB",
+              "cc_kib": "256 KiB > 128 KiB", "compiler": "bishengir-compile"}
+PLANTED = {"Ascend910B": _A2_LIMITS, "Ascend910_93": _A2_LIMITS,
+           "Ascend950": {"tile": (512, 256), "ub": "requires 2097152 bits while 2031616 bits available",
+                         "cc": "requires 4194304 bits while 2097152 bits available", "ub_kib": "256 KiB > 248 KiB",
+                         "cc_kib": "512 KiB > 256 KiB", "compiler": "bishengir-compile-a5"}}
 
 
 @pytest.mark.parametrize("family", list(FAMILY_SOCS))
 def test_planted_oversized_entries_fail_per_family(tmp_path, family):
-    """An npu tuning entry too big for the unified buffer (flat add) and one too big for L0C (a
-    256x256 fp32 accumulator), added under the family key the way a plugin adds tables, are
-    listed by the project's case collector and fail with the compiler's own message."""
+    """An npu tuning entry too big for the unified buffer (flat add) and one too big for L0C (an
+    fp32 accumulator over the SoC's L0C), added under the family key the way a plugin adds tables,
+    are listed by the project's case collector and fail with the compiler's own message (for A5,
+    from bishengir-compile-a5 after triton-ascend's compile_on_910_95 frontend)."""
     from helpers import planted_tables
     from xkernels.cli.compile_check import collect_cases
 
-    soc = FAMILY_SOCS[family]
+    soc, want = FAMILY_SOCS[family], PLANTED[family]
+    bm, bn = want["tile"]
     tables = {
         "add": {"archs": {family: [{"when": {"variant": "flat", "dtype": ["float32"]},
                                     "config": {"BLOCK": 32768, "SUB": 32768}}]}},
         "matmul": {"archs": {family: [{"when": {"dtype": ["float16"]},
-                                       "config": {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 64}}]}},
+                                       "config": {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64}}]}},
     }
     with planted_tables(tmp_path / "tables", "npu", tables):
         cases = collect_cases([soc], ["add", "matmul"])
     ub = [c for c in cases if c.op == "add" and c.dtype == "float32"
           and c.config.startswith("BLOCK=32768,SUB=32768|contiguous")]
     cc = [c for c in cases if c.op == "matmul" and c.dtype == "float16"
-          and c.config.startswith("BLOCK_M=256,BLOCK_N=256,BLOCK_K=64") and "|contiguous|" in c.config]
+          and c.config.startswith(f"BLOCK_M={bm},BLOCK_N={bn},BLOCK_K=64") and "|contiguous|" in c.config]
     assert ub and cc, "the planted entries were not collected"
     r_ub, r_cc = npu_compile.run_cases([ub[0], cc[0]], 2, keep=tmp_path / "keep", bishengir=_BISHENGIR)
     assert (r_ub.soc, r_cc.soc) == (soc, soc)
-    assert r_ub.result == "ub-overflow" and "ub needs 256 KiB > 192 KiB" in r_ub.detail, r_ub
-    assert r_cc.result == "cc-overflow" and "cc needs 256 KiB > 128 KiB" in r_cc.detail, r_cc
-    # the compiler's own words, with the SoC's limits in bits (192 KiB UB, 128 KiB L0C)
+    assert r_ub.result == "ub-overflow" and f"ub needs {want['ub_kib']}" in r_ub.detail, r_ub
+    assert r_cc.result == "cc-overflow" and f"cc needs {want['cc_kib']}" in r_cc.detail, r_cc
+    # the compiler's own words, with the SoC's limits in bits
     ub_log = (Path(r_ub.artifacts) / "bishengir.log").read_text()
     cc_log = (Path(r_cc.artifacts) / "bishengir.log").read_text()
-    assert f"--target={soc}" in ub_log and f"--target={soc}" in cc_log
-    assert "error: ub overflow, requires 2097152 bits while 1572864 bits available" in ub_log
-    assert "error: cc overflow, requires 2097152 bits while 1048576 bits available" in cc_log
+    for log in (ub_log, cc_log):
+        assert f"--target={soc}" in log and Path(log.split(" ", 1)[0]).name == want["compiler"]
+    assert f"error: ub overflow, {want['ub']}" in ub_log
+    assert f"error: cc overflow, {want['cc']}" in cc_log
 
 
 @pytest.mark.parametrize("soc", list(FAMILY_SOCS.values()))
 def test_planted_split_k_entry_compiles(tmp_path, soc):
     """A linear rule with SPLIT_K: the partial-sums matmul and the reduction kernel (bias + gelu
-    epilogue) both plan within memory on A2 and A3."""
+    epilogue) both plan within memory on A2, A3 and A5."""
     from helpers import planted_tables
+    from xkernels.backends.npu import soc_family
     from xkernels.cli.compile_check import collect_cases
 
-    tables = {"linear": {"archs": {"Ascend910B": [
+    family = "Ascend950" if soc_family(soc) == "Ascend950" else "Ascend910B"
+    tables = {"linear": {"archs": {family: [
         {"when": {"dtype": ["bfloat16"]}, "config": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 4}}]}}}
     with planted_tables(tmp_path, "npu", tables):
         cases = collect_cases([soc], ["linear"])
@@ -323,10 +339,53 @@ def test_planted_split_k_entry_compiles(tmp_path, soc):
     assert not bad, npu_compile.format_table(bad)
 
 
+def test_a5_runs_the_compile_on_910_95_path(tmp_path):
+    """An A5 case goes through triton-ascend's A5 frontend options and bishengir-compile-a5 with
+    that path's flags; the stand-in hivmc-a5 receives the planned module (the pass marker)."""
+    soc = FAMILY_SOCS["Ascend950"]
+    (r,) = npu_compile.run_cases([add_case(soc=soc)], 1, keep=tmp_path, bishengir=_BISHENGIR)
+    assert r.ok, r
+    log = (Path(r.artifacts) / "bishengir.log").read_text()
+    assert Path(log.split(" ", 1)[0]).name == "bishengir-compile-a5"
+    assert all(flag in log for flag in npu_compile.BISHENGIR_FLAGS_A5) and "--enable-hivm-compile" not in log
+    assert npu_compile._PASSED_MARK_A5 in log
+    planned = (Path(r.artifacts) / "planned.hivm.mlir").read_text()
+    assert f'hacc.target<"{soc}">' in planned and "dav-c310" in planned
+
+
+def test_socs_of_one_memory_class_plan_alike(tmp_path):
+    """The dedupe across SoCs: the same project kernels on A5 SoCs of 4, 28 and 36 cube cores give
+    the same planned module (only the target's name and core counts, in its description, differ),
+    and run_cases compiles them once unless per_soc is set."""
+    import re
+
+    from xkernels.cli.compile_check import collect_cases
+
+    socs = ["Ascend950PR_950z", "Ascend950DT_9571", "Ascend950PR_9599"]
+    base = collect_cases([socs[0]], ["broadcast", "linear"])
+    picked = [base[0], next(c for c in base if "row bias" in c.config),
+              next(c for c in base if c.op == "linear" and ", gelu|" in c.config)]
+    cases = [dataclasses.replace(c, soc=s) for c in picked for s in socs]
+    results = npu_compile.run_cases(cases, 2, keep=tmp_path, bishengir=_BISHENGIR, per_soc=True)
+    assert all(r.ok and not r.same_as for r in results), npu_compile.format_table(results)
+    for i in range(0, len(results), len(socs)):
+        texts = set()
+        for r in results[i:i + len(socs)]:
+            t = (Path(r.artifacts) / "planned.hivm.mlir").read_text().replace(r.soc, "SOC")
+            texts.add(re.sub(r'"(AI|CUBE|VECTOR)_CORE_COUNT", \d+', "CORES", t))
+        assert len(texts) == 1, results[i].config
+    deduped = npu_compile.run_cases(cases[:len(socs)], 2, bishengir=_BISHENGIR)
+    assert [bool(r.same_as) for r in deduped] == [False, True, True]
+    assert [r.soc for r in deduped] == socs
+
+
 def test_identical_compilations_run_once():
     a, b, c = add_case(), add_case(), add_case(soc="Ascend910_9392")
     b = dataclasses.replace(b, op="add-again")
     ra, rb, rc = npu_compile.run_cases([a, b, c], 2, bishengir=_BISHENGIR)
     assert ra.ok and rb.ok and rc.ok
     assert rb.same_as and rb.op == "add-again" and rb.seconds == 0.0 and rb.result == ra.result
-    assert not ra.same_as and not rc.same_as  # another SoC is another compilation
+    assert not ra.same_as and rc.same_as  # an SoC of the same memory class shares the compilation
+    assert rc.soc == "Ascend910_9392" and rc.result == ra.result
+    (rd,) = npu_compile.run_cases([c], 1, bishengir=_BISHENGIR, per_soc=True)
+    assert rd.ok and not rd.same_as

@@ -1,16 +1,21 @@
 """Offline Ascend NPU compile check: Triton frontend + on-chip memory planning, no CANN, no device.
 
 For every case that :func:`xkernels.cli.compile_check.collect_cases` lists (one op, dtype, tuning
-entry, epilogue, layout and SoC each; identical compilations run once), this
+entry, epilogue, layout and SoC each; identical compilations run once, and SoCs of one memory
+class, :func:`xkernels.backends.npu.memory_class`, share one compilation), this
 
 1. compiles the ``@triton.jit`` kernel with **triton-ascend** for ``GPUTarget("npu", soc, 0)``
-   down to ``<kernel>.ttadapter`` (the linalg/HIVM IR triton-ascend hands to its NPU compiler).
-   Without CANN, ``triton.compile`` then stops at the binary stage ("ASCEND_HOME_PATH is not
-   set"); the ``.ttadapter`` is already in the case's private ``TRITON_CACHE_DIR`` by then;
-2. runs **bishengir-compile** (PyPI ``ascendnpu-ir``) on it with the options triton-ascend uses at
-   run time, plus ``--target=<soc>``. It tiles, plans the Unified Buffer (UB), L0C ("cc") and L1
-   ("cbuf") memory, and finally calls CANN's ``hivmc``, which is not here: reaching that call
-   means the memory plan passed.
+   down to ``<kernel>.ttadapter`` (the linalg/HIVM IR triton-ascend hands to its NPU compiler);
+   for an A5 SoC (Ascend 950) with the options triton-ascend's A5 build defaults to
+   (:data:`FRONTEND_OPTIONS_A5`: ``compile_on_910_95``). Without CANN, ``triton.compile`` then
+   stops at the binary stage; the ``.ttadapter`` is already in the case's private
+   ``TRITON_CACHE_DIR`` by then;
+2. runs **bishengir-compile** (PyPI ``ascendnpu-ir``; ``bishengir-compile-a5`` for A5) on it with
+   the options triton-ascend uses at run time, plus ``--target=<soc>``. It tiles, plans the
+   Unified Buffer (UB), L0C ("cc") and L1 ("cbuf") memory, and finally calls CANN's ``hivmc``
+   (``hivmc-a5``), which is not here: reaching that call means the memory plan passed. For A5 a
+   stand-in ``hivmc-a5`` (:data:`HIVMC_A5_STUB`) takes the call, keeps the planned module and
+   reports success, as the real one would, so the pipeline runs once instead of retrying.
 
 Outcomes: ``ok`` (plan passed, stopped at the CANN binary step), ``ub-overflow``,
 ``cc-overflow``, ``frontend-error`` (triton-ascend rejected the kernel, or no .ttadapter),
@@ -65,6 +70,34 @@ BISHENGIR_FLAGS = (
     "--enable-triton-kernel-compile=true",
 )
 
+#: bishengir-compile-a5 options, as triton-ascend 3.2's compile_on_910_95 path passes them
+#: (linalg_to_bin_enable_npu_compile_910_95 with the NPUOptions defaults of its A5 build:
+#: multibuffer and enable_auto_bind_sub_block are ``not is_compile_on_910_95``), less --target.
+#: It adds the hfusion/triton-kernel switches only to a compiler named ``bishengir-compile``,
+#: which is what an A5 CANN puts on $PATH; there is no --enable-hivm-compile on this path.
+BISHENGIR_FLAGS_A5 = (
+    "--enable-auto-multi-buffer=False",
+    "--enable-auto-bind-sub-block=False",
+    "--enable-hfusion-compile=true",
+    "--enable-triton-kernel-compile=true",
+)
+
+#: triton.compile options that put triton-ascend 3.2 (built for A2/A3, ``is_compile_on_910_95 =
+#: False``) on its A5 path: the NPUOptions defaults of an A5 build.
+FRONTEND_OPTIONS_A5 = {"compile_on_910_95": True, "multibuffer": False, "enable_auto_bind_sub_block": False,
+                       "enable_select_analysis": True}
+
+#: The stand-in for CANN's hivmc-a5, put first on $PATH of each A5 plan: bishengir-compile-a5
+#: calls it with the planned module once memory planning has passed. It keeps that module and
+#: answers success (without it, the missing hivmc-a5 makes the compiler retry its whole pipeline
+#: five times and print no sign of where it stopped).
+HIVMC_A5_STUB = """#!/bin/sh
+cp "$1" "$XKERNELS_PLANNED_MODULE" 2>/dev/null
+echo "xkernels stand-in hivmc-a5: planned module received"
+exit 0
+"""
+_PASSED_MARK_A5 = "xkernels stand-in hivmc-a5: planned module received"
+
 #: Seconds one bishengir-compile run may take before the case is a plan-error.
 PLAN_TIMEOUT_S = 600
 
@@ -90,7 +123,7 @@ class Result:
     frontend_s: float = 0.0
     plan_s: float = 0.0
     artifacts: str = ""  # the directory kept for this case (--keep), else ""
-    same_as: str = ""  # "op dtype config" of the identical compilation whose result this reuses
+    same_as: str = ""  # "op dtype config soc" of the compilation whose result this reuses
 
     @property
     def ok(self) -> bool:
@@ -100,9 +133,18 @@ class Result:
 # --------------------------------------------------------------------------- environment
 
 
-def find_bishengir() -> str | None:
-    """Path of bishengir-compile: $XKERNELS_BISHENGIR, the ascendnpu-ir package's bin/, or $PATH."""
-    env = os.environ.get("XKERNELS_BISHENGIR")
+def toolchain(soc: str) -> str:
+    """``"a5"`` or ``"a2a3"`` (npu_socs.json's family of ``soc``; an unlisted name by its form)."""
+    from xkernels.backends.npu import soc_toolchain
+
+    return soc_toolchain(soc)
+
+
+def find_bishengir(chain: str = "a2a3") -> str | None:
+    """Path of bishengir-compile (``chain="a5"``: bishengir-compile-a5): $XKERNELS_BISHENGIR
+    ($XKERNELS_BISHENGIR_A5), the ascendnpu-ir package's bin/, or $PATH."""
+    name = "bishengir-compile-a5" if chain == "a5" else "bishengir-compile"
+    env = os.environ.get("XKERNELS_BISHENGIR_A5" if chain == "a5" else "XKERNELS_BISHENGIR")
     if env:
         return env if os.access(env, os.X_OK) else None
     try:
@@ -113,10 +155,10 @@ def find_bishengir() -> str | None:
         spec = None
     if spec is not None and spec.submodule_search_locations:
         for loc in spec.submodule_search_locations:
-            cand = Path(loc) / "bin" / "bishengir-compile"
+            cand = Path(loc) / "bin" / name
             if cand.is_file() and os.access(cand, os.X_OK):
                 return str(cand)
-    return shutil.which("bishengir-compile")
+    return shutil.which(name)
 
 
 def triton_ascend_problem() -> str | None:
@@ -147,6 +189,14 @@ def check_environment() -> tuple[str | None, str | None]:
         where = " at $XKERNELS_BISHENGIR" if os.environ.get("XKERNELS_BISHENGIR") else ""
         return None, f"bishengir-compile not found{where}: pip install ascendnpu-ir==1.2.0"
     return bisheng, None
+
+
+def _a5_compiler(bishengir: str) -> str | None:
+    """bishengir-compile-a5 beside ``bishengir`` (the ascendnpu-ir wheel ships both), else found."""
+    beside = Path(bishengir).with_name("bishengir-compile-a5")
+    if not os.environ.get("XKERNELS_BISHENGIR_A5") and beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return find_bishengir("a5")
 
 
 # --------------------------------------------------------------------------- one case
@@ -235,8 +285,9 @@ def compile_ttadapter(case: Any, workdir: Path) -> tuple[Path | None, str]:
         with _fds_to(workdir / "frontend.log"):
             src = ASTSource(fn=kernel, signature=signature, constants=constants,
                             attrs=_attrs(kernel, signature))
+            options = FRONTEND_OPTIONS_A5 if toolchain(case.soc) == "a5" else {}
             try:
-                triton.compile(src, target=GPUTarget("npu", case.soc, 0))
+                triton.compile(src, target=GPUTarget("npu", case.soc, 0), options=dict(options))
             except Exception as exc:  # expected: the binary stage needs CANN
                 error = f"{type(exc).__name__}: {_last_line(str(exc))}"
                 with open(workdir / "frontend.log", "a") as f:
@@ -268,7 +319,7 @@ def classify_plan(returncode: int, output: str, produced: bool) -> tuple[str, st
         if "ub" in overflows:
             return "ub-overflow", detail
         return "plan-error", detail.replace("cbuf needs", "cbuf (L1) needs")
-    if _PASSED_MARK in output or (returncode == 0 and produced):
+    if _PASSED_MARK in output or _PASSED_MARK_A5 in output or (returncode == 0 and produced):
         r = _RETRY_OK_RE.search(output)
         if r:
             dropped = r.group(2).replace("set ", "").replace(" to false", "=false")
@@ -281,15 +332,24 @@ def classify_plan(returncode: int, output: str, produced: bool) -> tuple[str, st
 
 
 def plan_memory(ttadapter: Path, soc: str, bishengir: str, workdir: Path) -> tuple[str, str]:
-    """Run bishengir-compile on a .ttadapter for ``soc``; ``(result, detail)``."""
+    """Run bishengir-compile on a .ttadapter for ``soc``; ``(result, detail)``. For an A5 SoC,
+    ``bishengir`` is bishengir-compile-a5 and the planned module is kept as ``planned.hivm.mlir``."""
     # triton-ascend drops the mix_mode attribute before it calls bishengir-compile; do the same.
     text = re.sub(r', mix_mode\s*=\s*"[^"]*"', "", ttadapter.read_text())
     src = workdir / "kernel.ttadapter.mlir"
     src.write_text(text)
     out = workdir / "kernel.o"
-    cmd = [bishengir, str(src), f"--target={soc}", *BISHENGIR_FLAGS, "-o", str(out)]
+    a5 = toolchain(soc) == "a5"
+    cmd = [bishengir, str(src), f"--target={soc}", *(BISHENGIR_FLAGS_A5 if a5 else BISHENGIR_FLAGS), "-o", str(out)]
     env = dict(os.environ)
     env.pop("ASCEND_HOME_PATH", None)
+    if a5:
+        stub = workdir / "stub-bin" / "hivmc-a5"
+        stub.parent.mkdir(exist_ok=True)
+        stub.write_text(HIVMC_A5_STUB)
+        stub.chmod(0o755)
+        env["PATH"] = f"{stub.parent}{os.pathsep}{env.get('PATH', '')}"
+        env["XKERNELS_PLANNED_MODULE"] = str(workdir / "planned.hivm.mlir")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PLAN_TIMEOUT_S,
                               cwd=workdir, env=env)
@@ -320,8 +380,11 @@ def run_case(case: Any, bishengir: str, keep: str | os.PathLike | None = None) -
             result, detail = "frontend-error", err
         else:
             t1 = time.perf_counter()
+            compiler = _a5_compiler(bishengir) if toolchain(case.soc) == "a5" else bishengir
             try:
-                result, detail = plan_memory(ttadapter, case.soc, bishengir, workdir)
+                if compiler is None:
+                    raise FileNotFoundError("bishengir-compile-a5 not found: pip install ascendnpu-ir==1.2.0")
+                result, detail = plan_memory(ttadapter, case.soc, compiler, workdir)
             except Exception as exc:
                 result, detail = "plan-error", f"{type(exc).__name__}: {exc}"
             plan_s = time.perf_counter() - t1
@@ -349,22 +412,30 @@ def _work(index: int) -> tuple[int, Result]:
     return index, run_case(_WORK["cases"][index], _WORK["bishengir"], _WORK["keep"])
 
 
-def compilation_key(case: Any) -> tuple:
-    """What the compilers see for ``case``: the kernel, its signature, constants and the SoC. Two
-    cases with one key are one compilation (same input, same flags, same target)."""
+def compilation_key(case: Any, per_soc: bool = False) -> tuple:
+    """What the compilers see for ``case``: the kernel, its signature, constants and the SoC's
+    memory class (its toolchain and every size and alignment of its target description, not its
+    core counts; ``per_soc``: the SoC itself). Two cases with one key are one compilation: the
+    same input and flags, and targets whose plans were found identical (see
+    docs/npu-offline-compile.md)."""
+    from xkernels.backends.npu import memory_class
+
     kernel = _unwrap_kernel(case.kernel)
     return (id(kernel), tuple(sorted(case.signature.items())),
-            tuple(sorted((k, repr(v)) for k, v in case.constants.items())), case.soc)
+            tuple(sorted((k, repr(v)) for k, v in case.constants.items())),
+            case.soc if per_soc else memory_class(case.soc))
 
 
 def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | None = None,
-              bishengir: str | None = None, progress: Any = None, dedupe: bool = True) -> list[Result]:
+              bishengir: str | None = None, progress: Any = None, dedupe: bool = True,
+              per_soc: bool = False) -> list[Result]:
     """Check ``cases`` (CompileCase-like objects) with ``jobs`` worker processes; results in order.
 
     ``jobs`` of 0 means one per CPU. The work always runs in forked worker processes, so the
     caller's process never holds an MLIR context (forking after a failed compile is unsafe).
-    With ``dedupe``, cases with one :func:`compilation_key` are compiled once; the others get its
-    result with ``same_as`` naming it and zero seconds. ``progress``, if given, is called with
+    With ``dedupe``, cases with one :func:`compilation_key` are compiled once (``per_soc``: once
+    per SoC, not per memory class); the others get its result with ``same_as`` naming it and
+    zero seconds. ``progress``, if given, is called with
     each Result as it completes. Raises RuntimeError when triton-ascend or bishengir-compile is
     missing.
     """
@@ -378,7 +449,7 @@ def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | 
     first: dict[tuple, int] = {}
     copies: dict[int, list[int]] = {}
     for i, c in enumerate(cases):
-        j = first.setdefault(compilation_key(c), i) if dedupe else i
+        j = first.setdefault(compilation_key(c, per_soc), i) if dedupe else i
         copies.setdefault(j, []).append(i)
     unique = list(copies)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(unique)))
@@ -393,8 +464,8 @@ def run_cases(cases: Sequence[Any], jobs: int = 0, *, keep: str | os.PathLike | 
                 for i in copies[index]:
                     c = cases[i]
                     results[i] = res if i == index else dataclasses.replace(
-                        res, op=c.op, dtype=c.dtype, config=c.config, seconds=0.0, frontend_s=0.0, plan_s=0.0,
-                        same_as=f"{res.op} {res.dtype} {res.config}")
+                        res, op=c.op, dtype=c.dtype, config=c.config, soc=c.soc, seconds=0.0, frontend_s=0.0, plan_s=0.0,
+                        same_as=f"{res.op} {res.dtype} {res.config} {res.soc}")
                     if progress is not None:
                         progress(results[i])
     finally:
@@ -414,10 +485,29 @@ def quick_subset(cases: Iterable[Any]) -> list[Any]:
     return out
 
 
-def format_table(results: Sequence[Result]) -> str:
-    """A plain-text table: op, dtype, config, SoC, result, seconds, detail."""
+def _grouped(results: Sequence[Result]) -> list[tuple[Result, list[str]]]:
+    """Results that differ only in the SoC, as (first result, its SoCs), in first-seen order."""
+    groups: dict[tuple, tuple[Result, list[str]]] = {}
+    for r in results:
+        groups.setdefault((r.op, r.dtype, r.config, r.result, r.detail), (r, []))[1].append(r.soc)
+    return list(groups.values())
+
+
+def format_table(results: Sequence[Result], by_soc: bool = True) -> str:
+    """A plain-text table: op, dtype, config, SoC, result, seconds, detail. With ``by_soc`` False,
+    cases that differ only in the SoC are one row ("Ascend910B1 +11": the first SoC and how many
+    more), its seconds the sum of their compilations."""
     head = ("op", "dtype", "config", "SoC", "result", "seconds", "detail")
-    rows = [(r.op, r.dtype, r.config, r.soc, r.result, f"{r.seconds:.2f}", r.detail) for r in results]
+    if by_soc:
+        rows = [(r.op, r.dtype, r.config, r.soc, r.result, f"{r.seconds:.2f}", r.detail) for r in results]
+    else:
+        secs: dict[tuple, float] = {}
+        for r in results:
+            key = (r.op, r.dtype, r.config, r.result, r.detail)
+            secs[key] = secs.get(key, 0.0) + r.seconds
+        rows = [(r.op, r.dtype, r.config, socs[0] + (f" +{len(socs) - 1}" if len(socs) > 1 else ""), r.result,
+                 f"{secs[(r.op, r.dtype, r.config, r.result, r.detail)]:.2f}", r.detail)
+                for r, socs in _grouped(results)]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(head)]
     widths[-1] = 0  # the detail column is not padded
 
@@ -455,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--soc", action="append", metavar="SOC",
                    help="SoC to check, e.g. Ascend910B3 (repeat or comma-separate; "
-                        "default: every SoC of backends/npu_socs.json, Atlas A2 and A3)")
+                        "default: every SoC of backends/npu_socs.json: Atlas A2, A3 and Ascend 950 / A5)")
     p.add_argument("--op", action="append", metavar="OP",
                    help="op to check (repeat or comma-separate; default: all)")
     p.add_argument("--quick", action="store_true",
@@ -464,6 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep each case's .ttir/.ttadapter and compiler logs under DIR")
     p.add_argument("--jobs", type=int, default=0, metavar="N",
                    help="worker processes (default: one per CPU)")
+    p.add_argument("--per-soc", action="store_true",
+                   help="compile every SoC, not one SoC per memory class (the SoCs of a class differ "
+                        "only in core counts and get the same plan)")
+    p.add_argument("--by-soc", action="store_true",
+                   help="one table row and progress line per SoC (default: SoCs that share a result "
+                        "are one row, and only compilations get a progress line)")
     return p
 
 
@@ -489,22 +585,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cases:
         print("xkernels.npu_compile: no cases selected", file=sys.stderr)
         return 1
+    a5 = any(toolchain(c.soc) == "a5" for c in cases)
+    if a5 and _a5_compiler(bishengir) is None:
+        print("xkernels.npu_compile: bishengir-compile-a5 not found (the A5 SoCs need it): "
+              "pip install ascendnpu-ir==1.2.0", file=sys.stderr)
+        return 2
     jobs = args.jobs or os.cpu_count() or 1
-    print(f"checking {len(cases)} cases with {min(jobs, len(cases))} jobs "
-          f"(bishengir-compile: {bishengir})", flush=True)
-    done = [0]
+    print(f"checking {len(cases)} cases with {min(jobs, len(cases))} jobs (bishengir-compile: {bishengir}"
+          f"{'; A5: ' + str(_a5_compiler(bishengir)) if a5 else ''})", flush=True)
+    done = [0, 0]
 
     def progress(r: Result) -> None:
         done[0] += 1
-        shared = " (same compilation as an earlier case)" if r.same_as else ""
+        if r.same_as and not args.by_soc:
+            return
+        done[1] += 1
+        shared = f" (same compilation as {r.same_as})" if r.same_as else ""
         print(f"[{done[0]}/{len(cases)}] {r.op} {r.dtype} {r.config} {r.soc}: {r.result} "
               f"({r.seconds:.2f} s){shared}{' ' + r.detail if r.detail else ''}", flush=True)
 
     t0 = time.perf_counter()
-    results = run_cases(cases, jobs, keep=args.keep, bishengir=bishengir, progress=progress)
+    results = run_cases(cases, jobs, keep=args.keep, bishengir=bishengir, progress=progress, per_soc=args.per_soc)
     wall = time.perf_counter() - t0
     print()
-    print(format_table(results))
+    print(format_table(results, by_soc=args.by_soc))
     if notes:
         print("\nnot compiled:\n" + "\n".join(f"  {n}" for n in notes))
     print()
