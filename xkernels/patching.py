@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -78,6 +79,10 @@ class PatchReport:
     @property
     def fused(self) -> list[Replaced]:
         return [r for r in self.replaced if r.activation]
+
+    def fused_by_kind(self) -> dict[str, int]:
+        """How many fusions ``patch`` made, by fused activation: ``{'gelu': 12}``."""
+        return dict(Counter(r.activation for r in self.fused))
 
     def __str__(self) -> str:
         lines = [f"xkernels.patch: {len(self.replaced)} replaced ({len(self.fused)} with a fused activation), "
