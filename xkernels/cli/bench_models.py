@@ -98,12 +98,13 @@ class _nothing:
 
 def run(spec: Spec, dtype: torch.dtype, target: Target, batch: int | None = None, seq: int | None = None,
         layers: int | None = None, modes: tuple[str, ...] = ("eager",), ways: tuple[str, ...] = WAYS,
-        rounds: int | None = None, fast: bool = False, seed: int = 0,
-        log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+        rounds: int | None = None, fast: bool = False, seed: int = 0, log: Callable[[str], None] = print,
+        text_seq_only: bool = False) -> list[dict[str, Any]]:
     """Rows of one model's benchmark: per mode, way and pass; a way that fails gives an error row,
-    a mode that cannot run here a ``skipped`` row with the reason."""
+    a mode that cannot run here a ``skipped`` row with the reason. ``text_seq_only``: ``seq`` is
+    for text models (a vision model of a multi-model run keeps its own)."""
     built = model_zoo.build(spec.data, spec.source, dtype, target.device, batch, seq, layers, seed,
-                            spec.zoo_name, spec.size)
+                            spec.zoo_name, spec.size, text_seq_only)
     log(f"{spec.name}: {built.description}, batch {built.batch}"
         f"{f' x seq {built.seq}' if built.seq else ' images'} ({built.tokens} tokens), {str(dtype)[6:]}, {target}")
     quick = fast or spec.size == "tiny"
@@ -318,7 +319,7 @@ def main(args: Any, target: Target) -> int:
         with use_backend(target.backend):
             for spec in specs:
                 mine = run(spec, dtype, target, args.batch, args.seq, args.layers, modes, ways, args.rounds,
-                           bool(args.fast), args.seed)
+                           bool(args.fast), args.seed, text_seq_only=len(specs) > 1)
                 for r in mine:
                     print(format_row(r), flush=True)
                 rows += mine

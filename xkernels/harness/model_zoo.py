@@ -101,8 +101,10 @@ def _transformers() -> Any:
     return transformers
 
 
-def _first_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+def _first_line(exc: BaseException, limit: int = 400) -> str:
+    """The exception as one line (a validation error's cause is on its later lines)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
 def make_config(data: dict[str, Any], source: str, layers: int | None = None) -> Any:
@@ -164,9 +166,11 @@ def model_class(config: Any, source: str) -> tuple[Any, str]:
 
 def build(data: dict[str, Any], source: str, dtype: torch.dtype, device: torch.device, batch: int | None = None,
           seq: int | None = None, layers: int | None = None, seed: int = 0, zoo_name: str | None = None,
-          size: str = "base") -> Built:
+          size: str = "base", text_seq_only: bool = False) -> Built:
     """The model of config dict ``data`` (random init, dropout 0, on ``device`` in ``dtype``) and
-    its inputs. ``zoo_name``/``size`` pick the default shape of a built-in model."""
+    its inputs. ``zoo_name``/``size`` pick the default shape of a built-in model. ``seq`` for a
+    vision model is an error, or with ``text_seq_only`` (one ``--seq`` for several models) not
+    applied, which the description says."""
     config = make_config(data, source, layers)
     make, how = model_class(config, source)
     for name, value in (("--batch", batch), ("--seq", seq)):
@@ -199,7 +203,9 @@ def build(data: dict[str, Any], source: str, dtype: torch.dtype, device: torch.d
             inputs["decoder_input_ids"] = ids
         tokens = batch * seq
     else:
-        if seq is not None:
+        if seq is not None and text_seq_only:
+            how += f"; --seq {seq} applies to text models only"
+        elif seq is not None:
             raise ValueError(f"--seq does not apply to {type(model).__name__} (a vision model): its sequence comes "
                              f"from image_size and patch_size; set --batch (images)")
         side = getattr(config, "image_size", None)
