@@ -251,10 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TargetUnavailable as exc:
         return _fail(str(exc))
     if args.model_config or (args.model and args.size is None):
-        if args.op or args.size:
-            return _fail(f"--op and --size pick op cases: --model without --size (or --model-config) benches a whole "
-                         f"model, every op (with --size {MODELS}, --model picks corpus models: "
-                         f"{', '.join(model_names())})")
+        if args.model_config and (args.op or args.size):
+            return _fail("--model-config benches a whole model, every op: it takes no --op or --size")
+        if args.op:
+            return _fail(f"--op picks op cases: with --model it needs --size {MODELS} (without --size, --model "
+                         f"benches a whole model, every op, and takes no --op)")
         if args.plot or args.compare:
             return _fail("--plot and --compare apply to op benches, not to a whole-model bench")
         from xkernels.cli import bench_models
