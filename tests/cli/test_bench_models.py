@@ -171,6 +171,23 @@ def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
     assert fwd["speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1] and fwd["device_speedup"] == 1.0
 
 
+def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
+    require_transformers()
+    import xkernels
+    from xkernels.harness import resolve_target
+
+    def failing_time(runner, target, settings):
+        if any(isinstance(m, xkernels.nn.Linear) for m in runner.model.modules()):
+            raise RuntimeError("replay failed\nsecond line")
+        return {p: (1.0, 1.0) for p in ("forward", "forward+backward")}
+
+    monkeypatch.setattr(bench_models, "_time", failing_time)
+    rows = bench_models.run(bench_models.zoo_spec("llama", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
+                            ways=("torch", "patch"), log=lambda s: None)
+    assert [(r["mode"], r["way"], r["error"]) for r in rows] == [
+        ("eager", "patch", "while timed: RuntimeError: replay failed")]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "bert-base", "--config", "tiny", "--seq", "65"], "--seq 65 exceeds the model's 64 positions"),
     (["--model", "gpt2", "--config", "tiny", "--dtype", "fp16,fp32"], "--model takes one --dtype"),

@@ -152,11 +152,18 @@ def _run_mode(mode: str, built: model_zoo.Built, base: dict[str, Any], target: T
                 return errors
     timed = [w for w in order if w in checked]
     times: dict[tuple[str, str], list[tuple[float, float]]] = {(w, p): [] for w in timed for p in PASSES}
-    for r in range(rounds):
-        for way in timed if r % 2 == 0 else timed[::-1]:
-            with _Way(way, model):
-                for p, timing in _time(runners[way], target, settings).items():
-                    times[(way, p)].append(timing)
+    try:
+        for r in range(rounds):
+            for way in timed if r % 2 == 0 else timed[::-1]:
+                with _Way(way, model):
+                    for p, timing in _time(runners[way], target, settings).items():
+                        times[(way, p)].append(timing)
+    except Exception as exc:  # a replay or compiled call failing while timed: this mode's rows are lost
+        errors.append({**base, "mode": mode, "way": way, "pass": "-", "error": f"while timed: {_first_line(exc)}"})
+        log(f"  {mode} {way}: {errors[-1]['error']}")
+        for runner in runners.values():
+            runner.release()
+        return errors
     rows = []
     for way in timed:
         for p in PASSES:
