@@ -1,7 +1,9 @@
-"""``python -m xkernels.bench --model``: tiny transformers models, torch eager vs enable() vs patch()."""
+"""``python -m xkernels.bench --model`` / ``--model-config``: tiny transformers models of each family,
+the four ways, the three modes, the rows (JSON and CSV) and the arguments."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -9,78 +11,210 @@ import torch
 
 from helpers import require_transformers
 from xkernels.cli import bench, bench_models
+from xkernels.harness import model_zoo
 
 pytestmark = pytest.mark.uses_interpreter
 
+ROW_FIELDS = {"model", "class", "layers", "mode", "way", "pass", "batch", "seq", "tokens", "dtype", "device", "backend",
+              "torch", "triton", "transformers", "wall_ms", "wall_p20_ms", "wall_p80_ms", "device_ms", "device_p20_ms",
+              "device_p80_ms", "torch_wall_ms", "torch_device_ms", "speedup", "device_speedup", "tokens_per_s",
+              "rounds", "wall_round_ms", "device_round_ms", "setup_s", "max_abs_dev"}
+#: float32 models of 2 layers, hidden 64: every way computes torch's function up to rounding
+TOL = 1e-4
 
-def test_tiny_gpt2_all_variants(tmp_path, capsys):
-    require_transformers()
-    path = tmp_path / "model.json"
-    rc = bench.main(["--model", "gpt2", "--config", "tiny", "--backend", "interpreter", "--batch", "1", "--seq", "8",
-                     "--json", str(path)])
-    out = capsys.readouterr().out
-    data = json.loads(path.read_text())
-    rows = data["rows"]
-    assert rc == 0, out
-    assert data["header"]["backend"] == "interpreter" and data["header"]["transformers"]
-    assert [(r["variant"], r["mode"]) for r in rows] == [
-        (v, m) for v in bench_models.VARIANTS for m in ("forward", "forward+backward")]
+
+def _bench(tmp_path, *argv: str) -> tuple[int, list[dict], str]:
+    path = tmp_path / "rows.json"
+    rc = bench.main([*argv, "--json", str(path)])
+    return rc, json.loads(path.read_text())["rows"] if path.exists() else [], str(path)
+
+
+def _check_timed(rows: list[dict], tokens: int) -> None:
     for r in rows:
-        assert r["time_ms"] > 0 and r["device_ms"] > 0 and r["tokens_per_s"] == 8 / (r["time_ms"] * 1e-3)
-        assert r["rounds"] == 1 and r["round_ms"] == [r["time_ms"]]  # tiny: one round
-        assert r["speedup"] == r["torch_time_ms"] / r["time_ms"]
-        assert r["device_speedup"] == r["torch_device_ms"] / r["device_ms"]
-        # fp32, 2 layers of hidden 64: every variant computes torch's function up to rounding
-        assert r["max_abs_dev"] < 1e-4 and r.get("grad_rel_dev", 0.0) < 1e-4, r
-    torch_rows = [r for r in rows if r["variant"] == "torch"]
-    assert all(r["max_abs_dev"] == 0 and r["speedup"] == 1 for r in torch_rows)
-    enable_rows = [r for r in rows if r["variant"] == "enable"]
-    assert all(r["routed"]["addmm"]["xkernels"] > 0 for r in enable_rows), "enable() routed nothing"
-    assert all(r["patch"] == {"replaced": 8, "fused": r["patch"]["fused"], "left": 2 - r["patch"]["fused"]}
-               for r in rows if r["variant"].startswith("patch"))
-    assert "gpt2       patch         forward" in out
+        assert ROW_FIELDS <= set(r), ROW_FIELDS - set(r)
+        assert r["torch"] == torch.__version__ and r["transformers"] and r["triton"]
+        assert r["tokens"] == tokens and r["tokens_per_s"] == tokens / (r["wall_ms"] * 1e-3)
+        assert 0 < r["wall_p20_ms"] <= r["wall_ms"] <= r["wall_p80_ms"]
+        assert 0 < r["device_p20_ms"] <= r["device_ms"] <= r["device_p80_ms"]
+        assert r["max_abs_dev"] < TOL and r.get("grad_rel_dev", 0.0) < TOL, r
+        assert ("grad_rel_dev" in r) == (r["pass"] == "forward+backward")
+        if r["way"] == "torch":
+            assert r["max_abs_dev"] == 0 and r["speedup"] == 1 and r["device_speedup"] == 1
 
 
-def test_rounds_interleave_the_variants_on_one_model(monkeypatch):
-    """Each round times every variant with the model in that variant's state (patch applied
-    and undone around it), the order reversed every other round."""
+def test_tiny_llama_patched_on_the_interpreter(tmp_path, capsys):
+    """The Llama family through the Triton kernels: patch() fuses gate_proj + SiLU in each layer
+    and the patched model computes torch's logits and gradients."""
+    require_transformers()
+    rc, rows, _ = _bench(tmp_path, "--model", "llama", "--config", "tiny", "--backend", "interpreter", "--batch", "1",
+                         "--seq", "8", "--way", "patch")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert [(r["mode"], r["way"], r["pass"]) for r in rows] == [
+        ("eager", w, p) for w in ("torch", "patch") for p in ("forward", "forward+backward")]
+    _check_timed(rows, tokens=8)
+    assert all(r["class"] == "LlamaForCausalLM" and r["layers"] == 2 and r["backend"] == "interpreter" for r in rows)
+    for r in rows[2:]:  # q, k, v, o, gate (+ silu), up, down per layer, and the LM head
+        assert (r["patch_replaced"], r["patch_fused"], r["patch_left"]) == (11, 0, 0)  # q, k, v, o, down x 2 + lm_head
+        assert r["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
+                                "linear": 11}
+        assert r["rounds"] == 1 and r["wall_round_ms"] == [r["wall_ms"]]  # tiny: one round
+    assert "gated mlp 2" in out and "llama            eager     patch        forward " in out
+
+
+def test_every_way_and_both_outputs_on_cpu(tmp_path, capsys):
+    require_transformers()
+    csv_path = tmp_path / "rows.csv"
+    rc, rows, _ = _bench(tmp_path, "--model", "gpt2", "--config", "tiny", "--backend", "cpu", "--batch", "1",
+                         "--seq", "4", "--csv", str(csv_path))
+    assert rc == 0, capsys.readouterr().out
+    assert [(r["way"], r["pass"]) for r in rows] == [
+        (w, p) for w in bench_models.WAYS for p in ("forward", "forward+backward")]
+    _check_timed(rows, tokens=4)
+    assert all(("routed" in r) == r["way"].endswith("enable") for r in rows)
+    assert all(r["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6}
+               for r in rows if r["way"].startswith("patch"))
+    with open(csv_path, newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert [(x["way"], x["pass"]) for x in lines] == [(r["way"], r["pass"]) for r in rows]
+    assert float(lines[0]["wall_ms"]) == rows[0]["wall_ms"] and json.loads(lines[-1]["fusions"]) == rows[-1]["fusions"]
+
+
+def _write(tmp_path, name: str, config: dict) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
+    """Any config.json: the class from architectures, --layers over the file's 4 layers, the inputs
+    of its kind (token ids; images of the config's size)."""
+    require_transformers()
+    qwen2 = _write(tmp_path, "qwen2.json", {
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+        "max_position_embeddings": 128, "layer_types": ["full_attention"] * 4, "attention_dropout": 0.1})
+    rc, rows, _ = _bench(tmp_path, "--model-config", qwen2, "--layers", "2", "--backend", "cpu", "--batch", "1",
+                         "--seq", "8", "--way", "patch", "--fast")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert len(rows) == 4 and all(r["model"] == "Qwen2ForCausalLM" and r["layers"] == 2 for r in rows)
+    _check_timed(rows, tokens=8)
+    assert rows[-1]["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
+                                   "linear": 11}  # Qwen2: q, k, v, o, down x 2 + lm_head
+    assert "Qwen2ForCausalLM (architectures[0] Qwen2ForCausalLM; 2 layers, hidden 64" in out
+    vit = _write(tmp_path, "vit.json", {
+        "model_type": "vit", "architectures": ["ViTModel"], "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 128, "image_size": 32, "patch_size": 8, "num_channels": 3})
+    rc, rows, _ = _bench(tmp_path, "--model-config", vit, "--backend", "cpu", "--batch", "2", "--way", "patch", "--fast")
+    assert rc == 0, capsys.readouterr().out
+    assert all(r["class"] == "ViTModel" and r["seq"] is None for r in rows)
+    _check_timed(rows, tokens=2 * 16)  # 2 images of (32 / 8)^2 patches
+    assert rows[-1]["fusions"] == {"residual add + norm (ViT layer)": 2, "linear + activation": 2, "linear": 11}
+
+
+def test_cudagraph_on_cpu_is_skipped_with_its_reason(tmp_path, capsys):
+    require_transformers()
+    rc, rows, _ = _bench(tmp_path, "--model", "bert-base", "--config", "tiny", "--backend", "cpu", "--batch", "1",
+                         "--seq", "4", "--way", "torch", "--mode", "cudagraph,eager")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    skipped = [r for r in rows if "skipped" in r]
+    assert [(r["mode"], r["model"]) for r in skipped] == [("cudagraph", "bert-base")]
+    assert skipped[0]["skipped"].startswith("CUDA graphs need a cuda device (torch.cuda.CUDAGraph); this run is on cpu")
+    assert "cudagraph -            -                skipped: CUDA graphs need a cuda device" in out
+    assert [(r["mode"], r["way"]) for r in rows if "skipped" not in r] == [("eager", "torch")] * 2
+
+
+def test_model_all_runs_every_model(tmp_path, capsys):
+    require_transformers()
+    rc, rows, _ = _bench(tmp_path, "--model", "all", "--config", "tiny", "--backend", "cpu", "--batch", "1",
+                         "--seq", "4", "--way", "torch", "--fast")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert list(dict.fromkeys(r["model"] for r in rows)) == model_zoo.model_names() == ["bert-base", "gpt2", "llama",
+                                                                                      "vit"]
+    assert {r["model"]: r["tokens"] for r in rows} == {"bert-base": 4, "gpt2": 4, "llama": 4, "vit": 16}
+    assert "--seq 4 applies to text models only" in out  # one --seq for several models: vit keeps its patches
+
+
+@pytest.mark.slow
+def test_compile_mode_on_cpu(tmp_path, capsys):
+    """torch.compile of the model and of the patched model (xkernels' linear one opaque node)."""
+    require_transformers()
+    rc, rows, _ = _bench(tmp_path, "--model", "bert-base", "--config", "tiny", "--backend", "cpu", "--batch", "1",
+                         "--seq", "4", "--way", "patch", "--mode", "compile")
+    assert rc == 0, capsys.readouterr().out
+    assert [(r["mode"], r["way"]) for r in rows] == [("compile", w) for w in ("torch", "torch", "patch", "patch")]
+    _check_timed(rows, tokens=4)
+    assert all(r["setup_s"] > 0 for r in rows)
+    assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "linear + activation": 2, "linear": 11}
+
+
+def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
+    """Each round times every way with the model in that way's state (patch applied and undone
+    around it), the order reversed every other round; medians and p20/p80 over the rounds."""
     require_transformers()
     import xkernels
     from xkernels.harness import resolve_target
 
     seen = []
 
-    def fake_time(model, ids, target, settings):
-        patched = any(isinstance(m, xkernels.nn.Linear | xkernels.nn.Conv1D) for m in model.modules())
+    def fake_time(runner, target, settings):
+        patched = any(isinstance(m, xkernels.nn.Linear | xkernels.nn.Conv1D) for m in runner.model.modules())
         seen.append(("patch" if patched else "torch") + ("+enable" if xkernels.routing._selected else ""))
-        return {m: (float(len(seen)), 1.0) for m in bench_models.MODES}
+        return {p: (float(len(seen)), 1.0) for p in ("forward", "forward+backward")}
 
     monkeypatch.setattr(bench_models, "_time", fake_time)
-    rows = bench_models.run("gpt2", "tiny", 1, 4, torch.float32, resolve_target(backend="cpu"), rounds=3,
-                            variants=("torch", "patch", "enable"), log=lambda s: None)
+    rows = bench_models.run(bench_models.zoo_spec("gpt2", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
+                            rounds=3, ways=("torch", "patch", "enable"), log=lambda s: None)
     assert seen == ["torch", "patch", "torch+enable", "torch+enable", "patch", "torch", "torch", "patch",
                     "torch+enable"]
-    patch_fwd = next(r for r in rows if r["variant"] == "patch" and r["mode"] == "forward")
-    assert patch_fwd["round_ms"] == [2.0, 5.0, 8.0] and patch_fwd["time_ms"] == 5.0
-    assert patch_fwd["speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1] and patch_fwd["device_speedup"] == 1.0
+    fwd = next(r for r in rows if r["way"] == "patch" and r["pass"] == "forward")
+    assert fwd["wall_round_ms"] == [2.0, 5.0, 8.0] and fwd["wall_ms"] == 5.0
+    assert fwd["wall_p20_ms"] == pytest.approx(3.2) and fwd["wall_p80_ms"] == pytest.approx(6.8)
+    assert fwd["speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1] and fwd["device_speedup"] == 1.0
 
 
-def test_bad_model_arguments_exit_2(capsys):
+def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
     require_transformers()
-    assert bench.main(["--model", "bert-base", "--config", "tiny", "--backend", "interpreter", "--seq", "65"]) == 2
-    assert "--seq 65 exceeds the model's 64 positions" in capsys.readouterr().err
-    assert bench.main(["--model", "gpt2", "--config", "tiny", "--backend", "interpreter", "--dtype", "fp16,fp32"]) == 2
-    assert "--model takes one --dtype" in capsys.readouterr().err
-    assert bench.main(["--model", "gpt2", "--config", "tiny", "--backend", "interpreter", "--rounds", "0"]) == 2
-    assert "--rounds must be positive, got 0" in capsys.readouterr().err
+    import xkernels
+    from xkernels.harness import resolve_target
+
+    def failing_time(runner, target, settings):
+        if any(isinstance(m, xkernels.nn.Linear) for m in runner.model.modules()):
+            raise RuntimeError("replay failed\nsecond line")
+        return {p: (1.0, 1.0) for p in ("forward", "forward+backward")}
+
+    monkeypatch.setattr(bench_models, "_time", failing_time)
+    rows = bench_models.run(bench_models.zoo_spec("llama", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
+                            ways=("torch", "patch"), log=lambda s: None)
+    assert [(r["mode"], r["way"], r["error"]) for r in rows] == [
+        ("eager", "patch", "while timed: RuntimeError: replay failed")]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "bert-base", "--config", "tiny", "--seq", "65"], "--seq 65 exceeds the model's 64 positions"),
+    (["--model", "gpt2", "--config", "tiny", "--dtype", "fp16,fp32"], "--model takes one --dtype"),
+    (["--model", "gpt2", "--config", "tiny", "--rounds", "0"], "--rounds must be positive, got 0"),
+    (["--model", "gpt2", "--mode", "graph"], "--mode must be among ['eager', 'cudagraph', 'compile'], got ['graph']"),
+    (["--model", "gpt2", "--way", "fused"], "--way must be among ['torch', 'enable', 'patch', 'patch+enable']"),
+    (["--model", "llama2"], "--model must be one of ['bert-base', 'gpt2', 'llama', 'vit'] or 'all', got 'llama2'"),
+    (["--model", "gpt2", "--op", "add"], "--op picks op cases: with --model it needs --size models"),
+    (["--model-config", "c.json", "--size", "small"], "--model-config benches a whole model, every op: it takes no"),
+    (["--model-config", "c.json", "--config", "tiny"], "--config picks a built-in model's size"),
+    (["--model-config", "/nonexistent/c.json"], "--model-config /nonexistent/c.json: cannot read it"),
+    (["--model", "vit", "--config", "tiny", "--seq", "8"], "--seq does not apply to ViTModel"),
+    (["--op", "add", "--layers", "2"], "--layers applies to a whole-model bench"),
+])
+def test_bad_model_arguments_exit_2(argv, message, capsys):
+    require_transformers()
+    assert bench.main([*argv, "--backend", "cpu"]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_grad_deviation_reports_missing_gradients():
     want = {"a": torch.tensor([1.0, -4.0]), "b": torch.tensor([1e-19])}
     assert bench_models._grad_deviation({"a": torch.tensor([1.5, -4.0]), "b": torch.tensor([-1e-19])}, want) == 0.125
-    try:
+    with pytest.raises(RuntimeError, match=r"no gradient reached 1 parameters \(e.g. a\)"):
         bench_models._grad_deviation({"a": None, "b": torch.tensor([0.0])}, want)
-    except RuntimeError as e:
-        assert "no gradient reached 1 parameters (e.g. a)" in str(e)
-    else:
-        raise AssertionError("a missing gradient must be an error")

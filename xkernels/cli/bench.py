@@ -3,7 +3,9 @@
     python -m xkernels.bench [--device D] [--backend NAME] [--op OP] [--dtype DT]
                              [--size small|medium|large|models|all] [--model M] [--fast] [--seed N]
                              [--json PATH] [--csv PATH] [--plot PATH] [--compare OLD.json]
-    python -m xkernels.bench --model bert-base|gpt2 [--config base|tiny] [--batch B] [--seq S] [--dtype DT]
+    python -m xkernels.bench --model NAME[,NAME]|all | --model-config CONFIG.json [--layers N]
+                             [--mode eager,cudagraph,compile] [--way W] [--config base|tiny] [--batch B]
+                             [--seq S] [--dtype DT] [--rounds R] [--fast] [--json PATH] [--csv PATH]
 
 Defaults: the best device present; sizes ``all`` on an accelerator, ``small`` on the CPU;
 float16, bfloat16, float32. ``--size models``: the real-model shape corpus
@@ -38,6 +40,7 @@ from xkernels.cli.check import split_list
 from xkernels.harness import Target, TargetUnavailable, perf, resolve_target
 from xkernels.harness.cases import BENCH_SIZES, FLOAT_DTYPES, OP_NAMES, Case, cases, parse_dtype
 from xkernels.harness.heldout import SIZE_TAG as HELDOUT
+from xkernels.harness.model_zoo import model_names as whole_models
 from xkernels.harness.models import SIZE_TAG as MODELS
 from xkernels.harness.models import model_names
 
@@ -194,9 +197,6 @@ def write_csv(rows: list[dict[str, Any]], path: str) -> None:
             w.writerow({**r, "config": ";".join(f"{k}={v}" for k, v in cfg.items())})
 
 
-WHOLE_MODELS = ("bert-base", "gpt2")  # bench --model without --size: xkernels/cli/bench_models.py
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m xkernels.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", help="torch device type: cuda, npu, cpu (default: best present)")
@@ -208,18 +208,30 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "layers of model families outside it at odd token counts (xkernels/harness/heldout.json)")
     p.add_argument("--model", action="append",
                    help="with --size models: only the corpus cases of these models "
-                        f"({', '.join(model_names())}); without --size: a whole transformers model "
-                        f"({', '.join(WHOLE_MODELS)}), torch eager vs enable() vs patch() (xkernels/cli/bench_models.py)")
-    p.add_argument("--fast", action="store_true", help="smallest case per op/dtype, few repetitions")
+                        f"({', '.join(model_names())}); without --size: whole transformers models "
+                        f"({', '.join(whole_models())}, or all) timed four ways: torch, enable(), patch(), both "
+                        "(docs/models.md)")
+    p.add_argument("--model-config", metavar="CONFIG.json",
+                   help="a whole model from any transformers config.json (random weights, no download)")
+    p.add_argument("--layers", type=int, help="whole model: override num_hidden_layers (e.g. 2 of an 8B model)")
+    p.add_argument("--mode", action="append",
+                   help="whole model: eager (default), cudagraph, compile; comma-separate several")
+    p.add_argument("--way", action="append",
+                   help="whole model: the ways timed, of torch, enable, patch, patch+enable (default all)")
+    p.add_argument("--fast", action="store_true",
+                   help="smallest case per op/dtype, few repetitions (whole model: one round, few repetitions)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--json", metavar="PATH", help="write header + rows as JSON")
     p.add_argument("--csv", metavar="PATH", help="write rows as CSV")
     p.add_argument("--plot", metavar="PATH", help="write a roofline PNG (needs matplotlib)")
     p.add_argument("--compare", metavar="OLD.json", help="show what got faster/slower against an earlier --json")
     p.add_argument("--config", choices=("base", "tiny"), help="--model size: base (default) or tiny (2 layers, hidden 64)")
-    p.add_argument("--batch", type=int, help="--model batch (default: 16 bert-base, 8 gpt2; 2 tiny)")
-    p.add_argument("--seq", type=int, help="--model sequence length (default: 512 bert-base, 1024 gpt2; 16 tiny)")
-    p.add_argument("--rounds", type=int, help="--model timing rounds, the ways interleaved (default: 5 base, 1 tiny)")
+    p.add_argument("--batch", type=int,
+                   help="whole model batch (default: 16 bert-base, 8 gpt2, 1 llama, 64 vit images; 2 tiny)")
+    p.add_argument("--seq", type=int, help="whole model sequence length (default: 512 bert-base, 1024 gpt2, "
+                                           "2048 llama; 16 tiny)")
+    p.add_argument("--rounds", type=int,
+                   help="whole model timing rounds, the ways interleaved (default: 5; 1 tiny or --fast)")
     return p.parse_args(argv)
 
 
@@ -243,18 +255,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = resolve_target(args.device, args.backend)
     except TargetUnavailable as exc:
         return _fail(str(exc))
-    if args.model and args.size is None:
+    if args.model_config or (args.model and args.size is None):
+        if args.model_config and (args.op or args.size):
+            return _fail("--model-config benches a whole model, every op: it takes no --op or --size")
         if args.op:
             return _fail(f"--op picks op cases: with --model it needs --size {MODELS} (without --size, --model "
                          f"benches a whole model, every op, and takes no --op)")
-        whole = split_list(args.model)
-        if len(whole) != 1 or whole[0] not in WHOLE_MODELS:
-            return _fail(f"--model {','.join(whole)}: a whole-model bench takes one of {', '.join(WHOLE_MODELS)} "
-                         f"(with --size {MODELS}, --model picks corpus models: {', '.join(model_names())})")
+        if args.plot or args.compare:
+            return _fail("--plot and --compare apply to op benches, not to a whole-model bench")
         from xkernels.cli import bench_models
 
-        args.model = whole[0]
         return bench_models.main(args, target)
+    whole = [o for o in ("layers", "mode", "way", "config", "batch", "seq", "rounds") if getattr(args, o) is not None]
+    if whole:
+        return _fail(f"--{whole[0]} applies to a whole-model bench (--model without --size, or --model-config)")
     size = args.size or ("small" if target.device.type == "cpu" else "all")
     if args.model and size != MODELS:
         return _fail(f"--model picks cases of the real-model corpus: it needs --size {MODELS}")

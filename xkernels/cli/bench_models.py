@@ -1,32 +1,27 @@
-"""``python -m xkernels.bench --model bert-base|gpt2``: whole models on xkernels against torch eager.
+"""``python -m xkernels.bench --model NAME|all`` / ``--model-config PATH``: whole models on
+xkernels against torch, in eager, CUDA-graph and ``torch.compile`` modes (docs/models.md).
 
-    python -m xkernels.bench --model bert-base [--batch 16 --seq 512 --dtype bf16 --rounds 5] [--json PATH]
-    python -m xkernels.bench --model gpt2 --config tiny --backend interpreter   # seconds, on CPU
+    python -m xkernels.bench --model llama [--mode eager,cudagraph,compile] [--json PATH] [--csv PATH]
+    python -m xkernels.bench --model-config config.json --layers 2 [--batch B --seq S]
+    python -m xkernels.bench --model all --config tiny --backend interpreter   # seconds per model, on CPU
 
-The model is built from its transformers config (``BertModel(BertConfig())``,
-``GPT2Model(GPT2Config())``: random weights, nothing downloaded; dropout set to 0 so every
-variant computes the same function) and run four ways on the same weights and inputs:
-
-* ``torch``: eager PyTorch, the baseline;
-* ``enable``: the unmodified model under ``xkernels.enabled()`` (aten add/mm/bmm/addmm routed);
-* ``patch``: after ``xkernels.patch(model)`` (linear layers swapped, activations fused);
-* ``patch+enable``: both.
-
-Per variant: ``forward`` (eval mode, no grad) and ``forward+backward`` (train mode; loss = mean
-of the squared last hidden state in float32), each timed two ways with the backend's events
-(``xkernels.harness.perf.time_calls``, no cache flush: a model's working set is larger than any
-cache): *time*, the model as eager PyTorch runs it (host time included where the host is the
-slower side, as it usually is for a whole model), and *device time*, the kernels alone (the
-device is held busy until the host has queued the whole call). Variants are timed in
-interleaved rounds on the same model (``patch`` applied and undone each round), so that the
-host's drifting speed meets them alike: medians over rounds, speedups the median of per-round
-ratios to torch; tokens/s; the max |deviation| of the forward output from torch's, and for
-``forward+backward`` the largest gradient deviation relative to the model's largest torch
-gradient. ``--config tiny`` (2 layers, hidden 64) runs on the Triton interpreter in seconds.
+The model (``xkernels/harness/model_zoo.py``: random weights from its transformers config,
+dropout 0) runs four *ways* on the same weights and inputs: ``torch``; ``enable`` (under
+``xkernels.enabled()``); ``patch`` (after ``xkernels.patch(model)``); ``patch+enable``. Each way
+in each *mode* (``xkernels/harness/model_runs.py``) is timed for its ``forward`` (eval, no grad)
+and ``forward+backward`` (train; loss = mean square of the output in float32) *passes*, two ways
+each with the backend's events: *wall* time (the model as the host drives it; where the host
+queues kernels slower than the device runs them, host time) and *device* time (the device held
+busy until the host has queued the whole call: the kernels alone). The ways are timed in
+interleaved rounds on the same model (``patch`` applied and undone around each; the order
+reversed every other round), so that a drift of the host's speed meets them alike: per way the
+median over rounds and the 20th/80th percentiles, speedups the median of per-round ratios to
+torch. Each way first runs once for its output and gradients, compared with the torch way's.
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import time
 from collections.abc import Callable
@@ -35,75 +30,182 @@ from typing import Any
 
 import torch
 
-from xkernels.harness import Target, perf
+from xkernels.harness import Target, model_zoo, perf
+from xkernels.harness.model_runs import MODES, PASSES, make_runner, unavailable_reason
 
-MODELS = ("bert-base", "gpt2")
-CONFIGS = ("base", "tiny")
-VARIANTS = ("torch", "enable", "patch", "patch+enable")
-#: (batch, seq) per model and config when not given; base sizes are the project's speed goals.
-DEFAULT_SHAPE = {("bert-base", "base"): (16, 512), ("gpt2", "base"): (8, 1024),
-                 ("bert-base", "tiny"): (2, 16), ("gpt2", "tiny"): (2, 16)}
-TINY = {"hidden": 64, "layers": 2, "heads": 2, "intermediate": 256, "vocab": 128, "positions": 64}
+WAYS = ("torch", "enable", "patch", "patch+enable")
 MODEL_SETTINGS = perf.Settings(warmup=2, warmup_s=0.2, min_reps=5, max_reps=30, budget_s=0.5, flush=False)
 TINY_SETTINGS = perf.Settings(warmup=1, warmup_s=0.0, min_reps=1, max_reps=3, budget_s=0.0, flush=False)
-
-
-class ModelsUnavailable(RuntimeError):
-    """transformers is not installed (the ``models`` extra)."""
+#: timing rounds per way (each a full measurement; the host's speed drifts between them)
+ROUNDS = 5
 
 
 @dataclass
-class Built:
-    model: torch.nn.Module
-    ids: torch.Tensor
-    description: str
+class Spec:
+    """One model to bench: a zoo entry or a config file."""
+
+    name: str
+    data: dict[str, Any]
+    source: str
+    zoo_name: str | None = None
+    size: str = "base"
 
 
-def build(name: str, config: str, batch: int, seq: int, dtype: torch.dtype, device: torch.device, seed: int) -> Built:
-    """The model (random init from its config, dropout 0) and a batch of token ids."""
+def zoo_spec(name: str, size: str = "base") -> Spec:
+    return Spec(name, model_zoo.zoo_config(name, size), f"--model {name}", name, size)
+
+
+def file_spec(path: str) -> Spec:
+    data = model_zoo.read_config(path)
+    label = (data.get("architectures") or [None])[0] or data.get("model_type") or "model"
+    return Spec(str(label), data, f"--model-config {path}")
+
+
+class _Way:
+    """Puts the model into one way's state and back (``with _Way(...)``)."""
+
+    def __init__(self, way: str, model: torch.nn.Module, log: Callable[[str], None] | None = None) -> None:
+        self.way, self.model, self.log = way, model, log
+        self.report: Any = None
+
+    def __enter__(self) -> Any:
+        import xkernels
+
+        if self.way.startswith("patch"):
+            self.report = xkernels.patch(self.model)
+            if self.log is not None:
+                lines = str(self.report).splitlines()
+                kinds = ", ".join(f"{k} {n}" for k, n in self.report.counts().items()) or "none"
+                self.log("\n".join([f"  {self.way}: {lines[0]}; fused: {kinds}",
+                                    *(f"  {x}" for x in lines[1:] if x.startswith("  left"))]))
+        self.routing = xkernels.enabled() if self.way.endswith("enable") else _nothing()
+        self.routing.__enter__()
+        return self.report
+
+    def __exit__(self, *exc: Any) -> None:
+        self.routing.__exit__(*exc)
+        if self.report is not None:
+            self.report.undo()
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def run(spec: Spec, dtype: torch.dtype, target: Target, batch: int | None = None, seq: int | None = None,
+        layers: int | None = None, modes: tuple[str, ...] = ("eager",), ways: tuple[str, ...] = WAYS,
+        rounds: int | None = None, fast: bool = False, seed: int = 0, log: Callable[[str], None] = print,
+        text_seq_only: bool = False) -> list[dict[str, Any]]:
+    """Rows of one model's benchmark: per mode, way and pass; a way that fails gives an error row,
+    a mode that cannot run here a ``skipped`` row with the reason. ``text_seq_only``: ``seq`` is
+    for text models (a vision model of a multi-model run keeps its own)."""
+    built = model_zoo.build(spec.data, spec.source, dtype, target.device, batch, seq, layers, seed,
+                            spec.zoo_name, spec.size, text_seq_only)
+    log(f"{spec.name}: {built.description}, batch {built.batch}"
+        f"{f' x seq {built.seq}' if built.seq else ' images'} ({built.tokens} tokens), {str(dtype)[6:]}, {target}")
+    quick = fast or spec.size == "tiny"
+    settings = TINY_SETTINGS if quick else MODEL_SETTINGS
+    rounds = rounds or (1 if quick else ROUNDS)
+    base = {"model": spec.name, **built.info, "batch": built.batch, "seq": built.seq, "tokens": built.tokens,
+            "dtype": str(dtype)[6:], "device": str(target.device), "backend": target.backend.name, **versions()}
+    rows: list[dict[str, Any]] = []
+    for mode in modes:
+        why = unavailable_reason(mode, target)
+        if why:
+            log(f"  {mode}: skipped: {why}")
+            rows.append({**base, "mode": mode, "way": "-", "pass": "-", "skipped": why})
+            continue
+        rows += _run_mode(mode, built, base, target, ways, settings, rounds, log)
+        if mode == "compile":
+            torch._dynamo.reset()  # the next model compiles afresh; this one's graphs are freed
+    return rows
+
+
+def _run_mode(mode: str, built: model_zoo.Built, base: dict[str, Any], target: Target, ways: tuple[str, ...],
+              settings: perf.Settings, rounds: int, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    import xkernels
+
+    model = built.model
+    order = ["torch", *(w for w in ways if w != "torch")]  # torch first: the reference
+    checked: dict[str, dict[str, Any]] = {}
+    runners: dict[str, Any] = {}
+    errors: list[dict[str, Any]] = []
+    ref: dict[str, Any] = {}
+    for way in order:
+        try:
+            xkernels.routing_counts(reset=True)
+            with _Way(way, model, log) as report:
+                runners[way] = make_runner(mode, model, built.inputs, target)
+                checked[way] = _outputs(runners[way], ref)
+                checked[way]["routed"] = xkernels.routing_counts()
+            if report is not None:
+                checked[way]["patch"] = {"patch_replaced": len(report.replaced), "patch_fused": len(report.fused),
+                                         "patch_left": len(report.left), "fusions": report.counts()}
+        except Exception as exc:  # report and go on with the other ways
+            errors.append({**base, "mode": mode, "way": way, "pass": "-", "error": _first_line(exc)})
+            log(f"  {mode} {way}: {errors[-1]['error']}")
+            if way == "torch":  # nothing to compare the others with
+                return errors
+    timed = [w for w in order if w in checked]
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {(w, p): [] for w in timed for p in PASSES}
     try:
-        import transformers
-    except ImportError as e:
-        raise ModelsUnavailable(f"--model needs transformers ({e}): pip install 'xkernels[models]'") from None
-    torch.manual_seed(seed)
-    tiny = config == "tiny"
-    if name == "bert-base":
-        size = dict(hidden_size=TINY["hidden"], num_hidden_layers=TINY["layers"], num_attention_heads=TINY["heads"],
-                    intermediate_size=TINY["intermediate"], vocab_size=TINY["vocab"],
-                    max_position_embeddings=TINY["positions"]) if tiny else {}
-        cfg = transformers.BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **size)
-        make, positions = transformers.BertModel, cfg.max_position_embeddings
-    elif name == "gpt2":
-        size = dict(n_embd=TINY["hidden"], n_layer=TINY["layers"], n_head=TINY["heads"], n_inner=TINY["intermediate"],
-                    vocab_size=TINY["vocab"], n_positions=TINY["positions"], bos_token_id=0, eos_token_id=0) if tiny else {}
-        cfg = transformers.GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **size)
-        make, positions = transformers.GPT2Model, cfg.n_positions
-    else:
-        raise ValueError(f"--model must be one of {list(MODELS)}, got {name!r}")
-    if seq > positions:
-        raise ValueError(f"--seq {seq} exceeds the model's {positions} positions")
-    if batch < 1 or seq < 1:
-        raise ValueError(f"--batch and --seq must be positive, got {batch} and {seq}")
-    model = make(cfg).to(device=device, dtype=dtype)
-    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
-    layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
-    return Built(model, ids, f"{type(model).__name__} ({config}: {layers} layers, hidden {cfg.hidden_size}, "
-                             f"attention {getattr(cfg, '_attn_implementation', None) or 'default'})")
+        for r in range(rounds):
+            for way in timed if r % 2 == 0 else timed[::-1]:
+                with _Way(way, model):
+                    for p, timing in _time(runners[way], target, settings).items():
+                        times[(way, p)].append(timing)
+    except Exception as exc:  # a replay or compiled call failing while timed: this mode's rows are lost
+        errors.append({**base, "mode": mode, "way": way, "pass": "-", "error": f"while timed: {_first_line(exc)}"})
+        log(f"  {mode} {way}: {errors[-1]['error']}")
+        for runner in runners.values():
+            runner.release()
+        return errors
+    rows = []
+    for way in timed:
+        for p in PASSES:
+            rows.append(_row({**base, "mode": mode, "way": way, "pass": p}, times[(way, p)], times[("torch", p)],
+                             checked[way], runners[way].setup_s, built.tokens))
+    for runner in runners.values():
+        runner.release()
+    return rows + errors
 
 
-def _forward(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    return model(ids).last_hidden_state
+def _row(head: dict[str, Any], mine: list[tuple[float, float]], theirs: list[tuple[float, float]],
+         checked: dict[str, Any], setup_s: float, tokens: int) -> dict[str, Any]:
+    wall, dev = [w for w, _ in mine], [d for _, d in mine]
+    row = {**head, "wall_ms": _quantile(wall, 0.5), "wall_p20_ms": _quantile(wall, 0.2),
+           "wall_p80_ms": _quantile(wall, 0.8), "device_ms": _quantile(dev, 0.5),
+           "device_p20_ms": _quantile(dev, 0.2), "device_p80_ms": _quantile(dev, 0.8),
+           "torch_wall_ms": _quantile([w for w, _ in theirs], 0.5),
+           "torch_device_ms": _quantile([d for _, d in theirs], 0.5),
+           "speedup": _quantile([t / m for (t, _), (m, _) in zip(theirs, mine)], 0.5),
+           "device_speedup": _quantile([t / m for (_, t), (_, m) in zip(theirs, mine)], 0.5),
+           "tokens_per_s": tokens / (_quantile(wall, 0.5) * 1e-3), "rounds": len(mine),
+           "wall_round_ms": wall, "device_round_ms": dev, "setup_s": setup_s, "max_abs_dev": checked["dev"]}
+    if head["pass"] == "forward+backward":
+        row["grad_rel_dev"] = checked["gdev"]
+    if head["way"].endswith("enable"):
+        row["routed"] = checked["routed"]
+    row.update(checked.get("patch", {}))
+    return row
 
 
-def _train_step(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    model.zero_grad(set_to_none=True)
-    loss = _forward(model, ids).float().square().mean()
-    loss.backward()
-    return loss
+def _first_line(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
 
 
-def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor | None]:
-    return {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
+def _quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks (the median of an even count: the mean of
+    the middle two)."""
+    v = sorted(values)
+    pos = (len(v) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def _grad_deviation(got: dict[str, torch.Tensor | None], want: dict[str, torch.Tensor | None]) -> float:
@@ -119,202 +221,121 @@ def _grad_deviation(got: dict[str, torch.Tensor | None], want: dict[str, torch.T
     return max(((g.double() - w.double()).abs().max().item() for g, w in present), default=0.0) / scale
 
 
-class _Variant:
-    """Puts the model into one variant's state and back (``with _Variant(...)``)."""
-
-    def __init__(self, variant: str, model: torch.nn.Module, log: Callable[[str], None] | None = None) -> None:
-        self.variant, self.model, self.log = variant, model, log
-        self.report: Any = None
-
-    def __enter__(self) -> Any:
-        import xkernels
-
-        if self.variant.startswith("patch"):
-            self.report = xkernels.patch(self.model)
-            if self.log is not None:
-                self.log(str(self.report))
-        self.routing = xkernels.enabled() if self.variant.endswith("enable") else _nothing()
-        self.routing.__enter__()
-        return self.report
-
-    def __exit__(self, *exc: Any) -> None:
-        self.routing.__exit__(*exc)
-        if self.report is not None:
-            self.report.undo()
-
-
-def run(name: str, config: str, batch: int | None, seq: int | None, dtype: torch.dtype, target: Target,
-        seed: int = 0, variants: tuple[str, ...] = VARIANTS, log: Callable[[str], None] = print,
-        rounds: int | None = None) -> list[dict[str, Any]]:
-    """Rows of one model benchmark (one per variant and mode); a failing variant gives an error row.
-
-    Each variant first runs once for its outputs and gradients (compared with torch's). Then
-    ``rounds`` rounds time every variant in turn on the same model (``patch`` applied and undone
-    each round, the order reversed every other round), so that a drift of the host's speed
-    meets every variant alike; a variant's figure is the median over rounds, its speedup the
-    median of the per-round ratios to torch."""
-    import xkernels
-
-    batch_d, seq_d = DEFAULT_SHAPE[(name, config)]
-    batch, seq = batch or batch_d, seq or seq_d
-    built = build(name, config, batch, seq, dtype, target.device, seed)
-    model, ids = built.model, built.ids
-    log(f"{name}: {built.description}, batch {batch} x seq {seq}, {str(dtype)[6:]}, {target}")
-    settings = TINY_SETTINGS if config == "tiny" else MODEL_SETTINGS
-    rounds = rounds or (1 if config == "tiny" else ROUNDS)
-    base = {"model": name, "config": config, "batch": batch, "seq": seq, "dtype": str(dtype)[6:],
-            "device": str(target.device), "backend": target.backend.name}
-    order = ["torch", *(v for v in variants if v != "torch")]  # torch first: the reference
-    checked: dict[str, dict[str, Any]] = {}
-    errors: list[dict[str, Any]] = []
-    ref: dict[str, Any] = {}
-    for variant in order:
-        try:
-            xkernels.routing_counts(reset=True)
-            with _Variant(variant, model, log) as report:
-                checked[variant] = _outputs(model, ids, ref)
-                checked[variant]["routed"] = xkernels.routing_counts()
-            if report is not None:
-                checked[variant]["patch"] = {"replaced": len(report.replaced), "fused": len(report.fused),
-                                             "left": len(report.left)}
-        except Exception as exc:  # report and go on with the other variants
-            if variant == "torch":
-                raise
-            errors.append({**base, "variant": variant, "mode": "-", "error": _first_line(exc)})
-    timed = [v for v in order if v in checked]
-    times: dict[tuple[str, str], list[tuple[float, float]]] = {(v, m): [] for v in timed for m in MODES}
-    for r in range(rounds):
-        for variant in timed if r % 2 == 0 else timed[::-1]:
-            with _Variant(variant, model):
-                for mode, timing in _time(model, ids, target, settings).items():
-                    times[(variant, mode)].append(timing)
-    rows = []
-    for variant in timed:
-        for mode in MODES:
-            mine, theirs = times[(variant, mode)], times[("torch", mode)]
-            ms, dev = _median([t for t, _ in mine]), _median([d for _, d in mine])
-            extra = {"max_abs_dev": checked[variant]["dev"]}
-            if mode == "forward+backward":
-                extra["grad_rel_dev"] = checked[variant]["gdev"]
-            if variant.endswith("enable"):
-                extra["routed"] = checked[variant]["routed"]
-            if "patch" in checked[variant]:
-                extra["patch"] = checked[variant]["patch"]
-            rows.append({**base, "variant": variant, "mode": mode, "time_ms": ms, "device_ms": dev,
-                         "rounds": rounds, "round_ms": [t for t, _ in mine],
-                         "tokens_per_s": ids.numel() / (ms * 1e-3), "torch_time_ms": _median([t for t, _ in theirs]),
-                         "torch_device_ms": _median([d for _, d in theirs]),
-                         "speedup": _median([t / m for (t, _), (m, _) in zip(theirs, mine)]),
-                         "device_speedup": _median([t / m for (_, t), (_, m) in zip(theirs, mine)]), **extra})
-    return rows + errors
-
-
-MODES = ("forward", "forward+backward")
-#: timing rounds per variant (each a full measurement; the host's speed drifts between them)
-ROUNDS = 5
-
-
-def _first_line(exc: Exception) -> str:
-    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-
-
-def _median(values: list[float]) -> float:
-    v = sorted(values)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-def _outputs(model: torch.nn.Module, ids: torch.Tensor, ref: dict[str, Any]) -> dict[str, Any]:
-    """The forward output's and the gradients' deviation from torch's (``ref``, filled by the
-    first call: torch's own run)."""
-    model.eval()
-    with torch.no_grad():
-        out = _forward(model, ids).detach().clone()
-    model.train()
-    _train_step(model, ids)
-    grads = _grads(model)
-    model.zero_grad(set_to_none=True)
+def _outputs(runner: Any, ref: dict[str, Any]) -> dict[str, Any]:
+    """The forward output's and the gradients' deviation from the torch way's (``ref``, filled by
+    the first call: the torch way's own run)."""
+    out = runner.forward().detach().clone()
+    runner.train_step()
+    grads = {n: None if g is None else g.detach().clone() for n, g in runner.grads().items()}
+    runner.model.zero_grad(set_to_none=True)
     if not ref:
         ref.update(out=out, grads=grads)
     return {"dev": (out.double() - ref["out"].double()).abs().max().item(), "gdev": _grad_deviation(grads, ref["grads"])}
 
 
-def _time(model: torch.nn.Module, ids: torch.Tensor, target: Target,
-          settings: perf.Settings) -> dict[str, tuple[float, float]]:
-    """Per mode: (time, device time) in ms. *Time* is what the model takes as eager PyTorch runs
-    it: the device is held only ``perf.HOLD_US`` ahead, so where the host is slower than the
-    kernels (a whole model's forward usually is) the host's time shows. *Device time* holds the
-    device for twice the host's time per call first, so the kernels run back to back: the
-    kernels' own speed, without the host's."""
-    def forward(i: torch.Tensor) -> Any:
-        with torch.no_grad():
-            return _forward(model, i)
-
+def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tuple[float, float]]:
+    """Per pass: (wall, device) ms. *Wall*: the device is held only ``perf.HOLD_US`` ahead, so where
+    the host is slower than the kernels (a whole model's eager forward usually is) the host's time
+    shows. *Device*: the device is held for twice the host's time per call first, so the kernels
+    run back to back: their own speed, without the host's."""
     result = {}
-    for mode, fn, train in (("forward", forward, False), ("forward+backward", lambda i: _train_step(model, i), True)):
-        model.train(train)
-        t = perf.time_calls(fn, [ids], target, settings)
+    for p, fn in zip(PASSES, (runner.forward, runner.train_step)):
+        call = lambda _: fn()
+        t = perf.time_calls(call, [None], target, settings)
         t0 = time.perf_counter()
-        fn(ids)
+        fn()
         host_us = (time.perf_counter() - t0) * 1e6  # queueing one call, at most (it may wait on the device)
-        d = perf.time_calls(fn, [ids], target, settings, hold_us=max(perf.HOLD_US, 2 * host_us))
-        result[mode] = (t.median_ms, d.median_ms)
-    model.zero_grad(set_to_none=True)
+        d = perf.time_calls(call, [None], target, settings, hold_us=max(perf.HOLD_US, 2 * host_us))
+        result[p] = (t.median_ms, d.median_ms)
+    runner.model.zero_grad(set_to_none=True)
     return result
 
 
+def versions() -> dict[str, str | None]:
+    return {"torch": torch.__version__, "triton": perf.package_version("triton") or perf.package_version("triton-ascend"),
+            "transformers": perf.package_version("transformers")}
+
+
 def format_row(r: dict[str, Any]) -> str:
-    head = f"{r['model']:<10} {r['variant']:<13} {r['mode']:<17}"
+    head = f"{r['model']:<16.16} {r['mode']:<9} {r['way']:<12} {r['pass']:<16}"
+    if "skipped" in r:
+        return f"{head} skipped: {r['skipped']}"
     if "error" in r:
         return f"{head} ERROR {r['error']}"
-    grad = f"  grad {r['grad_rel_dev']:.2e}" if "grad_rel_dev" in r else ""
-    return (f"{head} {r['time_ms']:>9.4g} ms {r['speedup']:5.2f}x  device {r['device_ms']:>9.4g} ms "
-            f"{r['device_speedup']:5.2f}x  {r['tokens_per_s']:>10.0f} tok/s  max|dev| {r['max_abs_dev']:.2e}{grad}")
+    grad = f"  grad {r['grad_rel_dev']:.1e}" if "grad_rel_dev" in r else ""
+    return (f"{head} wall {r['wall_ms']:>8.4g} ms [{r['wall_p20_ms']:.4g}-{r['wall_p80_ms']:.4g}] {r['speedup']:5.2f}x"
+            f"  device {r['device_ms']:>8.4g} ms [{r['device_p20_ms']:.4g}-{r['device_p80_ms']:.4g}] "
+            f"{r['device_speedup']:5.2f}x  {r['tokens_per_s']:>9.0f} tok/s  max|dev| {r['max_abs_dev']:.1e}{grad}")
 
 
 def header(target: Target, args: dict[str, Any]) -> dict[str, Any]:
     props = target.backend.properties(target.device)
     return {"device_name": props.name, "arch": props.arch, "device": str(target.device),
-            "backend": target.backend.name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": torch.__version__,
-            "triton": perf.package_version("triton") or perf.package_version("triton-ascend"),
-            "transformers": perf.package_version("transformers"),
+            "backend": target.backend.name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions(),
             "python": platform.python_version(), "host": platform.node(), "args": args}
 
 
+def write_csv(rows: list[dict[str, Any]], path: str) -> None:
+    """One line per row; lists and dicts (per-round times, fusions, routing counts) as JSON text."""
+    import csv
+
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: json.dumps(v) if isinstance(v, list | dict) else v for k, v in r.items()})
+
+
+def _split(values: list[str] | str | None) -> list[str]:
+    items = values if isinstance(values, list) else [values] if values else []
+    return [x for v in items for x in v.split(",") if x]
+
+
 def main(args: Any, target: Target) -> int:
-    """``bench --model``: print the rows, write ``--json``; exit 1 if a variant failed, 2 if the
-    model cannot be built here."""
-    import json
+    """``bench --model`` / ``--model-config``: print the rows, write ``--json`` / ``--csv``; exit 1
+    if a way failed, 2 if the arguments are wrong or a model cannot be built here."""
     import sys
 
     from xkernels.dispatch import use_backend
     from xkernels.harness.cases import parse_dtype
 
-    config = args.config or "base"
-    dtypes = [d for v in args.dtype or [] for d in v.split(",") if d]
-    if len(dtypes) > 1:
-        print(f"xkernels.bench: --model takes one --dtype, got {dtypes}", file=sys.stderr)
+    def fail(msg: str) -> int:
+        print(f"xkernels.bench: {msg}", file=sys.stderr)
         return 2
+
+    dtypes, modes, ways = _split(args.dtype), tuple(_split(args.mode) or ["eager"]), tuple(_split(args.way) or WAYS)
+    if len(dtypes) > 1:
+        return fail(f"--model takes one --dtype, got {dtypes}")
+    if any(m not in MODES for m in modes):
+        return fail(f"--mode must be among {list(MODES)}, got {list(modes)}")
+    if any(w not in WAYS for w in ways):
+        return fail(f"--way must be among {list(WAYS)}, got {list(ways)}")
+    if args.rounds is not None and args.rounds < 1:
+        return fail(f"--rounds must be positive, got {args.rounds}")
+    if args.model_config and args.config:
+        return fail("--config picks a built-in model's size; with --model-config, shrink the config itself "
+                    "(or use --layers)")
+    names = _split(args.model)
+    rows: list[dict[str, Any]] = []
     try:
+        names = model_zoo.model_names() if names == ["all"] else names
+        specs = [zoo_spec(n, args.config or "base") for n in names]
+        specs += [file_spec(args.model_config)] if args.model_config else []
         dtype = parse_dtype(dtypes[0]) if dtypes else (torch.float32 if target.device.type == "cpu" else torch.bfloat16)
         with use_backend(target.backend):
-            if args.rounds is not None and args.rounds < 1:
-                raise ValueError(f"--rounds must be positive, got {args.rounds}")
-            rows = run(args.model, config, args.batch, args.seq, dtype, target, args.seed, rounds=args.rounds)
-    except (ModelsUnavailable, ValueError) as exc:
-        print(f"xkernels.bench: {exc}", file=sys.stderr)
-        return 2
-    for r in rows:
-        print(format_row(r), flush=True)
+            for spec in specs:
+                mine = run(spec, dtype, target, args.batch, args.seq, args.layers, modes, ways, args.rounds,
+                           bool(args.fast), args.seed, text_seq_only=len(specs) > 1)
+                for r in mine:
+                    print(format_row(r), flush=True)
+                rows += mine
+    except (model_zoo.ModelsUnavailable, ValueError) as exc:
+        return fail(str(exc))
+    head = header(target, {k: v for k, v in vars(args).items() if v is not None})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": header(target, {k: v for k, v in vars(args).items() if v is not None}), "rows": rows},
-                      f, indent=1)
+            json.dump({"header": head, "rows": rows}, f, indent=1)
+    if args.csv:
+        write_csv(rows, args.csv)
     return 1 if any("error" in r for r in rows) else 0
