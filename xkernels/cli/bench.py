@@ -4,6 +4,7 @@
                              [--size small|medium|large|models|all] [--model M] [--fast] [--seed N]
                              [--json PATH] [--csv PATH] [--plot PATH] [--compare OLD.json]
     python -m xkernels.bench --model bert-base|gpt2 [--config base|tiny] [--batch B] [--seq S] [--dtype DT]
+    python -m xkernels.bench --host [--device cuda|cpu] [--rounds R] [--calls N]
 
 Defaults: the best device present; sizes ``all`` on an accelerator, ``small`` on the CPU;
 float16, bfloat16, float32. ``--size models``: the real-model shape corpus
@@ -214,7 +215,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--config", choices=("base", "tiny"), help="--model size: base (default) or tiny (2 layers, hidden 64)")
     p.add_argument("--batch", type=int, help="--model batch (default: 16 bert-base, 8 gpt2; 2 tiny)")
     p.add_argument("--seq", type=int, help="--model sequence length (default: 512 bert-base, 1024 gpt2; 16 tiny)")
-    p.add_argument("--rounds", type=int, help="--model timing rounds, the ways interleaved (default: 5 base, 1 tiny)")
+    p.add_argument("--rounds", type=int, help="--model timing rounds, the ways interleaved (default: 5 base, 1 tiny; "
+                                              "--host: 9)")
+    p.add_argument("--host", action="store_true",
+                   help="host us per call of every documented call form (xkernels/cli/bench_host.py): on cuda the "
+                        "real calls with the device held busy, on cpu the front door with the launch stubbed")
+    p.add_argument("--calls", type=int, default=300, help="--host: calls per timed round (default 300)")
     return p.parse_args(argv)
 
 
@@ -234,6 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 old = json.load(f)["rows"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return _fail(f"--compare {args.compare}: not a bench --json file ({type(exc).__name__}: {exc})")
+    if args.host:
+        from xkernels.cli import bench_host
+
+        return bench_host.run(args.device, args.calls, args.rounds or 9)
     try:
         target = resolve_target(args.device, args.backend)
     except TargetUnavailable as exc:
