@@ -16,10 +16,12 @@ from xkernels.ops.elementwise.add import add
 from xkernels.ops.elementwise.broadcast import broadcast
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
+from xkernels.ops.route import AtenRoute, KernelRoute, Route, RouteError, VendorRoute
 
 library.register({"broadcast": broadcast, "add": add, "matmul": matmul, "linear": linear})
 
-__all__ = ["Explanation", "Op", "add", "broadcast", "explain", "linear", "matmul"]
+__all__ = ["AtenRoute", "Explanation", "KernelRoute", "Op", "Route", "RouteError", "VendorRoute", "add", "broadcast",
+           "explain", "linear", "matmul"]
 
 
 def explain(op: Op, *args: Any, **kwargs: Any) -> Explanation:
