@@ -30,7 +30,7 @@ registers. See ``docs/front-door.md``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -40,7 +40,18 @@ from xkernels.backend import Backend
 from xkernels.dispatch import _override
 from xkernels.ops import library
 from xkernels.ops.autograd import needs_grad, reject_out
-from xkernels.ops.route import AtenRoute, KernelRoute, PluginRoute, Route, RouteError, TorchRoute, VendorRoute, check_built
+from xkernels.ops.route import (
+    AtenRoute,
+    Explanation,
+    KernelRoute,
+    Plan,
+    PluginRoute,
+    Route,
+    RouteError,
+    TorchRoute,
+    VendorRoute,
+    check_built,
+)
 from xkernels.registry import registry
 from xkernels.tuning import _forced
 
@@ -60,53 +71,6 @@ class HotCall(NamedTuple):
     key: Any  # the signature key
     route: Route  # the signature's route
     args: tuple[Any, ...]  # the call's arguments in ``params`` order: ``route.run(*args)``
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What one call would do."""
-
-    op: str
-    backend: str
-    route: str  # "plugin override" | "triton kernel" | "vendor BLAS" | "torch"
-    reason: str
-    variant: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    config_source: str | None = None
-    programs: int | None = None
-    tiles: int | None = None
-    why: str | None = None
-
-    def __str__(self) -> str:
-        lines = [f"{self.op} on backend {self.backend!r}: {self.route} ({self.reason})"]
-        if self.variant:
-            lines.append(f"  kernel variant: {self.variant}")
-        if self.tiles is not None:
-            persist = " (persistent loop)" if self.programs is not None and self.programs < self.tiles else ""
-            lines.append(f"  launch: {self.programs} programs for {self.tiles} tiles{persist}")
-        if self.config:
-            cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
-            lines.append(f"  config: {cfg}")
-            lines.append(f"  from: {self.config_source}")
-            if self.why:
-                lines.append(f"  why: {self.why}")
-        return "\n".join(lines)
-
-
-class Plan:
-    """A prepared kernel launch for one call signature (cached; the per-call path)."""
-
-    variant: str
-    config: dict[str, Any]
-    source: str
-    programs: int
-    tiles: int
-    why: str = ""
-    route: str = "triton kernel"
-    measured: bool = False  # the config comes from a rule with a "measured" record
-
-    def run(self, *args: Any) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
 
 
 REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
@@ -151,6 +115,7 @@ class Op:
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
         self._hot: dict[Any, Route] = {}  # signature key -> the route of its repeats
         self._ready: set[str] = set()
+        self.generation = 0  # counts ``_forget``s: a cache of this op's routes (xkernels.nn) checks it
         self._torch_route = TorchRoute(lambda call: self.torch_impl(call))
         # a plugin registered later may add tuning tables or replace a backend: plan again
         registry.listeners.append(self._forget)
@@ -159,6 +124,10 @@ class Op:
         self._plans.clear()
         self._hot.clear()
         self._ready.clear()
+        self.generation += 1
+
+    def __reduce__(self) -> str:
+        return self.name  # an op pickles as its module-level instance (``linear`` of ops/matmul/ops.py)
 
     # -- subclass interface -------------------------------------------------------------------
     def check(self, *args: Any, **kwargs: Any) -> Any:
@@ -403,6 +372,11 @@ class Op:
             if values[i] is REQUIRED:
                 return None
         return tuple(values)
+
+    def split(self, canon: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``canon`` (arguments in ``params`` order) as a call's (args, kwargs)."""
+        n = self._n_positional
+        return canon[:n], {p.name: v for p, v in zip(self.params[n:], canon[n:])}
 
     def signature(self) -> str:
         pos = [p.name if p.default is REQUIRED else f"{p.name}={p.default!r}" for p in self.params if p.positional]

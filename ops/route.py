@@ -27,11 +27,62 @@ which decides anew (and raises where the call is bad). Nothing is written before
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 
+from xkernels.dispatch import _override
+from xkernels.tuning import _forced
+
 Run = Callable[..., "torch.Tensor | None"]
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What one call would do."""
+
+    op: str
+    backend: str
+    route: str  # "plugin override" | "triton kernel" | "vendor BLAS" | "torch"
+    reason: str
+    variant: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    config_source: str | None = None
+    programs: int | None = None
+    tiles: int | None = None
+    why: str | None = None
+
+    def __str__(self) -> str:
+        lines = [f"{self.op} on backend {self.backend!r}: {self.route} ({self.reason})"]
+        if self.variant:
+            lines.append(f"  kernel variant: {self.variant}")
+        if self.tiles is not None:
+            persist = " (persistent loop)" if self.programs is not None and self.programs < self.tiles else ""
+            lines.append(f"  launch: {self.programs} programs for {self.tiles} tiles{persist}")
+        if self.config:
+            cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
+            lines.append(f"  config: {cfg}")
+            lines.append(f"  from: {self.config_source}")
+            if self.why:
+                lines.append(f"  why: {self.why}")
+        return "\n".join(lines)
+
+
+class Plan:
+    """A prepared kernel launch for one call signature (cached; the per-call path)."""
+
+    variant: str
+    config: dict[str, Any]
+    source: str
+    programs: int
+    tiles: int
+    why: str = ""
+    route: str = "triton kernel"
+    measured: bool = False  # the config comes from a rule with a "measured" record
+
+    def run(self, *args: Any) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
 
 
 class Route:
@@ -105,3 +156,54 @@ def check_built(op: str, key: Any, route: Any) -> Route | None:
 
 class RouteError(RuntimeError):
     """Building a signature's route failed: a bug of the op's ``make_hot``, never a slow path."""
+
+
+class RouteCache:
+    """The routes of one fused module's op call, by signature: its ``forward`` (one call of
+    ``op`` with the module's input and parameters) runs the route of a repeat without the op's
+    front door (see ``xkernels/nn.py``; ``docs/front-door.md``).
+
+    ``cache.run(key, canon)``: ``canon`` is the op's arguments in ``params`` order; ``key`` must
+    determine everything of ``canon`` that the op's own signature key holds: each tensor's shape,
+    strides, dtype and device (``None`` for an absent tensor), every other argument's value. The
+    cache adds the ``use_backend`` override, and empties itself when the op forgets its routes (a
+    plugin registered: ``Op.generation``). A miss, a forced tuning config, or a route declining a
+    call (``None``) runs the op's own front door (``op.call_no_grad``), and a miss adopts the route
+    that call left. Callers take ``op(...)`` itself where a gradient is required or while
+    compiling. Copies and pickles of a module start empty."""
+
+    LIMIT = 64
+
+    __slots__ = ("op", "routes", "generation")
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self.routes: dict[Any, Route] = {}
+        self.generation = op.generation
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RouteCache, (self.op,)
+
+    def run(self, key: tuple[Any, ...], canon: tuple[Any, ...]) -> torch.Tensor:
+        op = self.op
+        if _forced.get() is None:
+            if op.generation != self.generation:
+                self.routes.clear()
+                self.generation = op.generation
+            key = (_override.get(), key)
+            route = self.routes.get(key)
+            if route is not None:
+                result = route.run(*canon)
+                if result is not None:
+                    return result
+            else:
+                args, kwargs = op.split(canon)
+                result = op.call_no_grad(*args, **kwargs)
+                found = op.find_hot(args, kwargs)
+                if found is not None:
+                    if len(self.routes) >= self.LIMIT:
+                        self.routes.clear()
+                    self.routes[key] = found.route
+                return result
+        args, kwargs = op.split(canon)
+        return op.call_no_grad(*args, **kwargs)
