@@ -30,8 +30,7 @@ registers. See ``docs/front-door.md``.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -52,6 +51,7 @@ from xkernels.ops.route import (
     VendorRoute,
     check_built,
 )
+from xkernels.ops.signature import NO_KEY, NUMBERS, REQUIRED, HotCall, Param, key_of
 from xkernels.registry import registry
 from xkernels.tuning import _forced
 
@@ -63,31 +63,6 @@ _any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (lambda *v
 
 __all__ = ["AtenRoute", "Explanation", "HotCall", "KernelRoute", "Op", "Param", "Plan", "Route", "RouteError",
            "TorchRoute", "VendorRoute"]
-
-
-class HotCall(NamedTuple):
-    """``Op.find_hot``'s answer."""
-
-    key: Any  # the signature key
-    route: Route  # the signature's route
-    args: tuple[Any, ...]  # the call's arguments in ``params`` order: ``route.run(*args)``
-
-
-REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of an op's signature. ``key`` says what of its value a hot entry's key holds:
-    ``"layout"`` (a tensor's shape, strides, dtype, device; another value's type), ``"value"``
-    (the value itself: e.g. ``activation``), ``"alpha"`` (the type and whether it equals 1),
-    ``"type"`` (the type: e.g. ``negative_slope``); whatever the key does not hold (scalar values,
-    ``alpha``, the slope) is passed to the hot entry with every call and never baked into it."""
-
-    name: str
-    default: Any = REQUIRED
-    positional: bool = True
-    key: str = "layout"
 
 
 class Op:
@@ -269,7 +244,7 @@ class Op:
                         key = ("2t", _override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
                                b.dtype, b.device)
                         return key, self._hot.get(key), args + self._after_two
-                    if type(b) in _NUMBERS:
+                    if type(b) in NUMBERS:
                         key = ("t+n", _override.get(), a.shape, a.stride(), a.dtype, a.device, type(b))
                         return key, self._hot.get(key), args + self._after_two
             if not self._n_required <= n <= self._n_positional:
@@ -281,8 +256,8 @@ class Op:
                 form = self._keyword_forms.get(name)
                 if form is not None:  # op(a, b, name=value), every other parameter defaulted
                     how, before, after = form
-                    kv = _key_of(v, how)
-                    if kv is _NO_KEY:
+                    kv = key_of(v, how)
+                    if kv is NO_KEY:
                         return _MISS
                     a, b = args
                     key = ("2t+kw", _override.get(), name, kv, a.shape, a.stride(), a.dtype, a.device, b.shape,
@@ -295,8 +270,8 @@ class Op:
         key = [tag, _override.get()]
         for v, how in zip(values, self._keys):
             kv = (v.shape, v.stride(), v.dtype, v.device) if how == "layout" and isinstance(v, Tensor) else \
-                _key_of(v, how)
-            if kv is _NO_KEY:
+                key_of(v, how)
+            if kv is NO_KEY:
                 return _MISS
             key.append(kv)
         return self._with_route(tuple(key), canon)
@@ -410,18 +385,5 @@ class Op:
         return Explanation(self.name, backend.name, route.route, how, route.variant, dict(route.config),
                            route.source, route.programs, route.tiles, route.why or None)
 
-_NUMBERS = (bool, int, float, complex)
-_MISS = (None, None, None)
-_NO_KEY: Any = object()  # ``_key_of``: the value admits no key (the call has no route)
 
-
-def _key_of(v: Any, how: str) -> Any:
-    """What a signature key holds of one argument, by its ``Param.key``; ``_NO_KEY`` where none."""
-    if how == "layout":
-        return (v.shape, v.stride(), v.dtype, v.device) if isinstance(v, Tensor) else type(v)
-    if how == "value":
-        return v
-    if how == "alpha":
-        kind = type(v)
-        return (kind, v == 1) if kind in _NUMBERS else _NO_KEY
-    return type(v)  # "type"
+_MISS = (None, None, None)  # ``_lookup`` of a call that cannot have a route
