@@ -169,8 +169,8 @@ class Op:
         signature's route where it records autograd itself (PyTorch's ops; aten's backward),
         else the op's ``autograd.Function``."""
         found = self.find_hot(args, kwargs)
-        if found is not None and found.route.records_autograd:
-            return found.route.autograd_run(*found.args)
+        if found is not None and found[1].records_autograd:
+            return found[1].autograd_run(*found[2])
         return self.autograd(self._bind(args, kwargs))
 
     def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
@@ -300,13 +300,13 @@ class Op:
 
     def find_hot(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HotCall | None:
         """The route a call would take without check or planning, or ``None`` when it has none (or
-        a tuning config is forced). ``found.route.run(*found.args)`` runs it (``None``: take the
+        a tuning config is forced). ``(key, route, args) = found``; ``route.run(*args)`` runs it (``None``: take the
         full path, ``ops/route.py``). The key names the call's signature: callers such as
         ``xkernels.enable()`` remember decisions by it."""
         if not self._hot or _forced.get() is not None:
             return None
         key, route, canon = self._lookup(args, kwargs)
-        return None if route is None else HotCall(key, route, canon)
+        return None if route is None else (key, route, canon)
 
     def repeat_route(self, *args: Any, **kwargs: Any) -> Route | None:
         """The route a call with these arguments would repeat by (``None``: the full path)."""

@@ -203,7 +203,7 @@ class RouteCache:
                 if found is not None:
                     if len(self.routes) >= self.LIMIT:
                         self.routes.clear()
-                    self.routes[key] = found.route
+                    self.routes[key] = found[1]
                 return result
         args, kwargs = op.split(canon)
         return op.call_no_grad(*args, **kwargs)

@@ -209,7 +209,7 @@ def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], to
     found = op.find_hot(args, {})  # as the op's own front door finds it
     if found is None:
         return None
-    route, canon = found.route, found.args
+    _, route, canon = found
     if route.aten_call:
         _counts[(name, VENDOR_WHY)] += 1
         return aten_out()
@@ -262,11 +262,12 @@ def _add_repeat(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     if _thread.inside:
         return None
     found = op.find_hot(args, kwargs)
-    if found is None or found.key not in _ADD_SIGNATURES:
+    if found is None or found[0] not in _ADD_SIGNATURES:
         return None
+    _, route, canon = found
     _thread.inside = True
     try:
-        result = found.route.run(*found.args)
+        result = route.run(*canon)
     finally:
         _thread.inside = False
     if result is not None:
@@ -280,7 +281,7 @@ def _remember_add(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result
     if found is not None:
         if len(_ADD_SIGNATURES) >= _ADD_SIGNATURES_LIMIT:
             _ADD_SIGNATURES.clear()
-        _ADD_SIGNATURES.add(found.key)
+        _ADD_SIGNATURES.add(found[0])
     return result
 
 

@@ -372,15 +372,15 @@ def test_every_route_takes_the_arguments_in_params_order(backend, device):
         pytest.skip(f"backend {backend.name!r} runs PyTorch: no routes")
     x, y = rand((6, 40), torch.float32, device), rand((6, 40), torch.float32, device)
     add(x, y)
-    found = add.find_hot((x, y), {})
-    assert isinstance(found.route, Route) and found.route.kind == "triton kernel"
-    assert found.args[:2] == (x, y) and found.args[2:] == (None, 1)
-    assert add.repeat_route(x, y) is found.route and add.hot_entry(x, y) is found.route.run
+    _, route, canon = add.find_hot((x, y), {})
+    assert isinstance(route, Route) and route.kind == "triton kernel"
+    assert canon[:2] == (x, y) and canon[2:] == (None, 1)
+    assert add.repeat_route(x, y) is route and add.hot_entry(x, y) is route.run
     w = rand((8, 40), torch.float32, device)
     linear(x, w, activation="relu")
-    found = linear.find_hot((x, w), {"activation": "relu"})
-    assert found.args[2:] == (None, "relu", 0.01, None)
-    assert not found.route.records_autograd and found.route.autograd_run is None
+    _, route, canon = linear.find_hot((x, w), {"activation": "relu"})
+    assert canon[2:] == (None, "relu", 0.01, None)
+    assert not route.records_autograd and route.autograd_run is None
 
 
 def test_a_route_builder_failure_is_an_error_naming_op_and_signature(backend, device, monkeypatch):
