@@ -262,7 +262,10 @@ class Op:
                     a, b = args
                     key = ("2t+kw", _override.get(), name, kv, a.shape, a.stride(), a.dtype, a.device, b.shape,
                            b.stride(), b.dtype, b.device)
-                    return self._with_route(key, (a, b, *before, v, *after))
+                    try:
+                        return key, self._hot.get(key), (a, b, *before, v, *after)
+                    except TypeError:  # an unhashable value (an activation given as a list): no route
+                        return _MISS
             canon = self.canonical(args, kwargs)
             if canon is None:
                 return _MISS
@@ -274,12 +277,10 @@ class Op:
             if kv is NO_KEY:
                 return _MISS
             key.append(kv)
-        return self._with_route(tuple(key), canon)
-
-    def _with_route(self, key: tuple[Any, ...], canon: tuple[Any, ...]) -> tuple[Any, Route | None, Any]:
+        key = tuple(key)
         try:
             return key, self._hot.get(key), canon
-        except TypeError:  # an unhashable value in the key (an activation given as a list): no route
+        except TypeError:  # an unhashable value in the key: no route
             return _MISS
 
     def _remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Plan, call: Any) -> None:
