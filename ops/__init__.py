@@ -22,6 +22,7 @@ from xkernels.ops.fused import gated_linear as _gated_linear
 from xkernels.ops.fused.add_norm import add_layer_norm, add_rms_norm
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.op import Explanation, Op
+from xkernels.ops.route import AtenRoute, KernelRoute, Route, RouteError, VendorRoute
 
 library.register({"broadcast": broadcast, "add": add, "matmul": matmul, "linear": linear})
 # the fused ops define their own fragments of the xkernels namespace
@@ -29,8 +30,8 @@ add_norm_grad.register({"add_layer_norm": add_layer_norm, "add_rms_norm": add_rm
 _gated_linear.register()
 gated_linear = _gated_linear.gated_linear
 
-__all__ = ["Explanation", "Op", "add", "add_layer_norm", "add_rms_norm", "broadcast", "explain", "gated_linear", "linear",
-           "matmul"]
+__all__ = ["AtenRoute", "Explanation", "KernelRoute", "Op", "Route", "RouteError", "VendorRoute", "add", "add_layer_norm",
+           "add_rms_norm", "broadcast", "explain", "gated_linear", "linear", "matmul"]
 
 
 def explain(op: Op, *args: Any, **kwargs: Any) -> Explanation:

@@ -1,53 +1,43 @@
 """The op front door shared by every op: validate, pick the backend, then route the call.
 
-``op(*args, **kwargs)`` (``Op.__call__``), first match wins:
+``op(*args, **kwargs)`` (``Op.__call__``):
 
 1. while ``torch.compile``/``torch.export`` trace (``torch.compiler.is_compiling()``): the
-   registered custom op ``torch.ops.xkernels.<op>`` (``op.library_call``, ``ops/library.py``),
-   one opaque graph node with a fake implementation and autograd;
-2. grad mode on and a tensor argument requiring grad: a signature whose hot entry computes with
-   PyTorch's own ops (a vendor-BLAS plan) runs that entry, and autograd records torch's ops and
-   their derivatives; any other is recorded by autograd through the op's ``autograd.Function``
-   (``op.autograd``, ``ops/autograd.py``), whose forward is ``call_no_grad``;
-3. ``call_no_grad``: the eager path below.
+   registered custom op ``torch.ops.xkernels.<op>`` (``op.library_call``, ``ops/library.py``);
+2. grad mode on and a tensor argument requiring grad (``_recorded``): a signature whose route
+   records autograd itself (``Route.records_autograd``: PyTorch's own ops) runs its
+   ``autograd_run``; any other call goes through the op's ``autograd.Function`` (``op.autograd``,
+   ``ops/autograd.py``), whose forward is ``call_no_grad``;
+3. else (``_eager``, also ``call_no_grad``): the route of the call's signature, if it has one
+   (``_lookup``), else the full path (``_full_path``).
 
-Either way the arguments are first bound to the op's ``params`` (``canonical``).
+The full path checks the call, then decides its route (``_decide``, which ``explain`` reports
+too) on backend ``b``: a plugin's :class:`xkernels.OpImpl` for (op, ``b.name``); the op's Triton
+kernel if ``b.runs_triton`` and the dtypes are kernel dtypes (a plan: ``Op.plan``; the plan may be
+the device's BLAS); else PyTorch. A call that ran a plan leaves the route of its signature
+(``make_hot``: a :class:`KernelRoute`, :class:`VendorRoute` or :class:`AtenRoute`,
+``ops/route.py``) that every later call with that signature runs.
 
-Routing for a validated call on backend ``b``:
-
-1. a plugin's :class:`xkernels.OpImpl` for (op, ``b.name``), if one is registered;
-2. the op's portable Triton kernel, if ``b.runs_triton`` and the dtypes are kernel dtypes;
-3. PyTorch (the cpu backend, and documented fallback dtypes such as float64 and complex).
-
-``op.explain(*args, **kwargs)`` answers which of these runs, with which kernel variant and
-config, and why, without running anything.
-
-Repeated calls. A call that took route 2 leaves a *hot entry* keyed by its signature: its
-arguments bound to the op's ``params`` (positional or keyword, defaults filled in), then per
-parameter (``Param.key``): each tensor's shape, strides, dtype and device, a Python number's type,
-``alpha``'s type and whether it is 1, ``activation``'s value; plus the ``use_backend`` override in
-effect. Everything ``check`` and the routing decided is a function of that signature, so the next
-call with the same signature skips them: the entry allocates the result and launches
-(``Launcher.hot``), taking the call's own tensors and its scalar values (a Python number operand,
-``alpha``, ``negative_slope``) as arguments. Every documented call form repeats this way
-(``add(x, y, alpha=2)``, ``add(x, 2.0)``, ``linear(x, w, bias=b, activation="gelu")``,
-``broadcast(x, b, out=o)``); ``matmul``/``linear`` with ``out=`` and ``add`` of a Python number
-with ``out=`` keep the full path. Hot entries are not made or used while a tuning config is
-forced, and are dropped when a plugin registers.
+The signature key (``_lookup``, the one place keys are made): the call's form (two tensors; a
+tensor and a Python number; two tensors and one keyword; positional only; anything else bound to
+``params``) and per parameter (``Param.key``) each tensor's shape, strides, dtype and device, a
+Python number's type, ``alpha``'s type and whether it is 1, ``activation``'s value; plus the
+``use_backend`` override in effect. Everything ``check`` and the routing decided is a function of
+it. Routes are not made or used while a tuning config is forced, and are dropped when a plugin
+registers. See ``docs/front-door.md``.
 
 Threads. Calls from many threads at once are safe: the backend override and a forced config are
-context-local (``use_backend``, ``tuning.force``); a plan is made (and its bucket autotuned) by one
-thread at a time per op (``_plan_lock``; a thread finding the plan made meanwhile takes it); the
-caches are dicts whose single operations the interpreter lock makes atomic; and a backend whose
-kernels cannot run concurrently serializes its launches itself (the interpreter backends).
+context-local (``use_backend``, ``tuning.force``); a plan is made (and its bucket autotuned or
+checked on first use) by one thread at a time per op (``_plan_lock``; a thread finding the plan
+made meanwhile takes it); the caches are dicts whose single operations the interpreter lock makes
+atomic; and a backend whose kernels cannot run concurrently serializes its launches itself (the
+interpreter backends).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,6 +47,19 @@ from xkernels.backend import Backend
 from xkernels.dispatch import _override
 from xkernels.ops import library
 from xkernels.ops.autograd import needs_grad, reject_out
+from xkernels.ops.route import (
+    AtenRoute,
+    Explanation,
+    KernelRoute,
+    Plan,
+    PluginRoute,
+    Route,
+    RouteError,
+    TorchRoute,
+    VendorRoute,
+    check_built,
+)
+from xkernels.ops.signature import NO_KEY, NUMBERS, REQUIRED, HotCall, Param, key_of
 from xkernels.registry import registry
 from xkernels.tuning import _forced
 
@@ -66,80 +69,19 @@ Tensor = torch.Tensor
 #: whether any tensor among the arguments requires grad (PyTorch's C helper where it has one)
 _any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (lambda *values: needs_grad(values))
 
-#: ``Op.find_hot``'s answer: (signature key, hot entry, the call's arguments in ``params`` order)
-HotCall = tuple[Any, Callable[..., torch.Tensor | None], tuple[Any, ...]]
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What one call would do."""
-
-    op: str
-    backend: str
-    route: str  # "plugin override" | "triton kernel" | "vendor BLAS" | "torch"
-    reason: str
-    variant: str | None = None
-    config: dict[str, Any] = field(default_factory=dict)
-    config_source: str | None = None
-    programs: int | None = None
-    tiles: int | None = None
-    why: str | None = None
-
-    def __str__(self) -> str:
-        lines = [f"{self.op} on backend {self.backend!r}: {self.route} ({self.reason})"]
-        if self.variant:
-            lines.append(f"  kernel variant: {self.variant}")
-        if self.tiles is not None:
-            persist = " (persistent loop)" if self.programs is not None and self.programs < self.tiles else ""
-            lines.append(f"  launch: {self.programs} programs for {self.tiles} tiles{persist}")
-        if self.config:
-            cfg = ", ".join(f"{k}={v}" for k, v in self.config.items())
-            lines.append(f"  config: {cfg}")
-            lines.append(f"  from: {self.config_source}")
-            if self.why:
-                lines.append(f"  why: {self.why}")
-        return "\n".join(lines)
-
-
-class Plan:
-    """A prepared kernel launch for one call signature (cached; the per-call path)."""
-
-    variant: str
-    config: dict[str, Any]
-    source: str
-    programs: int
-    tiles: int
-    why: str = ""
-    route: str = "triton kernel"
-    measured: bool = False  # the config comes from a rule with a "measured" record
-
-    def run(self, *args: Any) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+__all__ = ["AtenRoute", "Explanation", "HotCall", "KernelRoute", "Op", "Param", "Plan", "Route", "RouteError",
+           "TorchRoute", "VendorRoute"]
 
 
 #: Every op object made, by name, in the order they were made (the compile check walks them).
 REGISTERED: dict[str, Op] = {}
 
-REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
-
-
-@dataclass(frozen=True)
-class Param:
-    """One parameter of an op's signature. ``key`` says what of its value a hot entry's key holds:
-    ``"layout"`` (a tensor's shape, strides, dtype, device; another value's type), ``"value"``
-    (the value itself: e.g. ``activation``), ``"alpha"`` (the type and whether it equals 1),
-    ``"type"`` (the type: e.g. ``negative_slope``); whatever the key does not hold (scalar values,
-    ``alpha``, the slope) is passed to the hot entry with every call and never baked into it."""
-
-    name: str
-    default: Any = REQUIRED
-    positional: bool = True
-    key: str = "layout"
-
 
 class Op:
-    """Base class of the public ops. Subclasses implement ``check``, ``torch_impl``, ``plan``,
-    ``autograd`` and declare ``params`` (positional parameters first, in order)."""
+    """Base class of the public ops. A subclass declares ``name`` and ``params`` (positional
+    parameters first, in order) and implements ``check`` (validate; the call record),
+    ``torch_impl``, ``plan_key``/``make_plan``/``run_plan`` (the kernel route's first call),
+    ``make_hot`` (the route of its repeats), ``autograd`` and ``library_call``."""
 
     name: str = ""
     params: tuple[Param, ...] = ()
@@ -153,15 +95,17 @@ class Op:
         self._keys = tuple(p.key for p in self.params)
         self._after_two = self._defaults[2:]  # the defaults a two-argument call leaves
         # op(a, b, name=value) with every other parameter defaulted: name -> (key kind, the
-        # defaults before and after it), for the hot lookup of that form
+        # defaults before and after it), for that form's key
         self._keyword_forms = {p.name: (p.key, self._defaults[2:i], self._defaults[i + 1:])
                                for i, p in enumerate(self.params)
                                if i >= 2 and all(j == i for j in range(2, self._n_required))}
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
-        REGISTERED.setdefault(self.name, self)
-        self._hot: dict[Any, Callable[..., torch.Tensor | None]] = {}
+        self._hot: dict[Any, Route] = {}  # signature key -> the route of its repeats
         self._ready: set[str] = set()
         self._plan_lock = threading.RLock()  # re-entrant: making a plan may call the op (autotune)
+        REGISTERED.setdefault(self.name, self)
+        self.generation = 0  # counts ``_forget``s: a cache of this op's routes (xkernels.nn) checks it
+        self._torch_route = TorchRoute(lambda call: self.torch_impl(call))
         # a plugin registered later may add tuning tables or replace a backend: plan again
         registry.listeners.append(self._forget)
 
@@ -169,10 +113,15 @@ class Op:
         self._plans.clear()
         self._hot.clear()
         self._ready.clear()
+        self.generation += 1
+
+    def __reduce__(self) -> str:
+        return self.name  # an op pickles as its module-level instance (``linear`` of ops/matmul/ops.py)
 
     # -- subclass interface -------------------------------------------------------------------
     def check(self, *args: Any, **kwargs: Any) -> Any:
-        """Validate arguments; return a call record with ``.device`` and ``.kernel_ok``."""
+        """Validate arguments; return a call record with ``.device``, ``.kernel_ok`` and
+        ``.fallback_reason``."""
         raise NotImplementedError
 
     def torch_impl(self, call: Any) -> torch.Tensor:
@@ -203,14 +152,84 @@ class Op:
         ``python -m xkernels.npu_compile``. Default: none (an op without npu kernels)."""
         return ()
 
-    def make_hot(self, plan: Plan, call: Any, canon: tuple[Any, ...]) -> Callable[..., torch.Tensor | None] | None:
-        """A function of the arguments of a call with this signature, in ``params`` order
-        (``canon``: this call's), that runs it, or returns ``None`` to have the full path run it;
-        ``None`` here when not applicable. ``op(a, b)`` calls its entry with the two tensors
-        alone: an entry whose trailing defaults are not the op's is wrapped (``_remember``)."""
+    def make_hot(self, plan: Plan, call: Any, canon: tuple[Any, ...]) -> Route | None:
+        """The route of this call's signature, for its repeats (``canon``: this call's arguments in
+        ``params`` order, as ``route.run`` will take every repeat's): a :class:`KernelRoute`,
+        :class:`VendorRoute` or :class:`AtenRoute`, or ``None`` where this signature has no
+        repeat route (its repeats keep the full path; e.g. ``out=`` of matmul). Called right after
+        ``run_plan`` ran this call. An exception here is a bug: it propagates as a
+        :class:`RouteError` naming the op and the signature."""
         return None
 
-    # -- routing ------------------------------------------------------------------------------
+    # -- the call -------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """Run the op: see the module doc."""
+        if _is_compiling():
+            return self._compiled(self._bind(args, kwargs))
+        if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
+            return self._recorded(args, kwargs)
+        if self._hot and _forced.get() is None:  # ``_eager``, one frame less: every repeat comes here
+            _, route, canon = self._lookup(args, kwargs)
+            if route is not None:
+                result = route.run(*canon)
+                if result is not None:
+                    return result
+        return self._full_path(args, kwargs)
+
+    def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The eager call without autograd recording: the signature's route, else the full path."""
+        return self._eager(args, kwargs)
+
+    def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        if self._hot and _forced.get() is None:
+            _, route, canon = self._lookup(args, kwargs)
+            if route is not None:
+                result = route.run(*canon)
+                if result is not None:  # None: a per-call precondition failed (ops/route.py)
+                    return result
+        return self._full_path(args, kwargs)
+
+    def _recorded(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """A call with a tensor requiring grad (grad mode on), recorded by autograd: the
+        signature's route where it records autograd itself (PyTorch's ops; aten's backward),
+        else the op's ``autograd.Function``."""
+        found = self.find_hot(args, kwargs)
+        if found is not None and found[1].records_autograd:
+            return found[1].autograd_run(*found[2])
+        return self.autograd(self._bind(args, kwargs))
+
+    def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        """Check, decide the route and run it; a plan's call leaves its signature's route."""
+        call = self.check(*args, **kwargs)
+        route = self._decide(call)[1]
+        if isinstance(route, TorchRoute):
+            return route.run(call)
+        if isinstance(route, PluginRoute):
+            return route.run(*args, **kwargs)
+        result = self.run_plan(route, call)
+        if _forced.get() is None:
+            self._remember(args, kwargs, route, call)
+        return result
+
+    def _decide(self, call: Any, explaining: bool = False) -> tuple[Backend | None, Route | Plan]:
+        """The route of a checked call, the one decision ``_full_path`` runs and ``explain``
+        reports: (backend, ``PluginRoute`` | ``TorchRoute`` | the plan). ``explaining``: plan
+        without caching or tuning, reasons spelled out."""
+        if self.without_backend(call):
+            return None, TorchRoute(self._torch_route.run, call.fallback_reason)
+        backend = dispatch.select(call.device) if explaining else self._backend(call)
+        impl = registry.op_impl(self.name, backend.name)
+        if impl is not None:
+            fn = impl.fn
+            return backend, PluginRoute(fn, f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)} "
+                                            f"is registered for ({self.name!r}, {backend.name!r}) {impl.note}".strip())
+        if not backend.runs_triton or not call.kernel_ok:
+            if not explaining:
+                return backend, self._torch_route
+            why = call.fallback_reason if backend.runs_triton else f"backend {backend.name!r} runs PyTorch"
+            return backend, TorchRoute(self._torch_route.run, why)
+        return backend, self.make_plan(call, backend) if explaining else self.plan(call, backend)
+
     def _backend(self, call: Any) -> Backend:
         backend = dispatch.select(call.device)
         if backend.name not in self._ready:
@@ -241,93 +260,96 @@ class Op:
                         self._plans.popitem(last=False)
         return plan
 
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """Run the op: the registered custom op while compiling, recorded by autograd where a
-        gradient is required, else the eager path (``call_no_grad``)."""
-        if _is_compiling():
-            return self._compiled(self._bind(args, kwargs))
-        if kwargs:
-            if _grad_enabled() and _any_requires_grad(*args, *kwargs.values()):
-                return self._recorded(args, kwargs)
-            if len(args) == 2 and len(kwargs) == 1 and self._hot and _forced.get() is None:
-                # op(a, b, name=value): ``_hot_lookup``'s keyword form without its frames
+    # -- signatures and their routes -------------------------------------------------------------
+    def _lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Route | None, Any]:
+        """(signature key, its route or ``None``, the arguments in ``params`` order) of a call;
+        ``(None, None, None)`` where the call cannot have a route. The one place keys are made
+        (``__call__``, ``find_hot``, ``hot_entry`` and ``_remember`` all come here). Each form's key
+        starts with its own tag, so keys of different forms never meet."""
+        n = len(args)
+        if not kwargs:
+            if n == 2:
                 a, b = args
-                if isinstance(a, Tensor) and isinstance(b, Tensor):
-                    found = self._one_keyword(a, b, kwargs)
-                    if found:
-                        try:
-                            hot = self._hot.get(found[0])
-                        except TypeError:  # an unhashable value (an activation given as a list)
-                            hot = None
-                        if hot is not None:
-                            result = hot(*found[1])
-                            if result is not None:
-                                return result
-            return self._eager(args, kwargs)
-        if _grad_enabled() and _any_requires_grad(*args):
-            return self._recorded(args, kwargs)
-        if len(args) == 2 and self._hot and _forced.get() is None:
-            # op(a, b) with two tensors, the most frequent call: ``_hot_lookup``'s "2t" key spelled
-            # out (the same tuple, or repeats would re-check: tests/ops/test_op.py counts checks)
-            a, b = args
-            if isinstance(a, Tensor) and isinstance(b, Tensor):
-                hot = self._hot.get(("2t", _override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape,
-                                     b.stride(), b.dtype, b.device))
-                if hot is not None:
-                    result = hot(a, b)  # the entry's defaults are the op's (``_remember``)
-                    if result is not None:
-                        return result
-                return self._full_path(args, kwargs)
-        return self._eager(args, kwargs)
+                if isinstance(a, Tensor):
+                    if isinstance(b, Tensor):
+                        key = ("2t", _override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
+                               b.dtype, b.device)
+                        return key, self._hot.get(key), args + self._after_two
+                    if type(b) in NUMBERS:
+                        key = ("t+n", _override.get(), a.shape, a.stride(), a.dtype, a.device, type(b))
+                        return key, self._hot.get(key), args + self._after_two
+            if not self._n_required <= n <= self._n_positional:
+                return _MISS
+            values, canon, tag = args, args + self._defaults[n:], n
+        else:
+            if n == 2 and len(kwargs) == 1 and isinstance(args[0], Tensor) and isinstance(args[1], Tensor):
+                (name, v), = kwargs.items()
+                form = self._keyword_forms.get(name)
+                if form is not None:  # op(a, b, name=value), every other parameter defaulted
+                    how, before, after = form
+                    kv = key_of(v, how)
+                    if kv is NO_KEY:
+                        return _MISS
+                    a, b = args
+                    key = ("2t+kw", _override.get(), name, kv, a.shape, a.stride(), a.dtype, a.device, b.shape,
+                           b.stride(), b.dtype, b.device)
+                    try:
+                        return key, self._hot.get(key), (a, b, *before, v, *after)
+                    except TypeError:  # an unhashable value (an activation given as a list): no route
+                        return _MISS
+            canon = self.canonical(args, kwargs)
+            if canon is None:
+                return _MISS
+            values, tag = canon, "all"
+        key = [tag, _override.get()]
+        for v, how in zip(values, self._keys):
+            kv = (v.shape, v.stride(), v.dtype, v.device) if how == "layout" and isinstance(v, Tensor) else \
+                key_of(v, how)
+            if kv is NO_KEY:
+                return _MISS
+            key.append(kv)
+        key = tuple(key)
+        try:
+            return key, self._hot.get(key), canon
+        except TypeError:  # an unhashable value in the key: no route
+            return _MISS
 
-    def _recorded(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        """A call with a tensor requiring grad (grad mode on), recorded by autograd: a hot entry
-        computing with PyTorch's own ops (a vendor-BLAS plan) has an ``autograd_entry`` that
-        runs them (autograd records torch's ops; the backward is aten's); any other call goes
-        through the op's ``autograd.Function``."""
-        found = self.find_hot(args, kwargs)
-        recorded = None if found is None else getattr(found[1], "autograd_entry", None)
-        if recorded is not None:
-            return recorded(*found[2])
-        return self.autograd(self._bind(args, kwargs))
-
-    def call_no_grad(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """The eager call without autograd recording: hot entry, else check, route and launch."""
-        return self._eager(args, kwargs)
-
-    def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        # the hot entry of the call's signature when there is one (``find_hot`` spelled out:
-        # this is every repeated call's path)
-        if self._hot and _forced.get() is None:
-            found = self._hot_lookup(args, kwargs)
-            if found is not None:
-                try:
-                    hot = self._hot.get(found[0])
-                except TypeError:  # an unhashable argument
-                    hot = None
-                if hot is not None:
-                    result = hot(*found[1])
-                    if result is not None:
-                        return result
-        return self._full_path(args, kwargs)
+    def _remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Plan, call: Any) -> None:
+        """Build and keep the route of the call's signature (``make_hot``), if it has none yet."""
+        key, route, canon = self._lookup(args, kwargs)
+        if key is None or route is not None:
+            return
+        try:
+            built = self.make_hot(plan, call, canon)
+        except Exception as e:
+            raise RouteError(f"xkernels.ops.{self.name}: building the route of signature {key} failed "
+                             f"({type(e).__name__}: {e}); {type(self).__name__}.make_hot has a bug") from e
+        route = check_built(self.name, key, built)
+        if route is not None:
+            if len(self._hot) >= self.plan_cache_size:
+                self._hot.clear()
+            self._hot[key] = route
 
     def find_hot(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HotCall | None:
-        """The hot entry a call would take, or ``None`` when it has none (or a tuning config is
-        forced): ``(key, entry, arguments in params order)``. ``entry(*arguments)`` returns the
-        result, or ``None`` where a per-call precondition fails (the full path then decides).
-        The key names the call's signature (its form and its arguments' layouts, dtypes,
-        devices, kinds of scalars): callers such as ``xkernels.enable()`` remember decisions by it."""
+        """The route a call would take without check or planning, or ``None`` when it has none (or
+        a tuning config is forced). ``(key, route, args) = found``; ``route.run(*args)`` runs it (``None``: take the
+        full path, ``ops/route.py``). The key names the call's signature: callers such as
+        ``xkernels.enable()`` remember decisions by it."""
         if not self._hot or _forced.get() is not None:
             return None
-        found = self._hot_lookup(args, kwargs)
-        if found is None:
-            return None
-        try:
-            hot = self._hot.get(found[0])
-        except TypeError:  # an unhashable argument
-            return None
-        return None if hot is None else (found[0], hot, found[1])
+        key, route, canon = self._lookup(args, kwargs)
+        return None if route is None else (key, route, canon)
 
+    def repeat_route(self, *args: Any, **kwargs: Any) -> Route | None:
+        """The route a call with these arguments would repeat by (``None``: the full path)."""
+        return self._lookup(args, kwargs)[1]
+
+    def hot_entry(self, *args: Any, **kwargs: Any) -> Any:
+        """``repeat_route(...).run`` (the function a repeat runs), or ``None``."""
+        route = self._lookup(args, kwargs)[1]
+        return None if route is None else route.run
+
+    # -- binding -------------------------------------------------------------------------------
     def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The call's arguments in ``params`` order; a call that does not fit raises ``check``'s error."""
         canon = self.canonical(args, kwargs)
@@ -358,6 +380,11 @@ class Op:
                 return None
         return tuple(values)
 
+    def split(self, canon: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """``canon`` (arguments in ``params`` order) as a call's (args, kwargs)."""
+        n = self._n_positional
+        return canon[:n], {p.name: v for p, v in zip(self.params[n:], canon[n:])}
+
     def signature(self) -> str:
         pos = [p.name if p.default is REQUIRED else f"{p.name}={p.default!r}" for p in self.params if p.positional]
         kw = [f"{p.name}={p.default!r}" for p in self.params if not p.positional]
@@ -378,167 +405,17 @@ class Op:
             reject_out(self.name, out)
         return library.finish_out(self.name, self.library_call(canon), out)
 
-    def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        """Check, route and launch; a kernel call leaves a hot entry for its signature."""
-        call = self.check(*args, **kwargs)
-        if self.without_backend(call):
-            return self.torch_impl(call)
-        backend = self._backend(call)
-        impl = registry.op_impl(self.name, backend.name)
-        if impl is not None:
-            return impl.fn(*args, **kwargs)
-        if not backend.runs_triton or not call.kernel_ok:
-            return self.torch_impl(call)
-        plan = self.plan(call, backend)
-        result = self.run_plan(plan, call)
-        if _forced.get() is None:
-            self._remember(args, kwargs, plan, call)
-        return result
-
-    def _hot_lookup(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]] | None:
-        """(hot-entry key, arguments in ``params`` order) of a call, or ``None`` where it cannot
-        have an entry. The documented short forms are spelled out for speed: two positional
-        tensors; a tensor and a Python number; two tensors and one keyword (``alpha=``,
-        ``out=``, ``bias=``, ...). A call with positional arguments only is keyed by those (its
-        count implies the defaults of the rest); any other by all of ``params``. Each form's key
-        starts with its own tag, so keys of different forms never meet."""
-        n = len(args)
-        if not kwargs:
-            if n == 2:
-                a, b = args
-                if isinstance(a, torch.Tensor):
-                    if isinstance(b, torch.Tensor):
-                        return (("2t", _override.get(), a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
-                                 b.dtype, b.device), args + self._after_two)
-                    if type(b) in _NUMBERS:
-                        return (("t+n", _override.get(), a.shape, a.stride(), a.dtype, a.device, type(b)),
-                                args + self._after_two)
-            if not self._n_required <= n <= self._n_positional:
-                return None
-            values, canon, tag = args, args + self._defaults[n:], n
-        else:
-            if n == 2 and len(kwargs) == 1:
-                a, b = args
-                if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-                    found = self._one_keyword(a, b, kwargs)
-                    if found is not False:
-                        return found
-            canon = self.canonical(args, kwargs)
-            if canon is None:
-                return None
-            values, tag = canon, "all"
-        key = [tag, _override.get()]
-        for v, how in zip(values, self._keys):
-            if how == "layout":
-                key.append((v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v))
-            elif how == "value":
-                key.append(v)
-            elif how == "alpha":
-                kind = type(v)
-                if kind not in _NUMBERS:
-                    return None
-                key.append((kind, v == 1))
-            else:  # "type"
-                key.append(type(v))
-        return tuple(key), canon
-
-    def _one_keyword(self, a: torch.Tensor, b: torch.Tensor,
-                     kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...]] | None | bool:
-        """``_hot_lookup`` of ``op(a, b, name=value)``; ``False`` where that is not a complete
-        call of the signature (the general path then decides)."""
-        (name, v), = kwargs.items()
-        form = self._keyword_forms.get(name)
-        if form is None:
-            return False
-        how, before, after = form
-        if how == "layout":
-            kv = (v.shape, v.stride(), v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v)
-        elif how == "alpha":
-            kind = type(v)
-            if kind not in _NUMBERS:
-                return None
-            kv = (kind, v == 1)
-        elif how == "value":
-            kv = v
-        else:  # "type"
-            kv = type(v)
-        return (("2t+kw", _override.get(), name, kv, a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(),
-                 b.dtype, b.device), (a, b, *before, v, *after))
-
-    def hot_entry(self, *args: Any, **kwargs: Any) -> Callable[..., torch.Tensor | None] | None:
-        """The hot entry a call with these arguments would take, if there is one (for tests and
-        diagnostics; ``None`` means the call takes the full path)."""
-        found = self._hot_lookup(args, kwargs)
-        try:
-            return None if found is None else self._hot.get(found[0])
-        except TypeError:
-            return None
-
-    def _remember(self, args: tuple[Any, ...], kwargs: dict[str, Any], plan: Plan, call: Any) -> None:
-        found = self._hot_lookup(args, kwargs)
-        if found is None:
-            return
-        key, canon = found
-        try:
-            if key in self._hot:
-                return
-        except TypeError:  # an unhashable argument (e.g. an activation given as a list)
-            return
-        try:
-            hot = self.make_hot(plan, call, canon)
-        except Exception:  # the call itself succeeded; its repeats keep the full path
-            hot = None
-        if hot is not None:
-            if key[0] == "2t" and not _defaults_are(hot, self._after_two):  # ``__call__`` passes a, b only
-                hot = _with_defaults(hot, self._after_two)
-            if len(self._hot) >= self.plan_cache_size:
-                self._hot.clear()
-            self._hot[key] = hot
-
     def explain(self, *args: Any, **kwargs: Any) -> Explanation:
         """Which backend, route, kernel variant and config a call with these arguments uses."""
         call = self.check(*args, **kwargs)
-        if self.without_backend(call):
+        backend, route = self._decide(call, explaining=True)
+        if backend is None:
             return Explanation(self.name, "none", "torch", call.fallback_reason)
-        backend = dispatch.select(call.device)
         how = "by override" if dispatch.override_name() else f"tensors are on {call.device.type}"
-        impl = registry.op_impl(self.name, backend.name)
-        if impl is not None:
-            mod = getattr(impl.fn, "__module__", "?")
-            return Explanation(self.name, backend.name, "plugin override",
-                               f"{how}; {mod}.{getattr(impl.fn, '__qualname__', impl.fn)} is registered "
-                               f"for ({self.name!r}, {backend.name!r}) {impl.note}".strip())
-        if not backend.runs_triton:
-            return Explanation(self.name, backend.name, "torch", f"{how}; backend {backend.name!r} runs PyTorch")
-        if not call.kernel_ok:
-            return Explanation(self.name, backend.name, "torch", f"{how}; {call.fallback_reason}")
-        plan = self.make_plan(call, backend)
-        return Explanation(self.name, backend.name, plan.route, how, plan.variant, dict(plan.config),
-                           plan.source, plan.programs, plan.tiles, plan.why or None)
+        if isinstance(route, Route):
+            return Explanation(self.name, backend.name, route.kind, f"{how}; {route.detail}")
+        return Explanation(self.name, backend.name, route.route, how, route.variant, dict(route.config),
+                           route.source, route.programs, route.tiles, route.why or None)
 
 
-
-_NUMBERS = (bool, int, float, complex)
-
-
-def _defaults_are(fn: Callable[..., Any], defaults: tuple[Any, ...]) -> bool:
-    """Whether ``fn(a, b)`` means ``fn(a, b, *defaults)``: the defaults of its parameters 3, 4, ..."""
-    code, have = getattr(fn, "__code__", None), getattr(fn, "__defaults__", None) or ()
-    if code is None:
-        return False
-    first = code.co_argcount - len(have)  # the index of the first parameter with a default
-    if first > 2:
-        return False
-    mine = have[2 - first:2 - first + len(defaults)]
-    return len(mine) == len(defaults) and all(h is d or (type(h) is type(d) and h == d)
-                                              for h, d in zip(mine, defaults))
-
-
-def _with_defaults(entry: Callable[..., Any], defaults: tuple[Any, ...]) -> Callable[..., Any]:
-    """``entry`` callable as ``entry(a, b)`` meaning ``entry(a, b, *defaults)``, and as before with
-    every argument; its attributes (``autograd_entry``, ``vendor_blas``) kept."""
-    def with_defaults(a: Any, b: Any, *rest: Any) -> Any:
-        return entry(a, b, *(rest or defaults))
-
-    with_defaults.__dict__.update(getattr(entry, "__dict__", {}))
-    return with_defaults
+_MISS = (None, None, None)  # ``_lookup`` of a call that cannot have a route

@@ -66,3 +66,72 @@ def test_conv1d_matches_transformers_conv1d(backend, device):
         y = layer(x)
     assert_close(y, _ref(x, hf.weight.t(), hf.bias, "gelu"), scale=10)
     assert_close(xkernels.nn.Conv1D.from_conv1d(hf)(x), _ref(x, hf.weight.t(), hf.bias, None), scale=10)
+
+
+def test_one_module_reused_never_runs_a_stale_route(backend, device, monkeypatch):
+    """A module's repeats run the route its own cache keeps (no check, on a kernel backend); every
+    change of what the route depends on (input shape, strides, dtype, device, backend override,
+    a converted or replaced parameter, the activation) is another key; gradients and train/eval
+    stay right. Each call is compared with the float64 reference of the module's state then."""
+    from xkernels.ops import linear
+
+    checks = []
+    real_check = linear.check
+    monkeypatch.setattr(linear, "check", lambda *a, **k: checks.append(1) or real_check(*a, **k))
+    layer = xkernels.nn.Linear(24, 16, activation="gelu", device=device)
+
+    def run(x, dtype=torch.float32, grad=False):
+        before = len(checks)
+        if grad:
+            x = x.detach().requires_grad_()
+            y = layer(x)
+            assert y.grad_fn is not None
+            y.float().square().sum().backward()
+            refs = [t.detach().double().requires_grad_() for t in (x, layer.weight)]
+            _ref(refs[0], refs[1], layer.bias, layer.activation).square().sum().backward()
+            assert_close(x.grad, refs[0].grad, dtype, scale=40)
+            assert_close(layer.weight.grad, refs[1].grad, dtype, scale=40)
+            layer.zero_grad()
+        else:
+            with torch.no_grad(), Unchanged(x):
+                y = layer(x)
+        assert_close(y, _ref(x, layer.weight, layer.bias, layer.activation, layer.negative_slope), dtype, scale=10)
+        return len(checks) - before
+
+    hot = backend.runs_triton
+    fresh = lambda *s, dtype=torch.float32: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
+    assert run(fresh(3, 24)) == 1
+    assert run(fresh(3, 24)) == (0 if hot else 1)  # a repeat: the module's route, no check
+    assert run(fresh(2, 5, 24)) == 1  # another shape
+    assert run(fresh(24, 7).t()) == 1  # transposed input
+    assert run(fresh(6, 48)[:, ::2]) == 1  # sliced (strided) input
+    assert run(fresh(6, 48)[:, ::2]) == (0 if hot else 1)
+    assert run(fresh(6, 24)) == 1  # the same shape, contiguous
+    if backend.name != "cpu" and device.type == "cpu":
+        torch_impl, seen = linear.torch_impl, []
+        monkeypatch.setattr(linear, "torch_impl", lambda call: seen.append(1) or torch_impl(call))
+        with xkernels.use_backend("cpu"):  # same signature, another backend: PyTorch computes it
+            assert run(fresh(3, 24)) == 1 and run(fresh(3, 24)) == 1 and len(seen) == 2
+        assert run(fresh(3, 24)) == 0 and len(seen) == 2  # and back
+    layer.to(torch.bfloat16)
+    assert run(fresh(3, 24, dtype=torch.bfloat16), torch.bfloat16) == 1
+    layer.to(torch.float32)
+    layer.weight = torch.nn.Parameter(fresh(24, 16).t())  # replaced, other strides
+    assert run(fresh(3, 24)) == 1
+    layer.weight = torch.nn.Parameter(fresh(16, 24))  # replaced, the first layout again: new values read
+    assert run(fresh(3, 24)) == (0 if hot else 1)
+    layer.bias = None
+    assert run(fresh(3, 24)) == 1
+    layer.activation = "relu"
+    assert run(fresh(3, 24)) == 1
+    layer.eval()
+    assert run(fresh(3, 24)) == (0 if hot else 1)
+    layer.train()
+    run(fresh(3, 24), grad=True)  # a gradient required: the op's autograd, never the cached route
+    assert run(fresh(3, 24)) == (0 if hot else 1)
+    if device.type != "cpu":
+        layer.to("cpu")
+        with xkernels.use_backend("cpu"):
+            x = torch.randn(3, 24)
+            with torch.no_grad():
+                assert_close(layer(x), _ref(x, layer.weight, None, "relu"), torch.float32, scale=10)

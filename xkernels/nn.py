@@ -6,7 +6,12 @@
     fused = xkernels.nn.Linear.from_linear(torch_linear, "relu")    # shares torch_linear's parameters
 
 ``forward`` is ``xkernels.ops.linear(x, weight, bias, activation)``: the backend of the tensors'
-device runs it, and its autograd is the op's.
+device runs it, and its autograd is the op's. A repeated inference call (no gradient required)
+runs the route of its signature from the module's own :class:`~xkernels.ops.route.RouteCache`,
+keyed by the input's and the parameters' shape, strides, dtype and device, the activation and
+the slope (read at each call: a new input, a replaced or converted parameter, another
+``use_backend`` is another key), without the op's front door: the module costs no more host time
+than ``torch.nn.Linear`` (``python -m xkernels.bench --host``).
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+
+from xkernels.ops.matmul import linear
+from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
+from xkernels.ops.route import RouteCache
 
 __all__ = ["Conv1D", "Linear", "linear_activations"]
 
@@ -33,13 +42,15 @@ def _check_activation(module: str, activation: str | None, negative_slope: Any) 
         raise TypeError(f"xkernels.nn.{module}: 'negative_slope' must be a number, got {negative_slope!r}")
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-            negative_slope: float) -> torch.Tensor:
-    from xkernels.ops.matmul import linear
-
-    if activation == "leaky_relu":
+def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            activation: str | None, negative_slope: float) -> torch.Tensor:
+    """``linear(x, weight, bias, activation, negative_slope=...)``; repeats without a gradient by
+    ``routes`` (the key: every argument's layout or value, ``RouteCache.run``)."""
+    if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, weight, bias)):
         return linear(x, weight, bias, activation, negative_slope=negative_slope)
-    return linear(x, weight, bias, activation)  # positional: repeated calls take the hot path
+    return routes.run((x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
+                       weight.device, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+                       activation, negative_slope), (x, weight, bias, activation, negative_slope, None))
 
 
 class Linear(torch.nn.Linear):
@@ -53,6 +64,7 @@ class Linear(torch.nn.Linear):
         super().__init__(in_features, out_features, bias, device, dtype)
         self.activation = activation
         self.negative_slope = float(negative_slope)
+        self._routes = RouteCache(linear)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, activation: str | None = None, *,
@@ -69,7 +81,7 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.bias, self.activation, self.negative_slope)
+        return _linear(self._routes, x, self.weight, self.bias, self.activation, self.negative_slope)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""
@@ -93,6 +105,7 @@ class Conv1D(torch.nn.Module):
             torch.nn.init.normal_(self.weight, std=0.02)
         self.activation = activation
         self.negative_slope = float(negative_slope)
+        self._routes = RouteCache(linear)
 
     @classmethod
     def from_conv1d(cls, conv: torch.nn.Module, activation: str | None = None, *,
@@ -110,7 +123,7 @@ class Conv1D(torch.nn.Module):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight.t(), self.bias, self.activation, self.negative_slope)
+        return _linear(self._routes, x, self.weight.t(), self.bias, self.activation, self.negative_slope)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""

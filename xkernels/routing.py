@@ -12,8 +12,8 @@ turned off. The overrides sit on the backend dispatch keys (``CUDA``; ``PrivateU
 cpu tensors is forced, e.g. ``use_backend("interpreter")``), i.e. below the Autograd key: aten's
 own derivative formulas record the graph and their backward ops are routed too.
 
-Inside an override the xkernels op runs through ``Op.call_no_grad``; a call whose hot entry is
-xkernels' vendor-BLAS route (the aten call itself) goes to aten's ``.out`` kernel straight away,
+Inside an override the xkernels op runs through ``Op.call_no_grad``; a call whose route is the
+aten call itself (``Route.aten_call``: xkernels' vendor-BLAS route) goes to aten's ``.out`` kernel straight away,
 counted as such. Whatever goes to aten
 (float64, mixed dtypes, non-contiguous element-wise operands whose result strides aten derives
 from the inputs, ``beta``/``alpha`` of addmm, arguments xkernels' checks refuse, and every aten
@@ -199,23 +199,23 @@ VENDOR_WHY = "aten: xkernels' route is the device's BLAS"
 
 def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], torch.Tensor],
             fallback: Callable[[], torch.Tensor]) -> torch.Tensor | None:
-    """A routed call whose signature xkernels has run before (it has a hot entry: the checks of
-    ``_matmul_why`` held for these layouts, and the op's own), or ``None``. Where the entry is the
-    aten call itself (a vendor-BLAS plan without a fused epilogue) the override calls aten's
-    ``.out`` kernel straight away (``aten_out``, counted as ``VENDOR_WHY``) instead of running the
-    op, whose aten call would come back through the override."""
+    """A routed call whose signature xkernels has run before (it has a route: the checks of
+    ``_matmul_why`` held for these layouts, and the op's own), or ``None``. Where the route is the
+    aten call itself (``Route.aten_call``: a vendor-BLAS plan without a fused epilogue) the
+    override calls aten's ``.out`` kernel straight away (``aten_out``, counted as ``VENDOR_WHY``)
+    instead of running the op, whose aten call would come back through the override."""
     if _thread.inside:
         return None
     found = op.find_hot(args, {})  # as the op's own front door finds it
     if found is None:
         return None
-    _, entry, canon = found
-    if getattr(entry, "vendor_blas", False):
+    _, route, canon = found
+    if route.aten_call:
         _counts[(name, VENDOR_WHY)] += 1
         return aten_out()
 
     def call() -> torch.Tensor:
-        result = entry(*canon)  # None where the entry's per-call preconditions fail: the full path decides
+        result = route.run(*canon)  # None where a per-call precondition fails: the full path decides
         return result if result is not None else op.call_no_grad(*args)
 
     return _run(name, call, fallback)
@@ -264,9 +264,10 @@ def _add_repeat(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     found = op.find_hot(args, kwargs)
     if found is None or found[0] not in _ADD_SIGNATURES:
         return None
+    _, route, canon = found
     _thread.inside = True
     try:
-        result = found[1](*found[2])
+        result = route.run(*canon)
     finally:
         _thread.inside = False
     if result is not None:
@@ -275,7 +276,7 @@ def _add_repeat(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any
 
 
 def _remember_add(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: torch.Tensor) -> torch.Tensor:
-    """``result``, once the signature xkernels just ran (with the hot entry it left) is remembered."""
+    """``result``, once the signature xkernels just ran (with the route it left) is remembered."""
     found = op.find_hot(args, kwargs)
     if found is not None:
         if len(_ADD_SIGNATURES) >= _ADD_SIGNATURES_LIMIT:

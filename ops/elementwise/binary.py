@@ -24,6 +24,7 @@ from xkernels.launch import ByValue, Launcher
 from xkernels.ops import checks
 from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
 from xkernels.ops.op import Op, Plan
+from xkernels.ops.route import KernelRoute
 
 MAX_DIMS = 4
 
@@ -285,10 +286,17 @@ class BinaryOp(Op):
 
         return base_layouts(cfg, variant, dtype)
 
-    def make_hot(self, plan: Plan, call: BinaryCall, canon: tuple[Any, ...]) -> Any:
-        """An entry ``hot(x, y, out=None, alpha=1)`` (``canon``: the call's arguments in
-        ``params`` order): allocate the result (or take ``out=``) and launch with the call's
-        tensors and by-value scalars (a Python number or CPU 0-d operand, ``alpha``)."""
+    def make_hot(self, plan: Plan, call: BinaryCall, canon: tuple[Any, ...]) -> KernelRoute | None:
+        """A route whose ``run(x, y, out, alpha)`` (``canon``: the call's arguments in ``params``
+        order) allocates the result (or takes ``out=``) and launches with the call's tensors and
+        by-value scalars (a Python number or CPU 0-d operand, ``alpha``). ``None`` (repeats keep
+        the full path): both operands Python numbers, an operand copied or materialised, an
+        empty result, an integer result with a float ``alpha`` (checked per value), ``out=``
+        with a scalar operand."""
+        entry = self._entry(plan, call, canon)
+        return None if entry is None else KernelRoute(entry, f"{plan.variant} {plan.config}")
+
+    def _entry(self, plan: Plan, call: BinaryCall, canon: tuple[Any, ...]) -> Any:
         assert isinstance(plan, BinaryPlan)
         x, y, alpha = call.x, call.y, call.alpha
         if (canon[0] is not x or canon[1] is not y or plan.materialize or prod(call.shape) == 0

@@ -1,9 +1,13 @@
-"""Hot entries of matmul/linear: what a repeated call with the same signature runs.
+"""Routes of matmul/linear: what a repeated call with the same signature runs (``ops/route.py``).
 
-A hot entry allocates the result and launches a plan's kernels with the call's tensors, skipping
-checks, planning and Triton's Python launcher (see ``ops/op.py`` and ``xkernels/launch.py``). It
-returns ``None`` whenever its preconditions fail (alignment of the call's data pointers, torch's
-TF32 setting, a launch hook installed), and the caller takes the full path.
+A kernel route's ``run`` allocates the result and launches a plan's kernels with the call's
+tensors, skipping checks, planning and Triton's Python launcher (see ``ops/op.py`` and
+``xkernels/launch.py``). It returns ``None`` whenever its per-call preconditions fail (alignment
+of the call's data pointers, torch's TF32 setting, a launch hook installed), and the front door
+takes the full path for that call. Every ``run`` takes the op's arguments in ``params`` order:
+``(a, b, out)`` for matmul, whose ``out`` (always ``None`` on a route) lands in the unused
+``bias`` slot of the shared entries; ``(x, weight, bias, activation, negative_slope, out)`` for
+linear.
 """
 
 from __future__ import annotations
@@ -17,18 +21,20 @@ from xkernels.launch import ByValue
 from xkernels.ops.layout import contiguous_strides, prod
 from xkernels.ops.matmul.plan import MatmulPlan, precision
 from xkernels.ops.matmul.vendor import epilogue_linear, reference_linear
+from xkernels.ops.route import AtenRoute, KernelRoute, Route, VendorRoute
 
 if TYPE_CHECKING:
     from xkernels.ops.matmul.ops import MatmulCall
 
 
-def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
-    """No ``out``, operands used in place (no copies or folds): allocate the result and launch.
+def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Route | None:
+    """The route of a call's signature: the vendor plan's PyTorch call; else, with no ``out`` and
+    the operands used in place (no copies or folds), allocate the result and launch. ``None``
+    (the signature's repeats keep the full path) otherwise.
 
-    ``canon`` is the call's arguments in ``params`` order: (a, b, out) for matmul, (x, weight,
-    bias, activation, negative_slope, out) for linear; the kernel's a/b operands are views of the
-    first two sharing their data pointers. The entry takes the bias and leaky_relu's slope per
-    call."""
+    ``canon`` is the call's arguments in ``params`` order (module doc); the kernel's a/b operands
+    are views of the first two sharing their data pointers. The route takes the bias and
+    leaky_relu's slope per call."""
     a, b = canon[0], canon[1]
     if plan.vendor and call.out is None:
         return _hot_vendor(plan, call)
@@ -36,19 +42,13 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
             or not all(isinstance(t, torch.Tensor) for t in (a, b)) or prod(call.out_shape) == 0
             or call.a.data_ptr() != a.data_ptr() or call.b.data_ptr() != b.data_ptr()):
         return None
+    detail = f"{plan.variant} {plan.config}"
     if plan.tma is not None:
         entry = _hot_tma(plan, call, a, b)
-    elif plan.reduce_launcher is not None:
-        entry = _hot_split(plan, call)
-    else:
-        entry = _hot_pointer(plan, call)
-    if entry is None or len(canon) > 3:
-        return entry
-
-    def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor | None:
-        return entry(a, b)
-
-    return matmul_entry
+        return None if entry is None else KernelRoute(entry, detail)  # None: not compiled for these specs
+    if plan.reduce_launcher is not None:
+        return KernelRoute(_hot_split(plan, call), detail)
+    return KernelRoute(_hot_pointer(plan, call), detail)
 
 
 def _result_layout(call: MatmulCall, backend: Any) -> tuple[tuple[int, ...], tuple[int, ...], Any]:
@@ -82,20 +82,18 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
     return hot
 
 
-def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
-    """The hot entry of a vendor-BLAS plan: the PyTorch call, without checks or planning. Its
-    ``autograd_entry`` is what the front door runs where a gradient is required: PyTorch ops
-    autograd records (aten's backward, no Python ``autograd.Function``); for a bias + activation
-    the BLAS applies in its epilogue (``plan.epilogue``, no derivative defined) that is the
-    unfused composition. ``vendor_blas`` marks an entry that is exactly the aten call (no fused
-    epilogue): ``enable()``'s overrides hand such calls to aten directly."""
+def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
+    """The route of a vendor-BLAS plan: the PyTorch call, without checks or planning. Where a
+    gradient is required the front door runs its ``autograd_run``: PyTorch ops autograd records
+    (aten's backward, no Python ``autograd.Function``); for a bias + activation the BLAS applies
+    in its epilogue (``plan.epilogue``, no derivative defined) that is the unfused composition
+    (a :class:`VendorRoute`). Without a fused epilogue the route is exactly the aten call (an
+    :class:`AtenRoute`): ``enable()``'s overrides hand such calls to aten directly."""
     if plan.op == "matmul":
         def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
             return torch.matmul(a, b)
 
-        matmul_entry.autograd_entry = matmul_entry  # type: ignore[attr-defined]
-        matmul_entry.vendor_blas = True  # type: ignore[attr-defined]
-        return matmul_entry
+        return AtenRoute(matmul_entry, "torch.matmul")
     activation, leaky, fixed_slope = call.activation, _slope_of(call), call.slope
 
     if activation is None:
@@ -109,18 +107,15 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
                 out: None = None) -> torch.Tensor:
             return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
 
-    hot.autograd_entry = hot  # type: ignore[attr-defined]
     if not plan.epilogue:
-        hot.vendor_blas = True  # type: ignore[attr-defined]
-        return hot
+        return AtenRoute(hot, "F.linear") if activation is None else VendorRoute(hot, f"F.linear + {activation}")
     epilogue, out_shape, folded = plan.epilogue, call.out_shape, call.a.shape
 
     def fused(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
               out: None = None) -> torch.Tensor:
         return epilogue_linear(x if x.dim() == 2 else x.reshape(folded), weight.t(), bias, epilogue).view(out_shape)
 
-    fused.autograd_entry = hot  # type: ignore[attr-defined]
-    return fused
+    return VendorRoute(fused, f"BLAS epilogue {epilogue}", autograd_run=hot)
 
 
 def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:

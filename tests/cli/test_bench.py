@@ -175,3 +175,21 @@ def test_bad_compare_file_exits_2(tmp_path, capsys):
     bad.write_text("{}")
     assert bench.main(["--device", "cpu", "--fast", "--compare", str(bad)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_host_mode_on_cpu_times_every_form_with_the_launch_stubbed(capsys):
+    """``--host`` on the CPU: the front door of every documented form, under the interpreter
+    backend with launches stubbed (said in the header); every repeat is hot (0 full paths), and the
+    stub is undone afterwards."""
+    from xkernels.launch import Launcher
+
+    real = Launcher.__call__
+    assert bench.main(["--host", "--device", "cpu", "--rounds", "1", "--calls", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "Launcher.__call__ stubbed" in out and Launcher.__call__ is real
+    rows = {line[:42].strip(): line.split()[-1] for line in out.splitlines()[3:]}
+    for form in ("add(x, y)", "add(x, 2.0)", "add(x, y, alpha=2)", "broadcast(x, b)", "broadcast(x, b, out=o)",
+                 "matmul(a, b)", "linear(x, w)", "linear(x, w, b)", 'linear(x, w, b, "gelu")',
+                 'linear(x, w, bias=b, activation="gelu")', "nn.Linear module (no_grad)", "enabled(): x + y",
+                 "enabled(): x @ w", "enabled(): F.linear(x, w, b)"):
+        assert rows[form] == "0.00", (form, out)

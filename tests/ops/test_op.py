@@ -363,30 +363,43 @@ def test_split_k_leaky_relu_takes_each_slope(backend, device, tmp_path):
         xkernels.registry.unregister(plugin)
 
 
-def test_two_tensor_calls_pass_the_op_defaults_to_every_entry():
-    """``op(a, b)`` calls its hot entry with the two tensors alone (``Op.__call__``): an entry
-    is used that way only where its own defaults are the op's; ``_remember`` wraps any other."""
-    from xkernels.ops.op import _defaults_are
+def test_every_route_takes_the_arguments_in_params_order(backend, device):
+    """Every form hands its route the call's arguments in ``params`` order, defaults filled in:
+    ``op(a, b)`` included (no entry relies on its own defaults matching the op's)."""
+    from xkernels.ops import Route
 
-    def entry(x, y, out=None, alpha=1):
-        return None
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no routes")
+    x, y = rand((6, 40), torch.float32, device), rand((6, 40), torch.float32, device)
+    add(x, y)
+    _, route, canon = add.find_hot((x, y), {})
+    assert isinstance(route, Route) and route.kind == "triton kernel"
+    assert canon[:2] == (x, y) and canon[2:] == (None, 1)
+    assert add.repeat_route(x, y) is route and add.hot_entry(x, y) is route.run
+    w = rand((8, 40), torch.float32, device)
+    linear(x, w, activation="relu")
+    _, route, canon = linear.find_hot((x, w), {"activation": "relu"})
+    assert canon[2:] == (None, "relu", 0.01, None)
+    assert not route.records_autograd and route.autograd_run is None
 
-    def other(x, y, out=None, alpha=2):
-        return None
 
-    def required(x, y, out, alpha=1):
-        return None
+def test_a_route_builder_failure_is_an_error_naming_op_and_signature(backend, device, monkeypatch):
+    """``make_hot`` raising is a bug: the call raises a RouteError instead of silently leaving its
+    signature on the slow path; a builder returning something other than a Route is a TypeError."""
+    from xkernels.ops import RouteError
 
-    assert _defaults_are(entry, (None, 1)) and _defaults_are(entry, (None,)) and _defaults_are(entry, ())
-    assert not _defaults_are(other, (None, 1)) and not _defaults_are(required, (None, 1))
-    assert not _defaults_are(entry, (None, True))  # 1 == True, but another type
-    assert not _defaults_are(print, (None,))  # no Python signature to read
-    from xkernels.ops.op import _with_defaults
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no routes")
 
-    other.autograd_entry = other
-    seen = []
-    wrapped = _with_defaults(lambda *args: seen.append(args), (None, 1))
-    wrapped(1, 2)
-    wrapped(1, 2, "out", 3)  # the full form (``find_hot``, ``_eager``) still passes every argument
-    assert seen == [(1, 2, None, 1), (1, 2, "out", 3)]
-    assert _with_defaults(other, (None, 1)).autograd_entry is other
+    def broken(plan, call, canon):
+        raise KeyError("BLOCK")
+
+    monkeypatch.setattr(add, "make_hot", broken)
+    x, y = rand((5, 7), torch.float32, device), rand((5, 7), torch.float32, device)
+    with pytest.raises(RouteError, match=r"xkernels.ops.add: building the route of signature \('2t'.*KeyError"):
+        add(x, y)
+    monkeypatch.setattr(add, "make_hot", lambda plan, call, canon: (lambda *a: None))
+    with pytest.raises(TypeError, match="make_hot must return a KernelRoute"):
+        add(x, y)
+    monkeypatch.undo()
+    assert_close(add(x, y), x.double() + y.double(), torch.float32)

@@ -6,6 +6,7 @@
     python -m xkernels.bench --model NAME[,NAME]|all | --model-config CONFIG.json [--layers N]
                              [--mode eager,cudagraph,compile] [--way W] [--config base|tiny] [--batch B]
                              [--seq S] [--dtype DT] [--rounds R] [--fast] [--json PATH] [--csv PATH]
+    python -m xkernels.bench --host [--device cuda|cpu] [--rounds R] [--calls N]
 
 Defaults: the best device present; sizes ``all`` on an accelerator, ``small`` on the CPU;
 float16, bfloat16, float32. ``--size models``: the real-model shape corpus
@@ -231,7 +232,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, help="whole model sequence length (default: 512 bert-base, 1024 gpt2, "
                                            "2048 llama; 16 tiny)")
     p.add_argument("--rounds", type=int,
-                   help="whole model timing rounds, the ways interleaved (default: 5; 1 tiny or --fast)")
+                   help="whole model timing rounds, the ways interleaved (default: 5; 1 tiny or --fast); "
+                        "--host: 9")
+    p.add_argument("--host", action="store_true",
+                   help="host us per call of every documented call form (xkernels/cli/bench_host.py): on cuda the "
+                        "real calls with the device held busy, on cpu the front door with the launch stubbed")
+    p.add_argument("--calls", type=int, default=300, help="--host: calls per timed round (default 300)")
     return p.parse_args(argv)
 
 
@@ -251,6 +257,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 old = json.load(f)["rows"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return _fail(f"--compare {args.compare}: not a bench --json file ({type(exc).__name__}: {exc})")
+    if args.host:
+        from xkernels.cli import bench_host
+
+        return bench_host.run(args.device, args.calls, args.rounds or 9)
     try:
         target = resolve_target(args.device, args.backend)
     except TargetUnavailable as exc:
