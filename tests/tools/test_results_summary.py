@@ -34,16 +34,17 @@ def test_table_lists_every_run_folder():
 
 def test_run_folders_are_named_by_date_machine_purpose_and_record_their_device():
     for run in RUNS:
-        date, machine, purpose = run.name[:10], run.name[11:15], run.name[16:]
+        date, (machine, _, purpose) = run.name[:10], run.name[11:].partition("-")
         assert run.name[10] == "-" and date[:2] == "20" and date[4] == date[7] == "-", run.name
-        assert machine == "h100" and purpose, run.name
+        assert machine in ("h100", "h200", "cpu") and purpose, run.name
         readme = (run / "README.md").read_text()
         assert readme.startswith("# ") and "Reproduce:" in readme, run.name
         versions = (run / "device.txt").read_text() if (run / "device.txt").exists() else ""
         if not versions:  # an early sweep: its table records the device and versions
             versions = " ".join(json.loads(f.read_text()).get("source", "") for f in run.glob("*.json")
                                 if isinstance(json.loads(f.read_text()), dict))
-        assert "H100" in versions and "torch 2." in versions and "triton" in versions.lower(), run.name
+        gpu = {"h100": "H100", "h200": "H200"}.get(machine)
+        assert (gpu is None or gpu in versions) and "torch 2." in versions and "triton" in versions.lower(), run.name
 
 
 def test_summary_reads_a_bench_file_it_is_given(tmp_path):
