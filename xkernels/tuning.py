@@ -48,6 +48,7 @@ class Choice:
     source: str
     measured: bool = False
     when: dict[str, Any] = field(default_factory=dict)  # the matching rule's conditions
+    record: dict[str, Any] = field(default_factory=dict)  # the rule's "measured" record, if any
 
 
 _forced: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("xkernels_forced", default=None)
@@ -219,7 +220,7 @@ def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any], default: d
         for i, rule in enumerate(table["archs"].get(arch_key, ())):
             if matches(rule.get("when", {}), key):
                 return Choice({**default, **rule["config"]}, f"{path.name} [{arch_key}] rule {i} ({path.parent})",
-                              "measured" in rule, dict(rule.get("when", {})))
+                              "measured" in rule, dict(rule.get("when", {})), dict(rule.get("measured") or {}))
     if rules_only:
         return None
     return Choice(dict(default), f"built-in default of op {op!r} (no table rule matched)")

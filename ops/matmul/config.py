@@ -137,6 +137,8 @@ class Selection:
     #: Set where the BLAS runs for want of evidence (``ops/matmul/evidence.py``): the wave model's
     #: kernel selection and the first-use check's key, which a check on the device may settle.
     pending: Any = None
+    #: The matching rule's "measured" record (its shapes, times), where the config came from one.
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def bucket_key(dtype: torch.dtype, shape: Shape, activation: str | None, has_bias: bool) -> dict[str, Any]:
@@ -272,7 +274,7 @@ def select(op: str, backend: Backend, device: torch.device, key: dict[str, Any],
                            rules_only=True)
     if choice is not None:
         why = "a measured rule for this shape class" if choice.measured else "a table rule"
-        return Selection(choice.config, choice.source, why, choice.measured)
+        return Selection(choice.config, choice.source, why, choice.measured, record=choice.record)
     return _model(op, backend, device, arch, key, shape, tma)
 
 

@@ -50,7 +50,7 @@ import torch
 
 from xkernels import interleave, tuning
 from xkernels.backend import Backend
-from xkernels.ops.matmul.config import Selection, Shape, _label
+from xkernels.ops.matmul.config import Selection, Shape, _label, effective_blocks, waves
 
 NEIGHBOUR_M_FACTOR = 2.0
 NEIGHBOUR_MARGIN = 1.10
@@ -231,13 +231,49 @@ def agreeing(points: list[dict[str, Any]], m: int) -> dict[str, Any] | None:
 
 
 # -- the gate -----------------------------------------------------------------------------------
+#: how much of a measured shape's tile-and-wave fill a call may lose before the rule's measurement
+#: no longer speaks for it (a 256-row tile measured at M = 512 fills 65% at M = 333: 0.58x there)
+FILL_MARGIN = 0.9
+
+
+def fill(cfg: dict[str, Any], shape: Shape, units: int) -> float:
+    """The share of the launched tiles' area the problem fills: M x N x batch over the tiles'
+    area, rounded up to whole waves of ``units`` programs (tile and wave quantization)."""
+    bm, bn, _ = effective_blocks(cfg, shape)
+    _, n_waves = waves(cfg, shape, units)  # a persistent kernel's last loop is as partial as a last wave
+    return shape.batch * shape.m * shape.n / (n_waves * units * bm * bn)
+
+
+def uncovered(sel: Selection, shape: Shape, backend: Backend, device: torch.device) -> str | None:
+    """Why a measured rule's measurement does not cover this call (its tile and wave fill is
+    below ``FILL_MARGIN`` of every measured shape's of the same N and K), or ``None``."""
+    shapes = [s for s in sel.record.get("shapes") or () if len(s) == 3 and s[1] == shape.n and s[2] == shape.k]
+    if not shapes:
+        return None  # a class rule measured on other N/K (or with no shapes recorded): the table's word
+    units = backend.properties(device).compute_units or 1
+    mine = fill(sel.config, shape, units)
+    best = max(fill(sel.config, Shape(m, n, k, shape.batch, shape.element_size, shape.split_ok), units)
+               for m, n, k in shapes)
+    if mine >= FILL_MARGIN * best:
+        return None
+    ms = ", ".join(f"M={s[0]}" for s in shapes)
+    return f"{ms}, where its tiles fill {best:.0%} of the launch; at M={shape.m} they fill {mine:.0%}"
+
+
 def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], shape: Shape, tma: Any,
          sel: Selection, precision: str) -> Selection:
     """``sel`` where it needs no evidence (a measured rule, the BLAS, a backend without a BLAS
     alternative); else the kernel the evidence supports, or the BLAS with ``pending`` set."""
-    if (sel.measured or sel.config.get("VENDOR") or not backend.kernel_needs_evidence
+    if (sel.config.get("VENDOR") or not backend.kernel_needs_evidence
             or tuning.forced_config() is not None):
         return sel  # a forced config (a sweep, a test) runs as forced: the caller is the evidence
+    if sel.measured:
+        gap = uncovered(sel, shape, backend, device)
+        if gap is None:
+            return sel
+        # the rule's measurement does not speak for this call's tile and wave fill: evidence as for
+        # any unmeasured shape, with the rule's kernel as the candidate
+        sel = Selection(dict(sel.config), sel.source, f"{sel.why}, measured at {gap}", False, sel.estimates_ms)
     ck = check_key(op, backend, device, key, tma, precision)
     v = verdict(ck)
     if v is not None:

@@ -92,6 +92,28 @@ def test_a_measured_rule_runs_its_kernel_without_a_check(blas, monkeypatch):
     assert ev.checks_run == 0
 
 
+@interp
+def test_a_measured_rule_speaks_only_for_calls_that_fill_its_tiles_alike(blas, monkeypatch):
+    """A rule measured at M = 64 with 64-row tiles fills its tiles; at M = 40 the same tiles are
+    less full (the held-out 0.58x: a 256-row tile measured at M = 512 and run at M = 333), so the
+    rule is no evidence there: the first-use check decides, and without it the BLAS runs."""
+    monkeypatch.setattr(ev, "timer", _clock(9.0, 1.0))
+    rule = _rule(33, 64, 64, 1.2)
+    rule["config"] = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
+    rule["measured"]["shapes"] = [[64, 24, 32]]  # [M, N, K], as the shipped tables record them
+    autotune.write_rules("linear", "interpreter", "interpreter", [rule])
+    full, partial = _inputs(64), _inputs(40)
+    assert linear.explain(*full).route == "triton kernel"
+    with tuning.first_use_check(False):
+        e = linear.explain(*partial)
+        assert_close(linear(*partial), _ref(*partial))
+    assert e.route == "vendor BLAS" and "measured at M=64, where its tiles fill" in e.why and "at M=40 they" in e.why
+    linear._forget()  # a plan made while the check was off keeps the BLAS for the process: plan again
+    assert_close(linear(*partial), _ref(*partial))  # with the check on: the device decides
+    checked = linear.explain(*partial)
+    assert ev.checks_run == 1 and checked.route == "vendor BLAS" and "first-use check" in checked.why, checked.why
+
+
 @pytest.mark.parametrize("ratios,kernel", [((1.3, 1.25), True), ((1.3, 1.05), False), ((1.3,), False)],
                          ids=["agree", "one below the margin", "one side only"])
 @interp
