@@ -114,6 +114,17 @@ def test_a_measured_rule_speaks_only_for_calls_that_fill_its_tiles_alike(blas, m
     assert ev.checks_run == 1 and checked.route == "vendor BLAS" and "first-use check" in checked.why, checked.why
 
 
+@interp
+def test_a_launch_bound_check_compares_calls_with_their_host_costs(blas, monkeypatch):
+    """Device times below both routes' host costs: the BLAS's 1.2x faster device time is hidden
+    under its route's larger host cost (HOST_MS), so per call the kernel is faster and wins."""
+    monkeypatch.setattr(ev, "timer", _clock(0.006, 0.005))
+    x, w, b = _inputs()
+    assert_close(linear(x, w, b), _ref(x, w, b))
+    e = linear.explain(x, w, b)
+    assert e.route == "triton kernel" and "0.83x; per call with the routes' host costs" in e.why, e.why
+
+
 @pytest.mark.parametrize("ratios,kernel", [((1.3, 1.25), True), ((1.3, 1.05), False), ((1.3,), False)],
                          ids=["agree", "one below the margin", "one side only"])
 @interp
