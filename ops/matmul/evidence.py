@@ -255,7 +255,7 @@ def uncovered(sel: Selection, shape: Shape, backend: Backend, device: torch.devi
     shapes = [s for s in sel.record.get("shapes") or () if len(s) == 3 and s[1] == shape.n and s[2] == shape.k]
     if not shapes:
         return None  # a class rule measured on other N/K (or with no shapes recorded): the table's word
-    units = backend.properties(device).compute_units or 1
+    units = backend.compute_units(device) or 1
     mine = fill(sel.config, shape, units)
     best = max(fill(sel.config, Shape(m, n, k, shape.batch, shape.element_size, shape.split_ok), units)
                for m, n, k in shapes)
