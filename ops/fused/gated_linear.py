@@ -178,6 +178,12 @@ class GatedLinear(Op):
     def torch_impl(self, call: GatedCall) -> torch.Tensor:
         return torch_parts(call)[0].reshape(call.out_shape)
 
+    def compile_cases(self, target: Any) -> Any:
+        """The npu compilations of ``gated_linear.json``'s entries (``ops/fused/gated_linear_compile.py``)."""
+        from xkernels.ops.fused.gated_linear_compile import gated_cases
+
+        return gated_cases(self, target)
+
     # -- autograd and torch.compile -----------------------------------------------------------
     def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
         call = self.check(*canon)  # before autograd records anything
