@@ -39,17 +39,16 @@ TABLE = "gated_linear"
 EXTRAS_CLASS = {"activation": "silu", "bias": True, "weight": "separate"}
 
 
-def gated_classes() -> list[dict[str, Any]]:
-    from xkernels.ops.fused.gated_linear import ACTIVATIONS
-
+def gated_classes(activations: Any) -> list[dict[str, Any]]:
+    """Each dtype x activation x with/without biases x separate/concatenated weights."""
     return [{"dtype": d, "activation": a, "bias": b, "weight": w}
-            for d in GL_DTYPES for a in ACTIVATIONS for b in (False, True) for w in ("separate", "concatenated")]
+            for d in GL_DTYPES for a in activations for b in (False, True) for w in ("separate", "concatenated")]
 
 
 def gated_entries(op: Any, target: CompileTarget) -> list[Entry]:
     from xkernels.ops.fused.gated_linear_plan import GATED_DEFAULT
 
-    return rule_entries(target, TABLE, op.name, gated_classes(), SHAPE_FIELDS, GATED_DEFAULT)
+    return rule_entries(target, TABLE, op.name, op.compile_classes(), SHAPE_FIELDS, GATED_DEFAULT)
 
 
 def gated_layouts(cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[str, Any], cube: int,
