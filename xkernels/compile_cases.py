@@ -12,11 +12,13 @@ This module is part of the contract layer: it imports neither ops nor CLIs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from xkernels import tuning
 
 #: A table section: ``(where, {"archs": [rules], "candidates": [groups]})``, e.g.
 #: ``("linear.json [Ascend910B]", {...})``.
@@ -88,3 +90,52 @@ def meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def shown(config: dict[str, Any]) -> str:
     """A config as a case label (``INDEX_64`` is said by the layout)."""
     return ",".join(f"{k}={v}" for k, v in config.items() if k != "INDEX_64")
+
+
+@dataclass
+class Entry:
+    """A config a call can run, with the call classes that reach it (see :func:`rule_entries`)."""
+
+    where: str  # "add_norm.json [Ascend910B] rule 2", "built-in default"
+    config: dict[str, Any]
+    shape_when: dict[str, Any]  # the rule's shape conditions ({} for the default)
+    classes: list[dict[str, Any]] = field(default_factory=list)
+
+
+def split_when(when: dict[str, Any], shape_fields: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(class conditions, shape conditions)`` of a rule's ``when``: shape conditions name a
+    field of ``shape_fields``, with or without ``_min``/``_max``."""
+    shape = {k: v for k, v in when.items() if k.removesuffix("_min").removesuffix("_max") in shape_fields}
+    return {k: v for k, v in when.items() if k not in shape}, shape
+
+
+def rule_entries(target: CompileTarget, table: str, op: str, classes: Sequence[dict[str, Any]],
+                 shape_fields: Sequence[str], default: dict[str, Any]) -> list[Entry]:
+    """The entries of ``table`` that calls of ``classes`` (dicts of table conditions) can select on
+    ``target.soc``, in ``xkernels.tuning.lookup``'s order: for each class each rule whose
+    non-shape conditions admit it, until a rule without shape conditions ends the walk; a class
+    no such rule ends also reaches ``default`` (the op's built-in config). A rule no class
+    reaches goes to ``target.notes`` (never selected) and is not returned."""
+    rules = [(Entry(f"{where} rule {i}", r["config"], split_when(r.get("when", {}), shape_fields)[1]),
+              split_when(r.get("when", {}), shape_fields)[0])
+             for where, sec in target.sections(table) for i, r in enumerate(sec["archs"])]
+    built_in = Entry("built-in default", dict(default), {})
+    for cls in classes:
+        for entry, cond in rules:
+            if tuning.matches(cond, cls):
+                entry.classes.append(cls)
+                if not entry.shape_when:
+                    break
+        else:
+            built_in.classes.append(cls)
+    target.notes.extend(f"{op} on {target.soc}: {e.where} {e.config} is never selected (earlier rules take every "
+                        f"call it admits)" for e, _ in rules if not e.classes)
+    return [e for e, _ in rules if e.classes] + ([built_in] if built_in.classes else [])
+
+
+def dim(name: str, default: int, shape_when: dict[str, Any]) -> int:
+    """``default`` moved into an entry's range for shape field ``name`` (or its exact value)."""
+    if name in shape_when:
+        return int(shape_when[name])
+    lo, hi = shape_when.get(f"{name}_min", 1), shape_when.get(f"{name}_max", default)
+    return max(int(lo), min(default, int(hi)))

@@ -123,6 +123,12 @@ class AddNormOp(Op):
     def _plugin(self, impl: Any, call: AddNormCall) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def compile_cases(self, target: Any) -> Any:
+        """The npu compilations of ``add_norm.json``'s entries (``ops/fused/add_norm_compile.py``)."""
+        from xkernels.ops.fused.add_norm_compile import add_norm_cases
+
+        return add_norm_cases(self, target)
+
     # -- autograd and torch.compile --------------------------------------------------------------
     def _compiled(self, canon: tuple[Any, ...]) -> Any:
         """``Op._compiled`` without ``out=``: the registered custom op (one graph node)."""

@@ -50,7 +50,7 @@ def _round_to(s, S_TY: tl.constexpr):
     """``s`` rounded to ``S_TY`` (to nearest, ties to even), back in fp32. bfloat16 is rounded by
     hand first, so that the cast is exact whatever rounding mode a backend's fp32 -> bf16 cast
     has (Triton's interpreter truncates): s is then bit-identical to torch's ``x + residual``."""
-    if S_TY.is_bf16():
+    if S_TY == tl.bfloat16:
         bits = s.to(tl.uint32, bitcast=True)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
         s = tl.where(s == s, bits.to(tl.float32, bitcast=True), s)  # NaN stays NaN

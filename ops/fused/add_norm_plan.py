@@ -133,6 +133,7 @@ class AddNormPlan(Plan):
                                ONE_CHUNK=one_chunk, PERSISTENT=programs < tiles, INDEX_64=index64)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.config = {"BLOCK_M": block_m, "BLOCK_N": block_n, **self.options, "INDEX_64": index64}
+        self.jit_fn = K.add_norm_kernel
         self.launcher = Launcher(backend.kernel(K.add_norm_kernel), self.grid, self.constexprs, self.options,
                                  backend.fast_launch)
         self.variant = ("one pass: each row tile held on chip" if one_chunk else
@@ -169,8 +170,14 @@ class AddNormPlan(Plan):
                 if t is not None:
                     t.fill_(float("nan"))
             return y, s, mean, rstd
-        w, b = call.weight, call.bias
-        self.launcher(x, r if r is not None else x, w if w is not None else y, b if b is not None else y,
-                      s if s is not None else y, y, mean if mean is not None else y, rstd if rstd is not None else y,
-                      *self.tail, float(call.eps), float(call.offset), self.n_tiles, self.grid[0])
+        self.launcher(*self.args(call, x, r, y, s, mean, rstd))
         return y, s, mean, rstd
+
+    def args(self, call: AddNormCall, x: torch.Tensor, r: torch.Tensor | None, y: torch.Tensor,
+             s: torch.Tensor | None, mean: torch.Tensor | None, rstd: torch.Tensor | None) -> tuple[Any, ...]:
+        """The kernel's runtime arguments, in its order (an absent operand's pointer is another
+        tensor of the call, never read or written: its ``HAS_*``/``STORE_*`` constexpr is off)."""
+        w, b = call.weight, call.bias
+        return (x, r if r is not None else x, w if w is not None else y, b if b is not None else y,
+                s if s is not None else y, y, mean if mean is not None else y, rstd if rstd is not None else y,
+                *self.tail, float(call.eps), float(call.offset), self.n_tiles, self.grid[0])

@@ -178,6 +178,20 @@ class GatedLinear(Op):
     def torch_impl(self, call: GatedCall) -> torch.Tensor:
         return torch_parts(call)[0].reshape(call.out_shape)
 
+    def compile_cases(self, target: Any) -> Any:
+        """The npu compilations of ``gated_linear.json``'s entries (``ops/fused/gated_linear_compile.py``)."""
+        from xkernels.ops.fused.gated_linear_compile import gated_cases
+
+        return gated_cases(self, target)
+
+    def compile_classes(self) -> list[dict[str, Any]]:
+        """The classes of this op's calls as table conditions (dtype, activation, bias, weight
+        form): the compile check walks the tuning rules once per class; an activation added to
+        ``ACTIVATIONS`` is compiled with no edit elsewhere."""
+        from xkernels.ops.fused.gated_linear_compile import gated_classes
+
+        return gated_classes(ACTIVATIONS)
+
     # -- autograd and torch.compile -----------------------------------------------------------
     def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
         call = self.check(*canon)  # before autograd records anything

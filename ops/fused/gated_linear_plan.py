@@ -141,6 +141,7 @@ class GatedPlan(Plan):
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[call.activation], PERSISTENT=programs < tiles,
                           INDEX_64=index64)
         options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
+        self.jit_fn, self.constexprs = GK.gate_kernel, constexprs
         self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
                                  backend.fast_launch, varying=(0, 1, 2))
         self.config = {"VENDOR": True, "gate BLOCK_M": bm, "gate BLOCK_N": bn, "INDEX_64": index64}
@@ -166,6 +167,7 @@ class GatedPlan(Plan):
                                UPCAST=call.dtype == torch.bfloat16 and not backend.native_bf16_dot,
                                STORE_PRE=call.save)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.jit_fn = GK.gated_linear_kernel
         self.launcher = Launcher(backend.kernel(GK.gated_linear_kernel), (programs,), self.constexprs, self.options,
                                  backend.fast_launch, varying=tuple(range(8)))
         self.route = "triton kernel"
@@ -186,6 +188,7 @@ class GatedPlan(Plan):
                                HAS_BIAS=call.bg is not None, HAS_UP_BIAS=call.bu is not None,
                                ACT=ACTIVATIONS[call.activation], STORE_PRE=call.save, PERSISTENT=bool(units))
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
+        self.jit_fn = GK.gated_linear_tma_kernel
         self.launcher = Launcher(backend.kernel(GK.gated_linear_tma_kernel), (programs,), self.constexprs,
                                  self.options, backend.fast_launch, varying=tuple(range(8)))
         self.route = "triton kernel"
@@ -215,19 +218,31 @@ class GatedPlan(Plan):
                 g, u = gu[:, :N], gu[:, N:]
             else:
                 g, u = F.linear(call.x2, call.wg, call.bg), F.linear(call.x2, call.wu, call.bu)
-            M_, N_, tiles, programs, *strides = self.gate_dims
-            self.launcher(g, u, y, M_, N_, tiles, programs, *strides)
+            self.launcher(*self.args(call, y, g, u))
             return y, g, u
         g = _empty((M, N), call.dtype, call.device) if self.save else None
         u = _empty((M, N), call.dtype, call.device) if self.save else None
-        bg = call.bg if call.bg is not None else y
-        bu = call.bu if call.bu is not None else y
         if self.tma is not None:
+            bg = call.bg if call.bg is not None else y
+            bu = call.bu if call.bu is not None else y
             self.launcher(*self.descriptors(call, y, g, u), bg, bu, M, N, K)
         else:
-            self.launcher(call.x2, call.wg, call.wu, y, bg, bu, g if g is not None else y, u if u is not None else y,
-                          M, N, K, self.tiles, self.programs, *self.strides)
+            self.launcher(*self.args(call, y, g, u))
         return y, g, u
+
+    def args(self, call: GatedCall, y: torch.Tensor, g: torch.Tensor | None,
+             u: torch.Tensor | None) -> tuple[Any, ...]:
+        """The runtime arguments of the pointer kernel (``self.jit_fn``), in its order: ``g``/``u``
+        the pre-activation outputs where kept (``None``: y stands in, never written). Vendor
+        route: ``gate_kernel``'s, with ``g``/``u`` the BLAS results."""
+        if self.vendor:
+            assert g is not None and u is not None
+            return (g, u, y, *self.gate_dims)
+        M, N, K = self.dims
+        bg = call.bg if call.bg is not None else y
+        bu = call.bu if call.bu is not None else y
+        return (call.x2, call.wg, call.wu, y, bg, bu, g if g is not None else y, u if u is not None else y,
+                M, N, K, self.tiles, self.programs, *self.strides)
 
     def descriptors(self, call: GatedCall, y: torch.Tensor, g: torch.Tensor | None,
                     u: torch.Tensor | None) -> tuple[Any, ...]:

@@ -389,3 +389,54 @@ def test_identical_compilations_run_once():
     assert rc.soc == "Ascend910_9392" and rc.result == ra.result
     (rd,) = npu_compile.run_cases([c], 1, bishengir=_BISHENGIR, per_soc=True)
     assert rd.ok and not rd.same_as
+
+
+#: per family: planted fused-op entries over the SoC's memory, and the compiler's limits. add_norm:
+#: a 32768-wide fp16 row tile (UB); gated_linear: two fp32 accumulators over L0C (2 x 256x128 x 4 B =
+#: 256 KiB on A2's 128 KiB; 2 x 256x256 x 4 B = 512 KiB on A5's 256 KiB).
+FUSED_PLANTED = {
+    "Ascend910B": {"soc": "Ascend910B1", "gated": (256, 128), "ub": "bits while 1572864 bits available",
+                   "ub_kib": "> 192 KiB", "cc": "requires 2097152 bits while 1048576 bits available",
+                   "cc_kib": "256 KiB > 128 KiB"},
+    "Ascend950": {"soc": "Ascend950PR_9599", "gated": (256, 256), "ub": "bits while 2031616 bits available",
+                  "ub_kib": "> 248 KiB", "cc": "requires 4194304 bits while 2097152 bits available",
+                  "cc_kib": "512 KiB > 256 KiB"},
+}
+
+
+@pytest.mark.parametrize("family", list(FUSED_PLANTED))
+def test_planted_oversized_fused_entries_fail(tmp_path, family):
+    """An add_norm entry too big for the unified buffer and a gated_linear entry whose two
+    accumulators overflow L0C, planted under the family key, are listed by the fused ops' own
+    compile cases and fail with the compiler's message (A2: bishengir-compile; A5:
+    bishengir-compile-a5)."""
+    from helpers import planted_tables
+    from xkernels.cli.compile_check import collect_cases
+
+    want = FUSED_PLANTED[family]
+    soc, (bm, bn) = want["soc"], want["gated"]
+    tables = {
+        "add_norm": {"archs": {family: [{"when": {"dtype": ["float16"]}, "config": {"BLOCK_N": 32768, "BLOCK_M": 1}}]}},
+        "gated_linear": {"archs": {family: [{"when": {"dtype": ["float16"]},
+                                             "config": {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64}}]}},
+    }
+    with planted_tables(tmp_path / "tables", "npu", tables):
+        cases = collect_cases([soc], ["add_layer_norm", "gated_linear"])
+    planted = [c for c in cases if c.dtype == "float16" and "planted" not in c.config]
+    ub = [c for c in planted if c.op == "add_layer_norm" and c.constants["BLOCK_N"] == 32768
+          and c.constants["ONE_CHUNK"] and c.constants["STORE_STATS"] and c.constants["PERSISTENT"]
+          and not c.constants["INDEX_64"]]
+    cc = [c for c in planted if c.op == "gated_linear" and (c.constants["BLOCK_M"], c.constants["BLOCK_N"]) == (bm, bn)
+          and "x @ Wg.T, x @ Wu.T, silu persistent|" in c.config]
+    assert ub and cc, "the planted entries were not collected"
+    r_ub, r_cc = npu_compile.run_cases([ub[0], cc[0]], 2, keep=tmp_path / "keep", bishengir=_BISHENGIR)
+    assert (r_ub.soc, r_cc.soc) == (soc, soc)
+    assert r_ub.result == "ub-overflow" and want["ub_kib"] in r_ub.detail, r_ub
+    assert r_cc.result == "cc-overflow" and f"cc needs {want['cc_kib']}" in r_cc.detail, r_cc
+    ub_log = (Path(r_ub.artifacts) / "bishengir.log").read_text()
+    cc_log = (Path(r_cc.artifacts) / "bishengir.log").read_text()
+    compiler = "bishengir-compile-a5" if family == "Ascend950" else "bishengir-compile"
+    for log in (ub_log, cc_log):
+        assert f"--target={soc}" in log and Path(log.split(" ", 1)[0]).name == compiler
+    assert "error: ub overflow, requires " in ub_log and want["ub"] in ub_log
+    assert f"error: cc overflow, {want['cc']}" in cc_log

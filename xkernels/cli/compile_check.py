@@ -4,16 +4,19 @@ For every SoC of ``backends/npu_socs.json`` (Atlas A2, A3 and Ascend 950 / A5) a
 declares compile cases (``Op.compile_cases``, see ``xkernels.compile_cases``), each npu tuning
 entry a call on that SoC can select, with each kernel dtype, epilogue and layout the entry
 serves, becomes one :class:`CompileCase`. The op builds its cases with its own planning code (the
-same ``BinaryPlan``/``MatmulPlan`` a real call makes, with the entry forced and the SoC's launch
-geometry), on ``meta`` tensors, so the signature and constexprs are exactly what a device launch
-would compile, including Triton's specialization of integer arguments equal to 1 (which changes
-the memory plan). This module gives the op the SoC: its launch geometry and its table sections
-in ``xkernels.tuning.lookup``'s order; it names no op. ``python -m xkernels.npu_compile``
-compiles the cases with triton-ascend and plans their memory with bishengir-compile.
+plan a real call makes: ``BinaryPlan``, ``MatmulPlan``, ``AddNormPlan``, ``GatedPlan``, with the
+entry forced and the SoC's launch geometry), on ``meta`` tensors, so the signature and constexprs
+are exactly what a device launch would compile, including Triton's specialization of integer
+arguments equal to 1 (which changes the memory plan). This module gives the op the SoC: its
+launch geometry and its table sections in ``xkernels.tuning.lookup``'s order; it names no op.
+``python -m xkernels.npu_compile`` compiles the cases with triton-ascend and plans their memory
+with bishengir-compile.
 
-Which entries, for which calls: ``ops/elementwise/compile.py`` (add, broadcast) and
-``ops/matmul/compile.py`` (matmul, linear) say. An op added elsewhere (``ops/fused/``) joins by
-implementing ``compile_cases``; its module is imported here with the rest of ``xkernels.ops``.
+Which entries, for which calls: ``ops/elementwise/compile.py`` (add, broadcast),
+``ops/matmul/compile.py`` (matmul, linear), ``ops/fused/add_norm_compile.py`` (add_layer_norm,
+add_rms_norm) and ``ops/fused/gated_linear_compile.py`` (gated_linear) say. An op joins by
+implementing ``compile_cases``; the modules under ``ops/fused/`` are imported here with the rest
+of ``xkernels.ops``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""``add_layer_norm`` / ``add_rms_norm``: their compile cases for the offline Ascend check
+(``Op.compile_cases``).
+
+A call's class is ``{"norm": "layer"|"rms", "dtype": s's dtype}`` (the ``add_norm`` table's
+non-shape conditions); the table's rules are walked per class in ``xkernels.tuning.lookup``'s
+order (``xkernels.compile_cases.rule_entries``; the op's ``DEFAULT`` where no rule takes every
+call). Each entry is planned by ``AddNormPlan`` with the entry forced, on meta tensors, with the
+SoC's vector-core count, on the calls of :func:`add_norm_layouts`:
+
+* one pass (``N <= BLOCK_N``) at the widest row the entry serves (``BLOCK_N`` = its cap), with
+  x + residual, weight (and bias for LayerNorm), s and the statistics written (the autograd
+  forward): the most live tiles; the same without residual, weight, bias or s (``y = norm(x)``);
+  an inference call (s written, no statistics; RMSNorm with ``offset=1``, Gemma's ``1 + w``,
+  which is a runtime scalar and so the same compilation as ``offset=0``); and for fp16/bf16 the
+  same with fp32 weight and bias (mixed-precision parameters);
+* chunked (``N > BLOCK_N``, two passes over the row) where the entry's range has such rows: the
+  autograd forward and the inference call;
+* every one of them in the persistent loop (more row tiles than vector cores, as the npu
+  backend launches); the autograd forward also with a few row tiles (one program each) and
+  with 64-bit row offsets (rows x N past 2**31), once per code path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from xkernels import tuning
+from xkernels.compile_cases import CompileCase, CompileTarget, Entry, dim, meta, rule_entries, shown
+
+AN_DTYPES = ("float16", "bfloat16", "float32")
+SHAPE_FIELDS = ("n", "rows")
+TABLE = "add_norm"
+
+
+def add_norm_entries(op: Any, target: CompileTarget) -> list[Entry]:
+    from xkernels.ops.fused.add_norm_plan import DEFAULT
+
+    classes = [{"norm": op.kind, "dtype": d} for d in AN_DTYPES]
+    return rule_entries(target, TABLE, op.name, classes, SHAPE_FIELDS, DEFAULT)
+
+
+def _widths(cfg: dict[str, Any], shape_when: dict[str, Any]) -> tuple[int, int | None]:
+    """``(one-pass N, chunked N or None)`` inside the entry's range: the widest row of one chunk
+    (``BLOCK_N`` = the entry's cap), and a row of two and a half chunks where the range has one."""
+    cap = max(16, int(cfg["BLOCK_N"]))
+    one = dim("n", cap, shape_when)
+    want = 2 * cap + cap // 2
+    chunked = dim("n", want, shape_when)
+    return one, chunked if chunked > cap else None
+
+
+def add_norm_layouts(op: Any, target: CompileTarget, cfg: dict[str, Any], shape_when: dict[str, Any],
+                     dtype: torch.dtype) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(label, call)`` of the calls one entry serves (see the module doc); ``call`` holds the
+    arguments of ``op.check`` plus ``stats`` (autograd keeps mean/rstd) and ``rows``/``n``."""
+    layer = op.kind == "layer"
+    bm = max(1, int(cfg["BLOCK_M"]))
+    vec = target.backend.max_programs("vector")
+    many = dim("rows", bm * (2 * vec + 1), shape_when)  # more row tiles than vector cores: persistent
+    few = dim("rows", 2 * bm, shape_when)  # two row tiles, a program each
+    one, chunked = _widths(cfg, shape_when)
+    full = dict(residual=True, weight=True, bias=layer, return_sum=True, stats=True)
+    bare = dict(residual=False, weight=False, bias=False, return_sum=False, stats=False)
+    infer = dict(residual=True, weight=True, bias=layer, return_sum=True, stats=False, offset=0.0 if layer else 1.0)
+    what_full = "y, s = norm(x + r) * w" + (" + b" if layer else "") + "; mean/rstd kept"
+    what_infer = "y, s = norm(x + r) * " + ("w + b" if layer else "(1 + w)")
+    for width, path in ((one, "one pass"), (chunked, "chunked")):
+        if width is None:
+            continue
+        yield f"{path}, {what_full}", dict(full, rows=many, n=width)
+        yield f"{path}, {what_infer}", dict(infer, rows=many, n=width)
+        if path == "one pass":
+            yield f"{path}, y = norm(x)", dict(bare, rows=many, n=width)
+            if dtype != torch.float32:
+                yield f"{path}, {what_infer}, fp32 w", dict(infer, rows=many, n=width, param_dtype=torch.float32)
+            yield f"{path}, {what_full}, few rows", dict(full, rows=few, n=width)
+        big = dim("rows", 2**31 // width + 2 * bm, shape_when)
+        yield f"{path}, {what_full}, rows x N past 2**31", dict(full, rows=big, n=width)
+
+
+def add_norm_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
+    for entry in add_norm_entries(op, target):
+        for cls in entry.classes:
+            dtype = getattr(torch, cls["dtype"])
+            for label, c in add_norm_layouts(op, target, entry.config, entry.shape_when, dtype):
+                rows, n = c["rows"], c["n"]
+                pdt = c.get("param_dtype", dtype)
+                x = meta((rows, n), dtype)
+                r = meta((rows, n), dtype) if c["residual"] else None
+                w = meta((n,), pdt) if c["weight"] else None
+                b = meta((n,), pdt) if c["bias"] else None
+                if op.kind == "layer":
+                    call = op.check(x, r, w, b, 1e-5, return_sum=c["return_sum"])
+                else:
+                    call = op.check(x, r, w, 1e-6, offset=c.get("offset", 0.0), return_sum=c["return_sum"])
+                call.store_stats = c["stats"]
+                with tuning.force(entry.config):
+                    plan = op.make_plan(call, target.backend)
+                y = meta((rows, n), dtype)
+                s = meta((rows, n), dtype) if call.store_sum else None
+                mean = meta((rows,), torch.float32) if call.store_stats and op.kind == "layer" else None
+                rstd = meta((rows,), torch.float32) if call.store_stats else None
+                rt = plan.args(call, x, r, y, s, mean, rstd)
+                idx = " int64-index" if plan.constexprs["INDEX_64"] else ""
+                loop = " persistent" if plan.constexprs["PERSISTENT"] else ""
+                yield target.case(op.name, plan.jit_fn, rt, plan.constexprs, cls["dtype"],
+                                  f"{shown(plan.config)}|{label}{loop}{idx}|{entry.where}")

@@ -1,0 +1,115 @@
+"""``gated_linear``: its compile cases for the offline Ascend check (``Op.compile_cases``).
+
+A call's class is ``{"dtype", "activation", "bias", "weight"}`` (the table conditions of
+``gated_linear_plan.bucket_key`` other than the shape: fp16/bf16/fp32 x relu/gelu/gelu_tanh/silu
+x with/without biases x separate/concatenated weights; ``variant: tma`` never applies on npu,
+which has no tensor descriptors). The ``gated_linear`` table's rules are walked per class in
+``xkernels.tuning.lookup``'s order (``xkernels.compile_cases.rule_entries``; ``GATED_DEFAULT``
+where no rule takes every call of the class: the wave model is not used, see the plan's doc).
+Each entry is planned by ``GatedPlan`` with the entry forced, on meta tensors, with the SoC's
+cube-core count, on the calls of :func:`gated_layouts`:
+
+* separate weights: no bias; both biases, the gate's only, the up projection's only; the
+  concatenated ``(2I, H)`` weight with and without its ``(2I,)`` bias (the same strides as two
+  separate weights: those cases share a compilation with the separate ones);
+* with biases also the autograd forward (``STORE_PRE``: gate and up written beside y);
+* per entry and dtype, on the SwiGLU class (silu, separate weights, biases, autograd): K not a
+  multiple of ``BLOCK_K`` (masked K steps), a few output tiles (a program each) and a call whose
+  offsets pass 2**31 (``INDEX_64``); every other call runs the persistent loop (more output tiles
+  than cube cores).
+
+An entry with ``"VENDOR": true`` (none on npu: the device's BLAS route is a cuda choice) compiles
+the vendor route's ``gate_kernel`` for each class instead (its GEMMs are the BLAS's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from xkernels import tuning
+from xkernels.compile_cases import CompileCase, CompileTarget, Entry, dim, meta, rule_entries, shown
+
+GL_DTYPES = ("float16", "bfloat16", "float32")
+SHAPE_FIELDS = ("m", "n", "k", "batch")
+TABLE = "gated_linear"
+#: the class that also gets the uneven-K, few-tile and 64-bit-index calls (SwiGLU with biases)
+EXTRAS_CLASS = {"activation": "silu", "bias": True, "weight": "separate"}
+
+
+def gated_classes(activations: Any) -> list[dict[str, Any]]:
+    """Each dtype x activation x with/without biases x separate/concatenated weights."""
+    return [{"dtype": d, "activation": a, "bias": b, "weight": w}
+            for d in GL_DTYPES for a in activations for b in (False, True) for w in ("separate", "concatenated")]
+
+
+def gated_entries(op: Any, target: CompileTarget) -> list[Entry]:
+    from xkernels.ops.fused.gated_linear_plan import GATED_DEFAULT
+
+    return rule_entries(target, TABLE, op.name, op.compile_classes(), SHAPE_FIELDS, GATED_DEFAULT)
+
+
+def gated_layouts(cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[str, Any], cube: int,
+                  dtype: torch.dtype) -> Iterator[tuple[str, tuple, dict, bool]]:
+    """``(label, args, kwargs, save)`` of ``gated_linear`` calls of class ``cls`` that one entry
+    serves (``save``: the autograd forward, gate and up kept)."""
+    bm, bn, bk = (int(cfg.get(k, 64)) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    tiles_n = 4
+    M = dim("m", bm * (cube // tiles_n + 2), shape_when)  # more output tiles than cube cores
+    N, K = dim("n", bn * tiles_n, shape_when), dim("k", 4 * bk, shape_when)
+    act = cls["activation"]
+
+    def call(m: int, n: int, k: int, gate_bias: bool, up_bias: bool) -> tuple:
+        x = meta((m, k), dtype)
+        if cls["weight"] == "concatenated":
+            return (x, meta((2 * n, k), dtype), None, meta((2 * n,), dtype) if gate_bias else None, None, act)
+        return (x, meta((n, k), dtype), meta((n, k), dtype), meta((n,), dtype) if gate_bias else None,
+                meta((n,), dtype) if up_bias else None, act)
+
+    form = "x @ [Wg; Wu].T" if cls["weight"] == "concatenated" else "x @ Wg.T, x @ Wu.T"
+    if not cls["bias"]:
+        yield f"{form}, {act}", call(M, N, K, False, False), {}, False
+        return
+    both = " + [bg; bu]" if cls["weight"] == "concatenated" else " + bg, + bu"
+    yield f"{form}{both}, {act}", call(M, N, K, True, True), {}, False
+    yield f"{form}{both}, {act}, gate and up kept", call(M, N, K, True, True), {}, True
+    if cls["weight"] == "separate":
+        yield f"{form} + bg, {act}", call(M, N, K, True, False), {}, False
+        yield f"{form} + bu, {act}", call(M, N, K, False, True), {}, False
+    if all(cls[k] == v for k, v in EXTRAS_CLASS.items()):
+        kept = f"{form}{both}, {act}, gate and up kept"
+        k_odd = dim("k", 4 * bk + bk // 2, shape_when)
+        if k_odd % bk:
+            yield f"{kept}, K % BLOCK_K != 0", call(M, N, k_odd, True, True), {}, True
+        yield f"{kept}, few tiles", call(dim("m", bm, shape_when), dim("n", 2 * bn, shape_when), K, True, True), {}, True
+        big_m = dim("m", 2**31 // N + bm, shape_when)  # y's offsets pass 2**31
+        yield f"{kept}, M x I past 2**31", call(big_m, N, K, True, True), {}, True
+
+
+def gated_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
+    cube = target.backend.max_programs("cube")
+    for entry in gated_entries(op, target):
+        for cls in entry.classes:
+            dtype = getattr(torch, cls["dtype"])
+            for label, args, kwargs, save in gated_layouts(entry.config, entry.shape_when, cls, cube, dtype):
+                call = op.check(*args, **kwargs)
+                call.save = save
+                with tuning.force(entry.config):
+                    plan = op.make_plan(call, target.backend)
+                M, N, _ = plan.dims
+                y = meta((M, N), dtype)
+                if plan.vendor:  # the BLAS's (M, 2I) result halves, or its two (M, I) results
+                    gu = meta((M, 2 * N), dtype) if call.concatenated else None
+                    g = gu[:, :N] if gu is not None else meta((M, N), dtype)
+                    u = gu[:, N:] if gu is not None else meta((M, N), dtype)
+                    label = f"vendor BLAS, gate kernel: {label}"
+                else:
+                    g = meta((M, N), dtype) if save else None
+                    u = meta((M, N), dtype) if save else None
+                rt = plan.args(call, y, g, u)
+                idx = " int64-index" if plan.constexprs.get("INDEX_64") else ""
+                loop = " persistent" if plan.constexprs.get("PERSISTENT") else ""
+                yield target.case(op.name, plan.jit_fn, rt, plan.constexprs, cls["dtype"],
+                                  f"{shown(plan.config)}|{label}{loop}{idx}|{entry.where}")

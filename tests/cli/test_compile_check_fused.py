@@ -1,0 +1,102 @@
+"""The fused ops' npu compile cases (ops/fused/add_norm_compile.py, ops/fused/gated_linear_compile.py)
+as xkernels.cli.compile_check lists them: every table entry, dtype and kernel variant, from the
+ops' own plans. No Ascend toolchain needed; tests/npu_compile compiles them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import planted_tables
+from xkernels.backends import npu
+from xkernels.cli.compile_check import collect, collect_cases
+from xkernels.ops.fused import add_norm_kernels, gated_linear_kernels
+from xkernels.ops.matmul.plan import ACTIVATIONS
+
+A2, A3, A5 = "Ascend910B3", "Ascend910_9392", "Ascend950PR_9599"
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS = ("HAS_RES", "HAS_W", "STORE_SUM", "STORE_STATS", "ONE_CHUNK", "PERSISTENT", "INDEX_64")
+
+
+def _table(name: str) -> dict:
+    return json.loads((ROOT / "ops" / "tuning" / "npu" / f"{name}.json").read_text())
+
+
+def _where(soc: str, table: str) -> set[str]:
+    """Every shipped rule of ``table`` an SoC reads, as the case labels name it."""
+    archs = _table(table)["archs"]
+    return {f"{table}.json [{k}] rule {i}" for k in npu.table_keys(soc) for i in range(len(archs.get(k, ())))}
+
+
+@pytest.mark.parametrize("soc", [A2, A3, A5])
+def test_add_norm_cases_cover_every_entry_dtype_and_variant(soc):
+    cases, notes = collect([soc], ["add_layer_norm", "add_rms_norm"])
+    assert notes == []
+    assert all(c.kernel is add_norm_kernels.add_norm_kernel for c in cases)
+    for op, rms in (("add_layer_norm", False), ("add_rms_norm", True)):
+        mine = [c for c in cases if c.op == op]
+        assert all(c.constants["RMS"] is rms for c in mine)
+        assert {c.config.rsplit("|", 1)[1] for c in mine} == _where(soc, "add_norm"), op
+        for dtype in ("float16", "bfloat16", "float32"):
+            got = [c.constants for c in mine if c.dtype == dtype]
+            for flag in FLAGS:
+                assert {k[flag] for k in got} == {True, False}, (op, dtype, flag)
+            assert {k["HAS_B"] for k in got} == ({False} if rms else {True, False})
+            # the autograd forward in the persistent loop with 64-bit offsets, on both code paths
+            assert {k["ONE_CHUNK"] for k in got if k["INDEX_64"] and k["PERSISTENT"] and k["STORE_STATS"]} == {
+                True, False}
+    # the cases carry the plan's own launch: s/y in the kernel dtype, statistics fp32, the mixed-
+    # precision call's fp32 weight, unit-free row strides (ints, one i64 when offsets need it)
+    c = next(c for c in cases if c.dtype == "bfloat16" and "fp32 w" in c.config)
+    assert c.signature["x_ptr"] == c.signature["y_ptr"] == "*bf16" and c.signature["w_ptr"] == "*fp32"
+    full = next(c for c in cases if c.op == "add_layer_norm" and c.dtype == "float16" and c.constants["STORE_STATS"])
+    assert full.signature["mean_ptr"] == full.signature["rstd_ptr"] == "*fp32"
+    assert full.signature["eps"] == full.signature["offset"] == "fp32"
+
+
+def test_add_norm_a5_reads_its_own_larger_tiles():
+    a5 = {(c.dtype, c.constants["BLOCK_M"] * c.constants["BLOCK_N"]) for c in collect_cases([A5], ["add_rms_norm"])}
+    a2 = {(c.dtype, c.constants["BLOCK_M"] * c.constants["BLOCK_N"]) for c in collect_cases([A2], ["add_rms_norm"])}
+    assert max(n for d, n in a5 if d == "float16") == 2 * max(n for d, n in a2 if d == "float16") == 8192
+    assert max(n for d, n in a5 if d == "float32") == 2 * max(n for d, n in a2 if d == "float32") == 4096
+
+
+@pytest.mark.parametrize("soc", [A2, A5])
+def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
+    cases, notes = collect([soc], ["gated_linear"])
+    assert notes == []
+    assert all(c.kernel is gated_linear_kernels.gated_linear_kernel for c in cases)  # npu: never the vendor route
+    assert {c.config.rsplit("|", 1)[1] for c in cases} == _where(soc, "gated_linear")
+    acts = {code for name, code in ACTIVATIONS.items() if name in ("relu", "gelu", "gelu_tanh", "silu")}
+    for dtype in ("float16", "bfloat16", "float32"):
+        got = [c.constants for c in cases if c.dtype == dtype]
+        assert {(k["ACT"], k["HAS_BIAS"], k["HAS_UP_BIAS"]) for k in got} == {
+            (a, g, u) for a in acts for g in (True, False) for u in (True, False)}
+        assert {(k["ACT"], k["STORE_PRE"]) for k in got} == {(a, s) for a in acts for s in (True, False)}
+        for flag in ("EVEN_K", "PERSISTENT", "INDEX_64"):
+            assert {k[flag] for k in got} == {True, False}, (dtype, flag)
+        # the weights are read K-contiguous (the (K, N) view of (N, K)) and y row-major, as at launch
+        assert all(k["sgk"] == k["suk"] == k["sxk"] == k["syn"] == 1 for k in got)
+    concat = [c for c in cases if "[Wg; Wu]" in c.config]
+    assert concat and all(c.constants["HAS_BIAS"] == c.constants["HAS_UP_BIAS"] for c in concat)
+    if soc == A5:
+        assert {(c.constants["BLOCK_M"], c.constants["BLOCK_N"]) for c in cases} == {(128, 128)}
+
+
+def test_planted_vendor_rule_compiles_the_gate_kernel(tmp_path):
+    """A ``VENDOR`` rule (the cuda tables' route) is compiled as its Triton half, ``gate_kernel``,
+    per activation, reading the BLAS's gate/up results (strided halves of one (M, 2I) result for
+    a concatenated weight)."""
+    tables = {"gated_linear": {"archs": {"Ascend910B": [{"when": {"dtype": ["bfloat16"]}, "config": {"VENDOR": True}}]}}}
+    with planted_tables(tmp_path, "npu", tables):
+        cases, notes = collect([A2], ["gated_linear"])
+    assert notes == []
+    gate = [c for c in cases if c.kernel is gated_linear_kernels.gate_kernel]
+    assert gate and all(c.dtype == "bfloat16" and c.config.startswith("VENDOR=True") for c in gate)
+    assert {c.constants["ACT"] for c in gate} == {ACTIVATIONS[a] for a in ("relu", "gelu", "gelu_tanh", "silu")}
+    concat = [c for c in gate if "[Wg; Wu]" in c.config]
+    assert concat and all("sgm" not in c.constants and c.constants["sgn"] == 1 for c in concat)
+    assert all(c.signature["g_ptr"] == "*bf16" for c in gate)
+    assert {c.dtype for c in cases if c.kernel is gated_linear_kernels.gated_linear_kernel} == {"float16", "float32"}
