@@ -13,10 +13,11 @@ Per call a step reads the child modules and their parameters from the module's o
 and ``_parameters`` dicts (what ``nn.Module.__getattr__`` reads, without its Python frame; a
 parameter replaced by a plain attribute, e.g. a parametrization, is read by ``getattr``): never
 cached tensors, so ``.to()``, ``load_state_dict`` and training see the current ones. Where no
-gradient is required and nothing compiles, the op call goes through the step's own
-:class:`~xkernels.ops.route.RouteCache`, keyed by every tensor argument's shape, strides, dtype
-and device (``None`` for an absent one) and the eps's type: a repeat runs its route without the
-op's front door. Otherwise (a gradient, ``torch.compile``) the op itself is called. A child
+gradient is required, nothing compiles and the op has routes, the op call goes through the step's
+own :class:`~xkernels.ops.route.RouteCache`, keyed by every tensor argument's shape, strides,
+dtype and device (``None`` for an absent one) and the eps's type: a repeat runs its route without
+the op's front door. Otherwise (a gradient, ``torch.compile``, an op that has no route at all,
+such as ``add_layer_norm`` today or any op on a backend running PyTorch) the op itself is called. A child
 whose class is no longer the one the step was resolved for (replaced after ``patch``) takes the
 general way: its kind looked up per call (``NormStep``) or the module class's own forward
 (``GatedStep``).
@@ -39,6 +40,11 @@ from xkernels.ops.route import RouteCache
 _Linear = torch.nn.Linear
 
 
+# The op itself is called (``direct``) while compiling, where a gradient is required, and while the
+# op has no route at all (``Op._hot`` empty: an op without routes, or a backend running PyTorch,
+# takes its full path anyway, and the cache's miss path would only add to it).
+
+
 @dataclass(frozen=True, slots=True)
 class NormStep:
     """``norm(x + residual)`` of one block (module doc)."""
@@ -59,10 +65,10 @@ class NormStep:
         eps = getattr(norm, self.eps_attr)
         params = norm._parameters
         w = params["weight"] if "weight" in params else norm.weight
-        rs = self.return_sum
+        rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
-            if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
+            if direct or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
                 return add_layer_norm(x, residual, w, b, eps, return_sum=rs)
             return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
                                     None if residual is None else (residual.shape, residual.stride(), residual.dtype,
@@ -71,7 +77,7 @@ class NormStep:
                                     None if b is None else (b.shape, b.stride(), b.dtype, b.device), type(eps)),
                                    (x, residual, w, b, eps, rs))
         off = self.offset
-        if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, residual, w)):
+        if direct or (_grad_enabled() and _any_requires_grad(x, residual, w)):
             return add_rms_norm(x, residual, w, eps, offset=off, return_sum=rs)
         return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
                                 None if residual is None else (residual.shape, residual.stride(), residual.dtype,
@@ -98,6 +104,7 @@ class GatedStep:
         """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
         (the caller then runs the class's own forward)."""
         mods, act = block._modules, self.activation
+        direct = not self.routes.op._hot or _is_compiling()
         if len(self.proj) == 2:
             gate, up = mods[self.proj[0]], mods[self.proj[1]]
             if type(gate) is not _Linear or type(up) is not _Linear:
@@ -107,7 +114,7 @@ class GatedStep:
             uw = upp["weight"] if "weight" in upp else up.weight
             b = gp["bias"] if "bias" in gp else gate.bias
             ub = upp["bias"] if "bias" in upp else up.bias
-            if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, w, uw, b, ub)):
+            if direct or (_grad_enabled() and _any_requires_grad(x, w, uw, b, ub)):
                 return gated_linear(x, w, uw, b, ub, act)
             return self.routes.run((x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
                                     uw.shape, uw.stride(), uw.dtype, uw.device,
@@ -120,7 +127,7 @@ class GatedStep:
         p = gate_up._parameters
         w = p["weight"] if "weight" in p else gate_up.weight
         b = p["bias"] if "bias" in p else gate_up.bias
-        if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, w, b)):
+        if direct or (_grad_enabled() and _any_requires_grad(x, w, b)):
             return gated_linear(x, w, None, b, None, act)
         return self.routes.run((x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
                                 None if b is None else (b.shape, b.stride(), b.dtype, b.device)),
