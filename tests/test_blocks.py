@@ -188,3 +188,108 @@ def test_patched_block_copies_compute_with_their_own_parameters():
         a, b = model(ids).logits, twin(ids).logits
     assert not torch.allclose(a, b)
     assert twin.model.layers[0].forward.__self__ is twin.model.layers[0]
+
+
+# -- the fused forwards' per-call path (xkernels/block_steps.py) -----------------------------------
+def _local_blocks(device):
+    """BERT's output block, Llama's MLP and a Llama decoder layer (pass-through attention, a real
+    MLP) as the host probe's local classes (transformers' forwards), random parameters."""
+    from xkernels.cli.bench_host_blocks import BertSelfOutput, DecoderLayer, LlamaMLP, PassAttention
+
+    torch.manual_seed(0)
+    mods = [BertSelfOutput(32), LlamaMLP(32, 48), DecoderLayer(32, PassAttention(), LlamaMLP(32, 48))]
+    for m in mods:
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    return [m.to(device).eval() for m in mods]
+
+
+def _inputs(m, device, dtype=torch.float32):
+    x = torch.randn(2, 5, 32, device=device, dtype=dtype)
+    return (x, torch.randn(2, 5, 32, device=device, dtype=dtype)) if hasattr(m, "LayerNorm") else (x,)
+
+
+def _close(got, module, args, ref_module):
+    """``got`` against ``module``'s unpatched forward and float64."""
+    with torch.no_grad():
+        want = type(module).forward(ref_module, *args)
+        ref = type(module).forward(copy.deepcopy(ref_module).double(), *(a.double() for a in args))
+    assert_model_close(got, want, ref)
+
+
+def test_repeats_take_the_routes_and_read_parameters_per_call(backend, device, monkeypatch):
+    """Repeated patched forwards (no gradient) with fresh inputs match torch each time, and the
+    gated MLP's repeats skip gated_linear's check; a state dict loaded and a dtype change after
+    patch() are what the next forward computes with."""
+    from xkernels.ops import gated_linear
+
+    checks = [0]
+    real = gated_linear.check
+    monkeypatch.setattr(gated_linear, "check", lambda *a, **k: (checks.__setitem__(0, checks[0] + 1), real(*a, **k))[1])
+    for module in _local_blocks(device):
+        original = copy.deepcopy(module)
+        xkernels.patch(module)
+        before = checks[0]
+        for _ in range(3):
+            args = _inputs(module, device)
+            with torch.no_grad():
+                got = module(*args)
+            _close(got, module, args, original)
+        if hasattr(module, "gate_proj"):
+            assert checks[0] - before == (1 if backend.runs_triton else 3)
+        state = {k: torch.randn_like(v) for k, v in original.state_dict().items()}
+        original.load_state_dict(state)
+        module.load_state_dict(state)
+        args = _inputs(module, device)
+        with torch.no_grad():
+            _close(module(*args), module, args, original)
+        module.half()
+        args = _inputs(module, device, torch.float16)
+        with torch.no_grad():
+            got = module(*args)
+        assert got.dtype == torch.float16
+        _close(got, module, args, original.half())
+
+
+def test_block_records_are_resolved_at_patch_time_and_copied(device):
+    """The record of each fused forward holds what patch() resolved (norm, kind, eps attribute,
+    return_sum; projections, activation); a deep copy gets its own record with an empty route
+    cache; undo removes it."""
+    bert, mlp, layer = _local_blocks(device)
+    report = xkernels.patch(torch.nn.ModuleList([bert, mlp, layer]))
+    rec = bert._xkernels_block
+    assert (rec.norm, rec.layer, rec.eps_attr, rec.return_sum) == ("LayerNorm", True, "eps", False)
+    rec = layer._xkernels_block
+    assert (rec.norm, rec.layer, rec.eps_attr, rec.offset, rec.return_sum) == (
+        "post_attention_layernorm", False, "variance_epsilon", 0.0, True)
+    assert layer.input_layernorm._xkernels_block.norm is None
+    assert (mlp._xkernels_block.proj, mlp._xkernels_block.activation) == (("gate_proj", "up_proj"), "silu")
+    with pytest.raises(AttributeError):
+        rec.eps_attr = "eps"  # frozen
+    twin = copy.deepcopy(layer)
+    assert twin._xkernels_block == layer._xkernels_block and twin._xkernels_block is not layer._xkernels_block
+    assert twin._xkernels_block.routes is not layer._xkernels_block.routes and not twin._xkernels_block.routes.routes
+    report.undo()
+    assert not any("_xkernels_block" in m.__dict__ for m in (bert, mlp, layer))
+
+
+def test_children_replaced_after_patch_take_the_general_way(backend, device):
+    """A norm replaced by another kind, a projection replaced by a Linear subclass: the fused
+    forward notices the class and computes what the module now holds."""
+    class Scaled(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    _, mlp, layer = _local_blocks(device)
+    xkernels.patch(layer)
+    xkernels.patch(mlp)
+    ln = torch.nn.LayerNorm(32).to(device)
+    layer.post_attention_layernorm = ln
+    scaled = Scaled(32, 48, bias=False).to(device)
+    mlp.gate_proj = scaled
+    for module in (layer, mlp):
+        args = _inputs(module, device)
+        with torch.no_grad():
+            got = module(*args)
+        _close(got, module, args, module)

@@ -14,9 +14,13 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
   (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``.
 
-The fused forward reads the module's parameters at every call (never a copy), so ``.to()``,
-loading a state dict and training keep working; dropout runs where the original runs it. The
-forward is set on the instance (``module.forward``) and removed by ``PatchReport.undo()``.
+What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
+is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
+(``xkernels/block_steps.py``: the per-call steps). The fused forward reads the module's children
+and parameters at every call (never a copy), so ``.to()``, loading a state dict and training keep
+working; dropout runs where the original runs it. The forward is set on the instance
+(``module.forward``, bound to it: a deep copy computes with its own parameters) and removed with
+the record by ``PatchReport.undo()``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from typing import Any
 
 import torch
 
-from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
+from xkernels.block_steps import NormStep, gated_step, norm_step
+from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.patterns import activation_of
 
 # -- the originals, as read in transformers 5.23 ----------------------------------------------------
@@ -215,32 +220,33 @@ def _hooked(m: torch.nn.Module) -> bool:
                 or getattr(m, "_backward_pre_hooks", None))
 
 
-# -- the fused forwards -------------------------------------------------------------------------------
+# -- the fused forwards: children read from ``_modules`` (no ``nn.Module.__getattr__`` frame) ------
 def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
                    past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None,
                    **kwargs: Any) -> torch.Tensor:
+    m = self._modules
     residual = hidden_states
-    hidden_states = self.input_layernorm(hidden_states)
-    hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+    hidden_states = m["input_layernorm"](hidden_states)
+    hidden_states, _ = m["self_attn"](hidden_states=hidden_states, attention_mask=attention_mask,
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
-    hidden_states, residual = add_norm(self.post_attention_layernorm, hidden_states, residual)
-    hidden_states = self.mlp(hidden_states)
-    return residual + hidden_states
+    hidden_states, residual = self._xkernels_block(self, hidden_states, residual)
+    return residual + m["mlp"](hidden_states)
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    hidden_states = self.dropout(self.dense(hidden_states))
-    return add_norm(self.LayerNorm, hidden_states, input_tensor, return_sum=False)
+    m = self._modules
+    return self._xkernels_block(self, m["dropout"](m["dense"](hidden_states)), input_tensor)
 
 
 def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> torch.Tensor:
+    m = self._modules
     residual = hidden_states
-    hidden_states = self.layernorm_before(hidden_states)
-    hidden_states, _ = self.attention(hidden_states, attention_mask, **kwargs)
-    hidden_states, residual = add_norm(self.layernorm_after, self.dropout(hidden_states), residual)
-    hidden_states = self.dropout(self.mlp(hidden_states))
-    return hidden_states + residual
+    hidden_states = m["layernorm_before"](hidden_states)
+    hidden_states, _ = m["attention"](hidden_states, attention_mask, **kwargs)
+    dropout = m["dropout"]
+    hidden_states, residual = self._xkernels_block(self, dropout(hidden_states), residual)
+    return dropout(m["mlp"](hidden_states)) + residual
 
 
 def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: Any = None,
@@ -249,30 +255,42 @@ def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = N
     if encoder_hidden_states is not None:  # cross-attention sits between the add and ln_2: the original runs
         return type(self).forward(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                   encoder_attention_mask, use_cache, **kwargs)
+    m = self._modules
     residual = hidden_states
-    hidden_states = self.ln_1(hidden_states)
-    attn_output, _ = self.attn(hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
+    hidden_states = m["ln_1"](hidden_states)
+    attn_output, _ = m["attn"](hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
                                use_cache=use_cache, **kwargs)
-    hidden_states, residual = add_norm(self.ln_2, attn_output, residual)
-    return residual + self.mlp(hidden_states)
+    hidden_states, residual = self._xkernels_block(self, attn_output, residual)
+    return residual + m["mlp"](hidden_states)
 
 
 def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    return add_norm(self, hidden_states, None, return_sum=False)
+    return self._xkernels_block(self, hidden_states, None)
 
 
 def _llama_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
-    gate, up = self.gate_proj, self.up_proj
-    return self.down_proj(gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, self._xkernels_activation))
+    gated = self._xkernels_block(self, x)
+    if gated is None:  # a projection replaced since patch(): the class's own forward
+        return type(self).forward(self, x)
+    return self._modules["down_proj"](gated)
 
 
 def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    gate_up = self.gate_up_proj
-    return self.down_proj(gated_linear(hidden_states, gate_up.weight, None, gate_up.bias, None,
-                                       self._xkernels_activation))
+    gated = self._xkernels_block(self, hidden_states)
+    if gated is None:
+        return type(self).forward(self, hidden_states)
+    return self._modules["down_proj"](gated)
 
 
 # -- when each applies --------------------------------------------------------------------------------
+def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> NormStep:
+    """The record of ``module``'s add + norm step (its norm: the child ``name``, or itself)."""
+    norm = module if name is None else getattr(module, name)
+    kind = norm_kind(type(norm))
+    assert kind is not None  # the fusion's ``problem`` checked it
+    return norm_step(name, type(norm), kind.kind == "layer", kind.eps_attr, kind.offset, return_sum, add_norm)
+
+
 def _norms(*names: str) -> Callable[[torch.nn.Module], str | None]:
     def problem(m: torch.nn.Module) -> str | None:
         for name in names:
@@ -319,19 +337,25 @@ class BlockFusion:
     problem: Callable[[torch.nn.Module], str | None]  # why a matching module cannot take it
     activation: str | None = None  # the attribute whose activation the fused op applies
     consumed: tuple[str, ...] = ()  # child modules the fused forward no longer calls
+    norm: str | None = None  # the child norm of an add + norm fusion
+    return_sum: bool = True  # whether its forward uses the sum (the next residual)
+    norm_itself: bool = False  # the module is the norm (the rms norm fusion)
 
 
 FUSIONS = (
     BlockFusion("residual add + norm (pre-norm decoder layer)", LLAMA_DECODER_LAYER, _decoder_layer,
-                _norms("post_attention_layernorm")),
-    BlockFusion("residual add + norm (output block)", BERT_OUTPUT, _bert_output, _norms("LayerNorm")),
-    BlockFusion("residual add + norm (ViT layer)", VIT_LAYER, _vit_layer, _norms("layernorm_after")),
-    BlockFusion("residual add + norm (GPT-2 block)", GPT2_BLOCK, _gpt2_block, _norms("ln_2")),
+                _norms("post_attention_layernorm"), norm="post_attention_layernorm"),
+    BlockFusion("residual add + norm (output block)", BERT_OUTPUT, _bert_output, _norms("LayerNorm"),
+                norm="LayerNorm", return_sum=False),
+    BlockFusion("residual add + norm (ViT layer)", VIT_LAYER, _vit_layer, _norms("layernorm_after"),
+                norm="layernorm_after"),
+    BlockFusion("residual add + norm (GPT-2 block)", GPT2_BLOCK, _gpt2_block, _norms("ln_2"), norm="ln_2"),
     BlockFusion("gated mlp", LLAMA_MLP, _llama_mlp, _gated_problem(("gate_proj", "up_proj"), "act_fn"), "act_fn",
                 ("gate_proj", "up_proj", "act_fn")),
     BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
                 "activation_fn", ("gate_up_proj", "activation_fn")),
-    BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m)),
+    BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
+                norm_itself=True),
 )
 
 
@@ -362,13 +386,19 @@ def fusion_for(module: torch.nn.Module) -> tuple[BlockFusion | None, str | None]
 
 
 def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
-    """Give ``module`` the fused forward (undo: ``restore``)."""
+    """Give ``module`` the fused forward and the record of its step, resolved now: the norm's
+    kind, eps attribute and offset, or the projections and the activation
+    (``xkernels/block_steps.py``; undo: ``restore``)."""
     if fusion.activation is not None:
-        module._xkernels_activation = _gate_activation(getattr(module, fusion.activation))
+        activation = _gate_activation(getattr(module, fusion.activation))
+        assert activation is not None  # the fusion's ``problem`` checked it
+        module._xkernels_block = gated_step(tuple(n for n in fusion.consumed if n != fusion.activation), activation)
+    else:
+        module._xkernels_block = _norm_step(module, None if fusion.norm_itself else fusion.norm, fusion.return_sum)
     module.forward = types.MethodType(fusion.forward, module)
 
 
 def restore(module: torch.nn.Module) -> None:
     """The module's own forward again."""
     module.__dict__.pop("forward", None)
-    module.__dict__.pop("_xkernels_activation", None)
+    module.__dict__.pop("_xkernels_block", None)

@@ -12,7 +12,9 @@ projection, ``act(x @ Wg.T + bg) * (x @ Wu.T + bu)``, as one op.
 float16, bfloat16 and float32 run a Triton route (``gated_linear_plan.py``: the fused kernel or
 the device's BLAS followed by a gate kernel; fp32 follows torch's TF32 setting, as ``linear``);
 float64 is computed by PyTorch; other dtypes are a TypeError. Bad input raises before any kernel
-runs, naming the argument and the shapes, dtypes or devices.
+runs, naming the argument and the shapes, dtypes or devices. A repeated call with the same
+signature (each tensor's shape, strides, dtype and device, the activation) takes the route the
+first one left (``gated_linear_hot.py``): no check, no planning, allocation and launch only.
 
 Autograd (every backend): gradients for x, weight, up_weight, bias and up_bias. Eagerly the
 forward keeps gate and up as PyTorch's own composition does (the fused kernel writes them beside
@@ -36,9 +38,11 @@ from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.ops import checks
 from xkernels.ops.autograd import activation_grad
+from xkernels.ops.fused import gated_linear_hot
 from xkernels.ops.fused.gated_linear_plan import GatedPlan
 from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import Op, Param, Plan
+from xkernels.ops.route import Route
 from xkernels.registry import registry
 
 __all__ = ["ACTIVATIONS", "GatedCall", "GatedLinear", "gated_linear", "reference_gated_linear"]
@@ -191,6 +195,13 @@ class GatedLinear(Op):
         from xkernels.ops.fused.gated_linear_compile import gated_classes
 
         return gated_classes(ACTIVATIONS)
+
+    def make_hot(self, plan: Plan, call: GatedCall, canon: tuple[Any, ...]) -> Route | None:
+        """The route of the call's signature (``gated_linear_hot.py``): a ``VendorRoute`` for the
+        BLAS + gate kernel plan (``autograd_run``: the PyTorch composition), a ``KernelRoute``
+        for the fused kernel; ``None`` for an empty result."""
+        assert isinstance(plan, GatedPlan)
+        return gated_linear_hot.make_hot(plan, call, canon)
 
     # -- autograd and torch.compile -----------------------------------------------------------
     def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:

@@ -12,8 +12,9 @@ import xkernels
 from helpers import Unchanged, rand
 from xkernels import tuning
 from xkernels.ops import gated_linear
-from xkernels.ops.fused import gated_linear_plan
+from xkernels.ops.fused import gated_linear_hot, gated_linear_plan
 from xkernels.ops.fused.gated_linear import ACTIVATIONS, reference_gated_linear
+from xkernels.ops.route import KernelRoute, VendorRoute
 
 F = torch.nn.functional
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -65,9 +66,11 @@ def _assert_gated_close(got, x, weight, up_weight, bias, up_bias, activation, dt
 
 @pytest.fixture
 def nan_memory(monkeypatch):
-    """Every allocation of the plans (output, kept gate and up) starts as NaN."""
+    """Every allocation of the plans (output, kept gate and up) and of the routes starts as NaN."""
     monkeypatch.setattr(gated_linear_plan, "_empty",
                         lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+    monkeypatch.setattr(gated_linear_hot, "allocator", lambda backend, device: lambda size, stride, dtype: torch.full(
+        size, float("nan"), dtype=dtype, device=device))
     gated_linear._forget()
     yield
     gated_linear._forget()
@@ -325,3 +328,131 @@ def test_explain_names_route_and_table(backend, device):
 def test_export_from_ops():
     assert xkernels.ops.gated_linear is gated_linear
     assert "gated_linear" in xkernels.ops.__all__
+
+
+# -- routes: repeated calls ---------------------------------------------------------------------
+class _Checks:
+    """Counts ``gated_linear.check`` (the full path's first step)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        real = gated_linear.check
+
+        def counted(*args, **kwargs):
+            self.n += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(gated_linear, "check", counted)
+
+
+@pytest.fixture
+def vendor(request, monkeypatch):
+    """``"vendor"``: every plan takes the vendor route, as a measured table rule gives it (a forced
+    config would bypass routes); ``"kernel"``: the tables' own choice. Plans dropped around."""
+    from xkernels.ops.matmul import config as matmul_config
+
+    if request.param == "vendor":
+        rule = matmul_config.Selection({"VENDOR": True}, "a test rule", "measured faster", True)
+        monkeypatch.setattr(gated_linear_plan, "select", lambda *a, **k: rule)
+    gated_linear._forget()
+    yield request.param == "vendor"
+    gated_linear._forget()
+
+
+def _signatures(device):
+    """(label, args, kwargs) makers of calls that differ from the first in one thing each."""
+    d = torch.float32
+    x = lambda *s, dt=d: rand(s, dt, device)  # noqa: E731
+    return [
+        ("base", lambda: ((x(5, 24), x(12, 24), x(12, 24), x(12), x(12)), {})),
+        ("other m", lambda: ((x(7, 24), x(12, 24), x(12, 24), x(12), x(12)), {})),
+        ("x transposed", lambda: ((x(24, 5).t(), x(12, 24), x(12, 24), x(12), x(12)), {})),
+        ("3-D x", lambda: ((x(2, 5, 24), x(12, 24), x(12, 24), x(12), x(12)), {})),
+        ("3-D x, leading dims not foldable", lambda: ((x(5, 24, 2).permute(2, 0, 1), x(12, 24), x(12, 24), x(12),
+                                                       x(12)), {})),
+        ("float16", lambda: (tuple(x(*s, dt=torch.float16) for s in ((5, 24), (12, 24), (12, 24), (12,), (12,))),
+                             {})),
+        ("gelu", lambda: ((x(5, 24), x(12, 24), x(12, 24), x(12), x(12)), {"activation": "gelu"})),
+        ("relu, positional", lambda: ((x(5, 24), x(12, 24), x(12, 24), x(12), x(12), "relu"), {})),
+        ("weight a transposed view", lambda: ((x(5, 24), x(24, 12).t(), x(12, 24), x(12), x(12)), {})),
+        ("no biases", lambda: ((x(5, 24), x(12, 24), x(12, 24)), {})),
+        ("up bias only", lambda: ((x(5, 24), x(12, 24), x(12, 24), None, x(12)), {})),
+        ("concatenated", lambda: ((x(5, 24), x(24, 24)), {})),
+        ("concatenated, bias", lambda: ((x(5, 24), x(24, 24), None, x(24)), {})),
+        ("concatenated, bias step-sliced", lambda: ((x(5, 24), x(24, 24), None, x(48)[::2]), {})),
+    ]
+
+
+def _check_call(args, kwargs):
+    with Unchanged(*args):
+        got = gated_linear(*args, **kwargs)
+    full = gated_linear.canonical(args, kwargs)  # (x, weight, up_weight, bias, up_bias, activation)
+    _assert_gated_close(got, *full, full[0].dtype)
+    return got
+
+
+@pytest.mark.parametrize("vendor", ["kernel", "vendor"], indirect=True)
+def test_each_signature_builds_its_own_route_and_repeats_skip_the_check(backend, device, nan_memory, vendor,
+                                                                        monkeypatch):
+    """Every call that differs in shape, strides, dtype, activation, weight form or bias presence
+    takes the full path once (its own check and route) and is compared with float64; a second
+    round of the same signatures with fresh data skips the check every time."""
+    checks = _Checks(monkeypatch)
+    signatures = _signatures(device)
+    for label, make in signatures:
+        before = checks.n
+        _check_call(*make())
+        assert checks.n == before + 1, label  # a new signature: never another's route
+    for label, make in signatures:
+        args, kwargs = make()
+        route = gated_linear.repeat_route(*args, **kwargs)
+        if backend.runs_triton:
+            kind = VendorRoute if vendor else KernelRoute
+            assert type(route) is kind, (label, route)
+        else:
+            assert route is None
+        _check_call(args, kwargs)
+    assert checks.n == len(signatures) * (1 if backend.runs_triton else 2)
+
+
+def test_misaligned_repeat_and_keyword_forms(backend, device, nan_memory, monkeypatch):
+    """A repeat whose pointers are off 16-byte alignment (same shape and strides) computes right;
+    the keyword forms of one call are hot too."""
+    checks = _Checks(monkeypatch)
+    buf = rand((6 * 24 + 3,), torch.float32, device)
+    wg, wu = rand((12, 24), torch.float32, device), rand((12, 24), torch.float32, device)
+    for off in (0, 1, 3, 0):
+        x = buf[off:off + 5 * 24].view(5, 24)
+        _check_call((x, wg, wu), {})
+        _check_call((x, wg), {"up_weight": wu})
+        _check_call((x, wg, wu), {"activation": "gelu_tanh"})
+    assert checks.n == (3 if backend.runs_triton else 12)
+
+
+@pytest.mark.parametrize("vendor", ["kernel", "vendor"], indirect=True)
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+def test_gradients_through_a_repeated_call(backend, device, vendor, concat, monkeypatch):
+    """A call requiring a gradient after the signature has its route: the vendor route's
+    ``autograd_run`` (PyTorch's composition, no check) or the op's autograd.Function (kernel
+    route); gradients of every input against float64 either way."""
+    d = torch.float32
+    args = _args(device, d, m=4, k=12, n=6, lead=(2,), concat=concat)
+    with torch.no_grad():
+        gated_linear(*args, activation="gelu")  # leaves the route
+        gated_linear(*args, activation="gelu")
+    route = gated_linear.repeat_route(*args, activation="gelu")
+    assert (route is not None) == backend.runs_triton
+    if route is not None:
+        assert route.records_autograd == vendor and (route.autograd_run is not None) == vendor
+    checks = _Checks(monkeypatch)
+    dy = rand((2, 4, 6), d, device)
+    y, grads = _grads(lambda *a: gated_linear(*a, activation="gelu"), args, dy)
+    assert checks.n == (0 if vendor and backend.runs_triton else 1)
+    y64, ref = _grads(lambda *a: reference_gated_linear(*a, activation="gelu"),
+                      [None if a is None else a.double().cpu() for a in args], dy.double().cpu())
+    torch.testing.assert_close(y.cpu().double(), y64, rtol=1e-4, atol=1e-4)
+    for name, g, r in zip(("x", "weight", "up_weight", "bias", "up_bias"), grads, ref):
+        assert (g is None) == (r is None), name
+        if g is not None:
+            torch.testing.assert_close(g.cpu().double(), r, rtol=1e-4, atol=1e-5 * (r.abs().max().item() + 1),
+                                       msg=name)

@@ -36,7 +36,29 @@ def forms():
             'linear(x, w, b, "gelu")': lambda: linear(X, w, b, "gelu"),
             'linear(x, w, bias=b, activation="gelu")': lambda: linear(X, w, bias=b, activation="gelu"),
             "xkernels.nn.Linear module (no_grad)": lambda: lin(X),
-            "torch.nn.Linear module (no_grad, computes)": lambda: tlin(X)}
+            "torch.nn.Linear module (no_grad, computes)": lambda: tlin(X), **block_forms()}
+
+
+def block_forms():
+    """The patched blocks of ``bench --host`` (xkernels/cli/bench_host_blocks.py), small sizes."""
+    import copy
+
+    import torch
+
+    import xkernels
+    from xkernels.cli.bench_host_blocks import BertSelfOutput, DecoderLayer, LlamaMLP, PassAttention
+
+    bert, layer = BertSelfOutput(32).eval(), DecoderLayer(32, PassAttention(), torch.nn.Identity()).eval()
+    mlp = LlamaMLP(32, 48).eval()
+    h, r, x = torch.randn(1, 8, 32), torch.randn(1, 8, 32), torch.randn(1, 8, 32)
+    out = {}
+    for name, m, args in (("BERT output block", bert, (h, r)), ("Llama decoder layer (add+norm steps)", layer, (x,)),
+                          ("Llama MLP", mlp, (x,))):
+        patched = copy.deepcopy(m)
+        xkernels.patch(patched)
+        out[f"patched {name}"] = (lambda p, a: lambda: p(*a))(patched, args)
+        out[f"torch {name} (computes)"] = (lambda p, a: lambda: p(*a))(m, args)
+    return out
 
 
 def workload(n: int) -> None:

@@ -12,8 +12,11 @@ column there is torch computing on the CPU: shown for scale only, not comparable
 
 Each form: warmed up (its first call plans and leaves its route), then ``--rounds`` rounds of
 ``--calls`` back-to-back calls, the forms' rounds interleaved with torch's; reported: the median
-and the minimum over rounds of µs per call. The same command before and after a change of the
-front door, on the same machine, is the comparison.
+and the minimum over rounds of µs per call. The last rows are whole patched blocks (a BERT output
+block, a Llama decoder layer's add+norm steps, a Llama MLP) against torch's modules
+(``bench_host_blocks.py``); their full-path column counts the full paths of one forward's op calls.
+The same command before and after a change of the front door, on the same machine, is the
+comparison.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 
 import xkernels
 from xkernels import nn as xnn
+from xkernels.cli.bench_host_blocks import block_forms
 from xkernels.ops import add, broadcast, linear, matmul
 
 Form = tuple[str, Callable[[], Any], Callable[[], Any]]
@@ -136,6 +140,7 @@ def measure(device: torch.device, calls: int, rounds: int) -> list[dict[str, Any
     rows = []
     plain = contextlib.nullcontext
     table = [(f, plain) for f in forms(device)] + [(f, xkernels.enabled) for f in routed_forms(device)]
+    table += [(f, plain) for f in block_forms(device, _dtype(device))]
     for (label, ours, theirs), ctx in table:
         with torch.no_grad():
             with ctx():

@@ -1,0 +1,138 @@
+"""The per-call steps of ``xkernels.blocks``' fused forwards: everything a block's fusion fixes is
+resolved once, when ``patch`` applies it, into a small frozen record on the module
+(``module._xkernels_block``); each call reads only what can change (the parameters, the eps).
+
+* :class:`NormStep`: ``norm(x + residual)`` (and the sum) with ``add_layer_norm`` /
+  ``add_rms_norm``: which child is the norm (``None``: the module is the norm itself), its kind,
+  the name of its eps attribute, the RMSNorm offset (Gemma's ``1 + weight``), whether the sum is
+  returned;
+* :class:`GatedStep`: ``act(x @ Wg.T + bg) * (x @ Wu.T + bu)`` with ``gated_linear``: the
+  projections' names (two, or Phi-3's one concatenated ``gate_up_proj``) and the activation.
+
+Per call a step reads the child modules and their parameters from the module's own ``_modules``
+and ``_parameters`` dicts (what ``nn.Module.__getattr__`` reads, without its Python frame; a
+parameter replaced by a plain attribute, e.g. a parametrization, is read by ``getattr``): never
+cached tensors, so ``.to()``, ``load_state_dict`` and training see the current ones. Where no
+gradient is required, nothing compiles and the op has routes, the op call goes through the step's
+own :class:`~xkernels.ops.route.RouteCache`, keyed by every tensor argument's shape, strides,
+dtype and device (``None`` for an absent one) and the eps's type: a repeat runs its route without
+the op's front door. Otherwise (a gradient, ``torch.compile``, an op that has no route at all,
+such as ``add_layer_norm`` today or any op on a backend running PyTorch) the op itself is called. A child
+whose class is no longer the one the step was resolved for (replaced after ``patch``) takes the
+general way: its kind looked up per call (``NormStep``) or the module class's own forward
+(``GatedStep``).
+
+A deep copy or pickle of the module copies the record (the ops are module-level instances; a
+copied ``RouteCache`` starts empty), so the copy computes with its own parameters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
+from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
+from xkernels.ops.route import RouteCache
+
+_Linear = torch.nn.Linear
+
+
+# The op itself is called (``direct``) while compiling, where a gradient is required, and while the
+# op has no route at all (``Op._hot`` empty: an op without routes, or a backend running PyTorch,
+# takes its full path anyway, and the cache's miss path would only add to it).
+
+
+@dataclass(frozen=True, slots=True)
+class NormStep:
+    """``norm(x + residual)`` of one block (module doc)."""
+
+    norm: str | None  # the child module; None: the block is the norm
+    cls: type  # the norm's class when resolved
+    layer: bool  # LayerNorm (else RMSNorm)
+    eps_attr: str
+    offset: float
+    return_sum: bool
+    general: Any  # (norm, x, residual, return_sum) -> result: the per-call lookup (xkernels.blocks.add_norm)
+    routes: RouteCache = field(compare=False)
+
+    def __call__(self, block: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
+        norm = block if self.norm is None else block._modules[self.norm]
+        if type(norm) is not self.cls:  # replaced since patch(): resolve per call
+            return self.general(norm, x, residual, self.return_sum)
+        eps = getattr(norm, self.eps_attr)
+        params = norm._parameters
+        w = params["weight"] if "weight" in params else norm.weight
+        rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
+        if self.layer:
+            b = params["bias"] if "bias" in params else norm.bias
+            if direct or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
+                return add_layer_norm(x, residual, w, b, eps, return_sum=rs)
+            return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
+                                    None if residual is None else (residual.shape, residual.stride(), residual.dtype,
+                                                                   residual.device),
+                                    None if w is None else (w.shape, w.stride(), w.dtype, w.device),
+                                    None if b is None else (b.shape, b.stride(), b.dtype, b.device), type(eps)),
+                                   (x, residual, w, b, eps, rs))
+        off = self.offset
+        if direct or (_grad_enabled() and _any_requires_grad(x, residual, w)):
+            return add_rms_norm(x, residual, w, eps, offset=off, return_sum=rs)
+        return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
+                                None if residual is None else (residual.shape, residual.stride(), residual.dtype,
+                                                               residual.device),
+                                w.shape, w.stride(), w.dtype, w.device, type(eps)),
+                               (x, residual, w, eps, off, rs))
+
+
+def norm_step(norm: str | None, cls: type, layer: bool, eps_attr: str, offset: float, return_sum: bool,
+              general: Any) -> NormStep:
+    return NormStep(norm, cls, layer, eps_attr, offset, return_sum, general,
+                    RouteCache(add_layer_norm if layer else add_rms_norm))
+
+
+@dataclass(frozen=True, slots=True)
+class GatedStep:
+    """``act(gate(x)) * up(x)`` of one gated MLP (module doc)."""
+
+    proj: tuple[str, ...]  # ("gate_proj", "up_proj") or ("gate_up_proj",)
+    activation: str
+    routes: RouteCache = field(compare=False)
+
+    def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
+        (the caller then runs the class's own forward)."""
+        mods, act = block._modules, self.activation
+        direct = not self.routes.op._hot or _is_compiling()
+        if len(self.proj) == 2:
+            gate, up = mods[self.proj[0]], mods[self.proj[1]]
+            if type(gate) is not _Linear or type(up) is not _Linear:
+                return None
+            gp, upp = gate._parameters, up._parameters
+            w = gp["weight"] if "weight" in gp else gate.weight
+            uw = upp["weight"] if "weight" in upp else up.weight
+            b = gp["bias"] if "bias" in gp else gate.bias
+            ub = upp["bias"] if "bias" in upp else up.bias
+            if direct or (_grad_enabled() and _any_requires_grad(x, w, uw, b, ub)):
+                return gated_linear(x, w, uw, b, ub, act)
+            return self.routes.run((x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                                    uw.shape, uw.stride(), uw.dtype, uw.device,
+                                    None if b is None else (b.shape, b.stride(), b.dtype, b.device),
+                                    None if ub is None else (ub.shape, ub.stride(), ub.dtype, ub.device)),
+                                   (x, w, uw, b, ub, act))
+        gate_up = mods[self.proj[0]]
+        if type(gate_up) is not _Linear:
+            return None
+        p = gate_up._parameters
+        w = p["weight"] if "weight" in p else gate_up.weight
+        b = p["bias"] if "bias" in p else gate_up.bias
+        if direct or (_grad_enabled() and _any_requires_grad(x, w, b)):
+            return gated_linear(x, w, None, b, None, act)
+        return self.routes.run((x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                                None if b is None else (b.shape, b.stride(), b.dtype, b.device)),
+                               (x, w, None, b, None, act))
+
+
+def gated_step(proj: tuple[str, ...], activation: str) -> GatedStep:
+    return GatedStep(proj, activation, RouteCache(gated_linear))

@@ -1,0 +1,139 @@
+"""The patched blocks' rows of ``python -m xkernels.bench --host``: torch's module against the same
+module after ``xkernels.patch`` (``xkernels/blocks.py``), one forward per call, under ``no_grad``.
+
+The modules are local classes whose ``forward`` is, statement for statement, the transformers
+original the block fusions recognise (detection is by source, so ``patch`` fuses them exactly as
+it fuses a transformers model's; transformers itself is not needed):
+
+* ``BERT output block``: BertSelfOutput's forward (dense, dropout, ``LayerNorm(h + input)``);
+* ``Llama decoder layer (add+norm steps)``: Llama's decoder layer with a pass-through attention
+  and MLP, so the row holds the layer's own Python, its input RMSNorm, the residual add with the
+  post-attention RMSNorm, and the last residual add;
+* ``Llama MLP``: ``down(act(gate(x)) * up(x))``.
+
+Sizes: BERT-base's 768 features; a TinyLlama-sized layer (hidden 2048, intermediate 5632) on
+cuda, a small one (256, 704) on the CPU, where the torch column computes and is for scale only.
+Host time does not depend on the size (the launch is the same), the device's work does.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import xkernels
+
+Form = tuple[str, Callable[[], Any], Callable[[], Any]]
+
+
+class RMSNorm(torch.nn.Module):
+    """Llama's RMSNorm (its forward as transformers 5.23 has it)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):  # type: ignore[no-untyped-def]
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class PassAttention(torch.nn.Module):
+    """An attention stand-in: returns its input (and no weights), as the decoder layer unpacks."""
+
+    def forward(self, hidden_states: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        return hidden_states, None
+
+
+class DecoderLayer(torch.nn.Module):
+    """Llama's decoder layer (its forward as transformers 5.23 has it), attention and MLP given."""
+
+    def __init__(self, hidden: int, attn: torch.nn.Module, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.self_attn, self.mlp = attn, mlp
+        self.input_layernorm, self.post_attention_layernorm = RMSNorm(hidden), RMSNorm(hidden)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,  # type: ignore[no-untyped-def]
+                use_cache=False, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                          position_ids=position_ids, past_key_values=past_key_values,
+                                          use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class BertSelfOutput(torch.nn.Module):
+    """BERT's output block (its forward as transformers 5.23 has it)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(hidden, hidden)
+        self.LayerNorm = torch.nn.LayerNorm(hidden, eps=1e-12)
+        self.dropout = torch.nn.Dropout(0.1)
+
+    def forward(self, hidden_states, input_tensor):  # type: ignore[no-untyped-def]
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states + input_tensor)
+        return hidden_states
+
+
+class LlamaMLP(torch.nn.Module):
+    """Llama's MLP (its forward as transformers 5.23 has it)."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = torch.nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = torch.nn.Linear(intermediate, hidden, bias=False)
+        self.act_fn = torch.nn.SiLU()
+
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+
+
+def _patched(module: torch.nn.Module, fusions: dict[str, int]) -> torch.nn.Module:
+    """A patched deep copy of ``module`` (the original stays torch's), checked to hold ``fusions``."""
+    twin = copy.deepcopy(module)
+    counts = {k: v for k, v in xkernels.patch(twin).counts().items() if k not in ("linear", "linear + activation")}
+    if counts != fusions:
+        raise RuntimeError(f"xkernels.bench --host: patch() fused {counts} in {type(module).__name__}, "
+                           f"expected {fusions}")
+    return twin
+
+
+def block_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
+    """(label, the patched module's forward, torch's module's forward) of each block, eval mode."""
+    hidden, inter = (2048, 5632) if device.type == "cuda" else (256, 704)
+    mk = lambda m: m.to(device=device, dtype=dtype).eval()  # noqa: E731
+    bert = mk(BertSelfOutput(768))
+    layer = mk(DecoderLayer(hidden, PassAttention(), torch.nn.Identity()))
+    mlp = mk(LlamaMLP(hidden, inter))
+    with torch.no_grad():
+        for m in (bert, layer):  # norm weights off 1 and biases off 0: a real affine step
+            for p in m.parameters():
+                p.add_(torch.randn_like(p) * 0.1)
+    r = lambda *s: torch.randn(*s, device=device, dtype=dtype)  # noqa: E731
+    bert_x, bert_in, h, x = r(1, 16, 768), r(1, 16, 768), r(1, 16, hidden), r(1, 16, hidden)
+    bert_p = _patched(bert, {"residual add + norm (output block)": 1})
+    layer_p = _patched(layer, {"residual add + norm (pre-norm decoder layer)": 1, "rms norm": 2})
+    mlp_p = _patched(mlp, {"gated mlp": 1})
+    return [
+        ("BERT output block", lambda: bert_p(bert_x, bert_in), lambda: bert(bert_x, bert_in)),
+        ("Llama decoder layer (add+norm steps)", lambda: layer_p(h), lambda: layer(h)),
+        ("Llama MLP", lambda: mlp_p(x), lambda: mlp(x)),
+    ]
