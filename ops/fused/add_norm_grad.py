@@ -142,32 +142,38 @@ def grads(backend: Any, kind: str, eps: float, offset: float, dy: torch.Tensor |
 
 # -- eager autograd -----------------------------------------------------------------------------
 class AddNormFunction(torch.autograd.Function):
-    """``op(call)`` recorded by autograd: outputs (y, s); s is always written (the backward needs it)."""
+    """A forward recorded by autograd: ``forward()`` returns (y, s, mean, rstd) with s always
+    written (the backward needs it); ``meta`` = (kind, eps, offset, x's shape, x's dtype,
+    (residual's shape, dtype) or None, bias dtype or None, the backend the forward ran on).
+    The full path (``recorded``) and a signature's route (``add_norm_route``) both record it."""
 
     @staticmethod
-    def forward(ctx: Any, op: Any, call: Any, x: torch.Tensor, residual: torch.Tensor | None,
+    def forward(ctx: Any, forward: Any, meta: tuple[Any, ...], x: torch.Tensor, residual: torch.Tensor | None,
                 weight: torch.Tensor | None, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        call.store_sum = True
-        y, s, mean, rstd = op.forward_all(call)
+        y, s, mean, rstd = forward()
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(s, mean, rstd, weight)
-        ctx.meta = (call.kind, call.eps, call.offset, bias is not None, x.shape, x.dtype,
-                    None if residual is None else (residual.shape, residual.dtype),
-                    None if bias is None else bias.dtype, dispatch.select(call.device))
+        ctx.meta = meta
         return y, s
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor | None, ds: torch.Tensor | None) -> tuple[Any, ...]:
         s, mean, rstd, weight = ctx.saved_tensors
-        kind, eps, offset, _, shape, x_dtype, res, b_dtype, backend = ctx.meta
+        kind, eps, offset, shape, x_dtype, res, b_dtype, backend = ctx.meta
         gx, gr, gw, gb = grads(backend, kind, eps, offset, dy, ds, s, None, None, mean, rstd, weight, b_dtype,
                                shape, s.dtype, x_dtype, res, ctx.needs_input_grad[2:6])
         return None, None, gx, gr, gw, gb
 
 
 def recorded(op: Any, call: Any) -> Any:
-    y, s = AddNormFunction.apply(op, call, call.x, call.residual, call.weight, call.bias)
+    """The checked ``call`` of ``op`` recorded by autograd (the full path's forward)."""
+    call.store_sum = True
+    x, residual, bias = call.x, call.residual, call.bias
+    meta = (call.kind, call.eps, call.offset, x.shape, x.dtype,
+            None if residual is None else (residual.shape, residual.dtype), None if bias is None else bias.dtype,
+            dispatch.select(call.device))
+    y, s = AddNormFunction.apply(lambda: op.forward_all(call), meta, x, residual, call.weight, bias)
     return (y, s) if call.return_sum else y
 
 
