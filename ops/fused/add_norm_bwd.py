@@ -40,6 +40,7 @@ import torch
 from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.launch import Launcher
+from xkernels.ops.fused import add_norm_plan
 from xkernels.ops.fused.add_norm_plan import KERNEL_DTYPES, row_stride
 from xkernels.ops.layout import INT32_MAX, next_pow2, prod
 from xkernels.registry import registry
@@ -139,10 +140,11 @@ def backward(backend: Backend, kind: str, offset: float, dy: torch.Tensor, ds: t
     need_dw, need_db = needs[2] and weight is not None, needs[3] and bias_dtype is not None
     broadcast = res is not None and tuple(res[0]) != tuple(shape)
     shared = need_x and need_r and not broadcast and res is not None and res[1] == x_dtype
-    dx = torch.empty(shape, dtype=x_dtype, device=dev) if need_x else None
+    empty = add_norm_plan._empty  # looked up per call: tests poison it
+    dx = empty(shape, x_dtype, dev) if need_x else None
     dr = None
     if need_r and not shared:
-        dr = torch.empty(shape, dtype=torch.float32 if broadcast else res[1], device=dev)
+        dr = empty(shape, torch.float32 if broadcast else res[1], dev)
     if not (need_x or need_r or need_dw or need_db):
         return None, None, None, None
     dy, sdy = _rows(dy, shape)
@@ -165,8 +167,9 @@ def backward(backend: Backend, kind: str, offset: float, dy: torch.Tensor, ds: t
             _plans.popitem(last=False)
     part = None
     if plan.n_part:
-        alloc = torch.empty if plan.one_chunk else torch.zeros  # chunks add atomically into zeros
-        part = alloc((plan.programs, plan.n_part, n), dtype=torch.float32, device=dev)
+        shape_p = (plan.programs, plan.n_part, n)  # one chunk: every element stored; chunks add atomically into zeros
+        part = empty(shape_p, torch.float32, dev) if plan.one_chunk else torch.zeros(shape_p, dtype=torch.float32,
+                                                                                     device=dev)
     filler = dy  # any tensor: absent operands are never read or written (constexpr flags)
     plan.launcher(s_rows if s_rows is not None else filler, x_rows if x_rows is not None else filler,
                   r_rows if r_rows is not None else filler, dy, ds if ds is not None else filler,
