@@ -454,7 +454,7 @@ def test_route_repeats_skip_checks_and_match(backend, device, poison, poison_rou
     counter = CheckCounter(add_layer_norm, monkeypatch)
     dtype = torch.bfloat16
     w, b = rand((40,), dtype, device), rand((40,), dtype, device)
-    for i in range(3):  # fresh data, one signature
+    for _ in range(3):  # fresh data, one signature
         x, r = rand((6, 40), dtype, device), rand((6, 40), dtype, device)
         check("layer", x, r, w, b)
     assert counter.n == (1 if backend.runs_triton else 3)
