@@ -25,6 +25,11 @@ Operands: x, residual, s, y have a row stride each and unit column stride (the h
 layouts); a residual broadcast along the rows has row stride 0. ``mean``/``rstd`` (fp32, one per
 row) are written only when ``STORE_STATS`` (autograd keeps them for the backward).
 
+``add_norm_bwd_kernel`` (below) is the backward: per row tile d(s) = rstd * (g - mean(g) -
+xhat * mean(g * xhat)) + ds from s (or x + residual recomputed), dy, ds, w and the saved
+statistics, written once as d(x) / d(residual); d(w)/d(b) partial sums per program (host side and
+traffic: ``add_norm_bwd.py``).
+
 Rules for kernels here (they also run under the in-process interpreter): call only helpers of
 this module and ``tl`` builtins, take the program count as an argument, no ``tl.cdiv``.
 """
