@@ -110,15 +110,17 @@ def split_when(when: dict[str, Any], shape_fields: Sequence[str]) -> tuple[dict[
 
 
 def rule_entries(target: CompileTarget, table: str, op: str, classes: Sequence[dict[str, Any]],
-                 shape_fields: Sequence[str], default: dict[str, Any]) -> list[Entry]:
+                 shape_fields: Sequence[str], default: dict[str, Any],
+                 keep: Callable[[dict[str, Any]], bool] = lambda when: True) -> list[Entry]:
     """The entries of ``table`` that calls of ``classes`` (dicts of table conditions) can select on
     ``target.soc``, in ``xkernels.tuning.lookup``'s order: for each class each rule whose
     non-shape conditions admit it, until a rule without shape conditions ends the walk; a class
     no such rule ends also reaches ``default`` (the op's built-in config). A rule no class
-    reaches goes to ``target.notes`` (never selected) and is not returned."""
+    reaches goes to ``target.notes`` (never selected) and is not returned. ``keep(when)``: the
+    rules this walk is about (e.g. a forward kernel's, not its backward's)."""
     rules = [(Entry(f"{where} rule {i}", r["config"], split_when(r.get("when", {}), shape_fields)[1]),
               split_when(r.get("when", {}), shape_fields)[0])
-             for where, sec in target.sections(table) for i, r in enumerate(sec["archs"])]
+             for where, sec in target.sections(table) for i, r in enumerate(sec["archs"]) if keep(r.get("when", {}))]
     built_in = Entry("built-in default", dict(default), {})
     for cls in classes:
         for entry, cond in rules:

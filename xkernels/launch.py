@@ -205,10 +205,10 @@ class Launcher:
         return placed
 
     def _direct(self, args: tuple[Any, ...], pos: tuple[int, ...]) -> Callable[..., bool] | None:
-        """The C launch of ``hot``: a ``direct_launch.Record`` where one can be made, else (for
-        3 or 4 leading tensors) a closure over Triton's C launch function; ``None`` where neither
-        applies (see module doc)."""
-        if not self.fast or self._tail is None or not 2 <= len(pos) <= 4:
+        """The C launch of ``hot``: a ``direct_launch.Record`` where one can be made (2 to 8
+        tensors, the record's limit), else (for 3 or 4 leading tensors) a closure over Triton's C
+        launch function; ``None`` where neither applies (see module doc)."""
+        if not self.fast or self._tail is None or not 2 <= len(pos) <= 8:
             return None
         varying = self.varying if self.varying is not None else range(len(args))
         key = tuple(True if i in pos else _spec(args[i]) for i in varying)  # the all-aligned variant
@@ -226,7 +226,7 @@ class Launcher:
                                        self._stream, enter, leave)
             if rec is not None:
                 return rec
-        if pos != tuple(range(len(pos))) or len(pos) < 3:
+        if pos != tuple(range(len(pos))) or not 3 <= len(pos) <= 4:
             return None
         n_ptrs = len(pos)
         coop, pdl = bool(run.launch_cooperative_grid), bool(run.launch_pdl)

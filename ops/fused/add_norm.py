@@ -14,7 +14,9 @@ backends that run Triton for fp16/bf16/fp32 operands; PyTorch on the cpu backend
 float dtypes (float64). ``Op`` fits with one change: its compiled path looks for an ``out``
 parameter, which these ops do not have, so ``_compiled`` calls the custom op directly. Results are
 tuples where ``return_sum`` asks for one; nothing in the front door needs a single tensor.
-Repeated calls take the full path (check, cached plan, launch): no hot entries yet.
+A call that ran the kernel leaves its signature's route (``make_hot``, ``add_norm_route.py``):
+repeats, with or without a gradient required, allocate and launch without check or plan lookup;
+a call requiring grad records the op's ``autograd.Function`` either way (``_recorded``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from xkernels.ops import checks
 from xkernels.ops.fused import add_norm_grad as grad
 from xkernels.ops.fused.add_norm_plan import KERNEL_DTYPES, AddNormCall, AddNormPlan, plan_key
 from xkernels.ops.op import Op, Param, Plan
+from xkernels.ops.route import KernelRoute
 from xkernels.registry import registry
+from xkernels.tuning import _forced
 
 
 def _describe_dtype(name: str, t: torch.Tensor, op: str) -> None:
@@ -104,6 +108,32 @@ class AddNormOp(Op):
         y, s, _, _ = plan.run(call)
         return (y, s) if call.return_sum else y
 
+    def make_hot(self, plan: Plan, call: AddNormCall, canon: tuple[Any, ...]) -> KernelRoute | None:
+        """The signature's route (``add_norm_route.py``): ``run`` and ``autograd_run`` take the
+        call's arguments in ``params`` order; ``eps``/``offset`` are passed per call."""
+        from xkernels.ops.fused.add_norm_route import make_route
+
+        assert isinstance(plan, AddNormPlan)
+        return make_route(self, plan, call)
+
+    def _recorded(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``Op._recorded`` for these ops: the signature's route records the autograd Function
+        itself (its ``autograd_run``); a call without one records it through the full path and
+        then leaves its signature's route, as a call without grad does (training never takes the
+        no-grad path)."""
+        found = self.find_hot(args, kwargs)
+        if found is not None and found[1].autograd_run is not None:
+            result = found[1].autograd_run(*found[2])
+            if result is not None:
+                return result
+        call = self._check_canon(self._bind(args, kwargs))
+        result = grad.recorded(self, call)
+        if _forced.get() is None:
+            route = self._decide(call)[1]
+            if isinstance(route, AddNormPlan):
+                self._remember(args, kwargs, route, call)
+        return result
+
     def forward_all(self, call: AddNormCall) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                                                       torch.Tensor | None]:
         """(y, s, mean, rstd) for autograd and the custom op: s when ``call.store_sum``, the
@@ -129,6 +159,9 @@ class AddNormOp(Op):
 
         return add_norm_cases(self, target)
 
+    def _check_canon(self, canon: tuple[Any, ...]) -> AddNormCall:
+        raise NotImplementedError
+
     # -- autograd and torch.compile --------------------------------------------------------------
     def _compiled(self, canon: tuple[Any, ...]) -> Any:
         """``Op._compiled`` without ``out=``: the registered custom op (one graph node)."""
@@ -147,9 +180,12 @@ class AddLayerNorm(AddNormOp):
               return_sum: Any = True) -> AddNormCall:
         return self._check(x, residual, weight, bias, eps, 0.0, return_sum)
 
-    def autograd(self, canon: tuple[Any, ...]) -> Any:
+    def _check_canon(self, canon: tuple[Any, ...]) -> AddNormCall:
         x, residual, weight, bias, eps, return_sum = canon
-        return grad.recorded(self, self.check(x, residual, weight, bias, eps, return_sum=return_sum))
+        return self.check(x, residual, weight, bias, eps, return_sum=return_sum)
+
+    def autograd(self, canon: tuple[Any, ...]) -> Any:
+        return grad.recorded(self, self._check_canon(canon))
 
     def library_call(self, canon: tuple[Any, ...]) -> Any:
         x, residual, weight, bias, eps, return_sum = canon
@@ -173,9 +209,12 @@ class AddRmsNorm(AddNormOp):
               return_sum: Any = True) -> AddNormCall:
         return self._check(x, residual, weight, None, eps, offset, return_sum)
 
-    def autograd(self, canon: tuple[Any, ...]) -> Any:
+    def _check_canon(self, canon: tuple[Any, ...]) -> AddNormCall:
         x, residual, weight, eps, offset, return_sum = canon
-        return grad.recorded(self, self.check(x, residual, weight, eps, offset=offset, return_sum=return_sum))
+        return self.check(x, residual, weight, eps, offset=offset, return_sum=return_sum)
+
+    def autograd(self, canon: tuple[Any, ...]) -> Any:
+        return grad.recorded(self, self._check_canon(canon))
 
     def library_call(self, canon: tuple[Any, ...]) -> Any:
         x, residual, weight, eps, offset, return_sum = canon

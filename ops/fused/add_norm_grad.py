@@ -1,8 +1,8 @@
 """Gradients of ``add_layer_norm`` / ``add_rms_norm`` and their ``torch.library`` custom ops.
 
-Backward (PyTorch, not a Triton kernel yet): from the saved sum ``s`` and the forward's per-row
-statistics (``mean``, ``rstd``, fp32, written by the forward kernel; recomputed from ``s`` where
-a route did not produce them), in fp32 (float64 for float64 inputs)::
+Backward: from the saved sum ``s`` and the forward's per-row statistics (``mean``, ``rstd``, fp32,
+written by the forward kernel; recomputed from ``s`` where a route did not produce them), in fp32
+(float64 for float64 inputs)::
 
     xhat = (s - mean) * rstd                 (RMSNorm: s * rstd)
     g    = dy * w                            (RMSNorm: dy * (offset + w); no weight: dy)
@@ -12,6 +12,14 @@ a route did not produce them), in fp32 (float64 for float64 inputs)::
 ``ds`` is the gradient reaching the returned sum (the next block's residual), so
 ``d(x) = d(s)`` and ``d(residual) = d(s)`` summed over the dims the residual was broadcast
 along, each cast to its operand's dtype. Double backward is not supported (``once_differentiable``).
+
+Two routes (:func:`grads`): the fused Triton kernel (``add_norm_bwd.py``: one pass over s, dy, ds
+writing d(x) once) where the forward's backend runs Triton and every dtype is a kernel dtype,
+unless the table rule says ``"backward": "torch"``; else PyTorch (:func:`norm_backward`, ~15 fp32
+passes): float64, the cpu backend, a forward without statistics (a plugin's), no ``dy``. The
+backend is the forward's (saved at forward time: autograd runs a cuda backward in its own thread,
+where ``use_backend`` of the caller does not reach). While ``torch.compile`` traces the custom
+op's backward it is always the PyTorch formula (traceable ops; the kernel takes real tensors).
 
 Custom ops (for ``torch.compile(fullgraph=True)`` and ``torch.export``)::
 
@@ -32,6 +40,10 @@ from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
+
+from xkernels import dispatch
+from xkernels.ops.fused import add_norm_bwd as bwd
+from xkernels.ops.layout import prod
 
 _lib: Any = None
 SCHEMAS = {
@@ -103,35 +115,65 @@ def operand_grads(gs: torch.Tensor | None, shape: torch.Size, x_dtype: torch.dty
     return gx, gr
 
 
+def grads(backend: Any, kind: str, eps: float, offset: float, dy: torch.Tensor | None, ds: torch.Tensor | None,
+          s: torch.Tensor | None, x: torch.Tensor | None, residual: torch.Tensor | None, mean: torch.Tensor | None,
+          rstd: torch.Tensor | None, weight: torch.Tensor | None, b_dtype: torch.dtype | None, shape: torch.Size,
+          s_dtype: torch.dtype, x_dtype: torch.dtype, res: tuple[torch.Size, torch.dtype] | None,
+          needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
+    """(d(x), d(residual), d(weight), d(bias)), each ``None`` where not required (``needs``), by
+    the kernel or PyTorch (module doc). ``s``: the saved sum, or ``None`` (then ``x`` and
+    ``residual`` are given and the sum is recomputed)."""
+    rows = prod(shape[:-1])
+    stats_ok = (rstd is not None and rstd.numel() == rows and rstd.dtype == torch.float32
+                and (kind == "rms" or (mean is not None and mean.numel() == rows)))
+    if dy is not None and stats_ok and not torch.compiler.is_compiling() and bwd.route(
+            backend, dy.device, kind, s_dtype, shape,
+            (x_dtype, None if res is None else res[1], None if weight is None else weight.dtype, b_dtype, dy.dtype,
+             None if ds is None else ds.dtype)) == "kernel":
+        return bwd.backward(backend, kind, offset, dy, ds, s, x, residual, mean if kind == "layer" else None, rstd,
+                            weight, b_dtype, shape, s_dtype, x_dtype, res, tuple(needs))
+    if s is None:
+        s = recompute_sum(x, residual, s_dtype)
+    gs, gw, gb = norm_backward(kind, dy, ds, s, mean if kind == "layer" else None, rstd, weight, b_dtype is not None,
+                               eps, offset, (needs[2], kind == "layer" and needs[3]))
+    gx, gr = operand_grads(gs, shape, x_dtype, res, (needs[0], needs[1]))
+    return gx, gr, gw, None if gb is None else gb.to(b_dtype)
+
+
 # -- eager autograd -----------------------------------------------------------------------------
 class AddNormFunction(torch.autograd.Function):
-    """``op(call)`` recorded by autograd: outputs (y, s); s is always written (the backward needs it)."""
+    """A forward recorded by autograd: ``forward()`` returns (y, s, mean, rstd) with s always
+    written (the backward needs it); ``meta`` = (kind, eps, offset, x's shape, x's dtype,
+    (residual's shape, dtype) or None, bias dtype or None, the backend the forward ran on).
+    The full path (``recorded``) and a signature's route (``add_norm_route``) both record it."""
 
     @staticmethod
-    def forward(ctx: Any, op: Any, call: Any, x: torch.Tensor, residual: torch.Tensor | None,
+    def forward(ctx: Any, forward: Any, meta: tuple[Any, ...], x: torch.Tensor, residual: torch.Tensor | None,
                 weight: torch.Tensor | None, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        call.store_sum = True
-        y, s, mean, rstd = op.forward_all(call)
+        y, s, mean, rstd = forward()
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(s, mean, rstd, weight)
-        ctx.meta = (call.kind, call.eps, call.offset, bias is not None, x.shape, x.dtype,
-                    None if residual is None else (residual.shape, residual.dtype),
-                    None if bias is None else bias.dtype)
+        ctx.meta = meta
         return y, s
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor | None, ds: torch.Tensor | None) -> tuple[Any, ...]:
         s, mean, rstd, weight = ctx.saved_tensors
-        kind, eps, offset, has_bias, shape, x_dtype, res, b_dtype = ctx.meta
-        needs = ctx.needs_input_grad
-        gs, gw, gb = norm_backward(kind, dy, ds, s, mean, rstd, weight, has_bias, eps, offset, (needs[4], needs[5]))
-        gx, gr = operand_grads(gs, shape, x_dtype, res, (needs[2], needs[3]))
-        return None, None, gx, gr, gw, None if gb is None else gb.to(b_dtype)
+        kind, eps, offset, shape, x_dtype, res, b_dtype, backend = ctx.meta
+        gx, gr, gw, gb = grads(backend, kind, eps, offset, dy, ds, s, None, None, mean, rstd, weight, b_dtype,
+                               shape, s.dtype, x_dtype, res, ctx.needs_input_grad[2:6])
+        return None, None, gx, gr, gw, gb
 
 
 def recorded(op: Any, call: Any) -> Any:
-    y, s = AddNormFunction.apply(op, call, call.x, call.residual, call.weight, call.bias)
+    """The checked ``call`` of ``op`` recorded by autograd (the full path's forward)."""
+    call.store_sum = True
+    x, residual, bias = call.x, call.residual, call.bias
+    meta = (call.kind, call.eps, call.offset, x.shape, x.dtype,
+            None if residual is None else (residual.shape, residual.dtype), None if bias is None else bias.dtype,
+            dispatch.select(call.device))
+    y, s = AddNormFunction.apply(lambda: op.forward_all(call), meta, x, residual, call.weight, bias)
     return (y, s) if call.return_sum else y
 
 
@@ -204,23 +246,19 @@ def _setup(kind: str) -> Any:
         ctx.save_for_backward(*keep, mean, rstd, weight)
         ctx.meta = (kind, eps, offset, bias is not None, x.shape, x.dtype,
                     None if residual is None else (residual.shape, residual.dtype),
-                    None if bias is None else bias.dtype, y.dtype)
+                    None if bias is None else bias.dtype, y.dtype, dispatch.select(x.device))
     return setup
 
 
 def _backward(ctx: Any, dy: Any, ds: Any, _gmean: Any = None, _grstd: Any = None) -> tuple[Any, ...]:
     s, x, residual, mean, rstd, weight = ctx.saved_tensors
-    kind, eps, offset, has_bias, shape, x_dtype, res, b_dtype, dtype = ctx.meta
-    if s is None:
-        s = recompute_sum(x, residual, dtype)
-        ds = None
-    elif ds is not None and ds.numel() == 0:
-        ds = None
+    kind, eps, offset, _, shape, x_dtype, res, b_dtype, dtype, backend = ctx.meta
+    if s is None or (ds is not None and ds.numel() == 0):
+        ds = None  # return_sum=False: s was not returned, nothing reaches it
     needs = ctx.needs_input_grad
-    gs, gw, gb = norm_backward(kind, dy, ds, s, mean if kind == "layer" else None, rstd, weight, has_bias, eps,
-                               offset, (needs[2], kind == "layer" and needs[3]))
-    gx, gr = operand_grads(gs, shape, x_dtype, res, (needs[0], needs[1]))
-    gb = None if gb is None else gb.to(b_dtype)
+    gx, gr, gw, gb = grads(backend, kind, eps, offset, dy, ds, s, x, residual, mean, rstd, weight,
+                           b_dtype if kind == "layer" else None, shape, dtype, x_dtype, res,
+                           (needs[0], needs[1], needs[2], kind == "layer" and needs[3]))
     if kind == "layer":
         return gx, gr, gw, gb, None, None
     return gx, gr, gw, None, None, None

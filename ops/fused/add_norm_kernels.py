@@ -25,6 +25,11 @@ Operands: x, residual, s, y have a row stride each and unit column stride (the h
 layouts); a residual broadcast along the rows has row stride 0. ``mean``/``rstd`` (fp32, one per
 row) are written only when ``STORE_STATS`` (autograd keeps them for the backward).
 
+``add_norm_bwd_kernel`` (below) is the backward: per row tile d(s) = rstd * (g - mean(g) -
+xhat * mean(g * xhat)) + ds from s (or x + residual recomputed), dy, ds, w and the saved
+statistics, written once as d(x) / d(residual); d(w)/d(b) partial sums per program (host side and
+traffic: ``add_norm_bwd.py``).
+
 Rules for kernels here (they also run under the in-process interpreter): call only helpers of
 this module and ``tl`` builtins, take the program count as an argument, no ``tl.cdiv``.
 """
@@ -169,3 +174,134 @@ def add_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr
         _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, pid, R, N, sx, sr, ss, sy,
               eps, offset, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
               ONE_CHUNK, INDEX_64)
+
+
+# -- backward -------------------------------------------------------------------------------------
+@triton.jit
+def _colsum(v):
+    """Sum over the rows of a tile (``tl.sum(v, 0)``, spelled as ``_rowsum`` is)."""
+    return tl.reduce(v, 0, _add)
+
+
+@triton.jit
+def _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols, cmask, mask, mean, rstd, offset,
+              RMS: tl.constexpr, HAS_S: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
+              S_TY: tl.constexpr):
+    """(xhat, dy, g = dy * w) of one tile in fp32, 0 where masked: s read (``HAS_S``) or
+    recomputed from x + residual, rounded to s's dtype as the forward rounded it."""
+    if HAS_S:
+        s = tl.load(s_ptr + soff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    else:
+        s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+    if RMS:
+        xhat = s * rstd[:, None]
+    else:
+        xhat = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
+    dy = tl.load(dy_ptr + dyoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    g = dy
+    if HAS_W:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if RMS:
+            w = w + offset
+        g = dy * w[None, :]
+    return xhat, dy, g
+
+
+@triton.jit
+def _bwd_store(d, ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols, mask,
+               HAS_DS: tl.constexpr, STORE_X: tl.constexpr, STORE_R: tl.constexpr):
+    """d(s) (+ the returned sum's gradient) stored as d(x) and/or d(residual), each in its dtype."""
+    if HAS_DS:
+        d += tl.load(ds_ptr + dsoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if STORE_X:
+        tl.store(dx_ptr + dxoff[:, None] + cols[None, :], d.to(dx_ptr.dtype.element_ty), mask=mask)
+    if STORE_R:
+        tl.store(dr_ptr + droff[:, None] + cols[None, :], d.to(dr_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, part_ptr,
+                        R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, db_at, part_row, n_tiles, nprog,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_S: tl.constexpr,
+                        HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, STORE_X: tl.constexpr,
+                        STORE_R: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+                        ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr, S_TY: tl.constexpr):
+    """d(s) = rstd * (g - mean(g) - xhat * mean(g * xhat)) + ds per row (RMSNorm: no mean(g));
+    d(w) / d(b) partial sums of dy * xhat / dy over this program's rows into ``part_ptr[pid]``.
+
+    Program ``pid`` takes row tiles ``pid, pid + nprog, ...`` (the grid never exceeds the tiles).
+    ``ONE_CHUNK``: the tile's row is held on chip; d(w)/d(b) accumulate in registers over the
+    program's tiles and are stored once (``part`` needs no initialisation). Otherwise each tile
+    walks its row twice in chunks of ``BLOCK_N`` (pass 1: the two row sums; pass 2: d(s)), and
+    the d(w)/d(b) partials are atomically added into this program's own (zeroed) part row:
+    coherent where a plain store read back by another thread of the program would not be."""
+    pid = tl.program_id(0)
+    pbase = pid * part_row
+    if INDEX_64:
+        pbase = pbase.to(tl.int64)
+    cols0 = tl.arange(0, BLOCK_N)
+    acc_w = tl.full((BLOCK_N,), 0.0, tl.float32)
+    acc_b = tl.full((BLOCK_N,), 0.0, tl.float32)
+    for tile in range(pid, n_tiles, nprog):
+        rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < R
+        if INDEX_64:
+            rows = rows.to(tl.int64)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        if RMS:
+            mean = rstd
+        else:
+            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
+        soff, xoff, roff, dyoff = rows * ss, rows * sx, rows * sr, rows * sdy
+        dsoff, dxoff, droff = rows * sds, rows * sdx, rows * sdr
+        if ONE_CHUNK:
+            cmask = cols0 < N
+            mask = rmask[:, None] & cmask[None, :]
+            xhat, dy, g = _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols0, cmask, mask,
+                                    mean, rstd, offset, RMS, HAS_S, HAS_RES, HAS_W, S_TY)
+            if NEED_DW:
+                acc_w += _colsum(dy * xhat)
+            if NEED_DB:
+                acc_b += _colsum(dy)
+            if STORE_X or STORE_R:
+                c1 = _rowsum(g * xhat) / N
+                d = g - xhat * c1[:, None]
+                if not RMS:
+                    d = d - (_rowsum(g) / N)[:, None]
+                _bwd_store(d * rstd[:, None], ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols0, mask,
+                           HAS_DS, STORE_X, STORE_R)
+        else:
+            c1 = tl.full((BLOCK_M,), 0.0, tl.float32)
+            c2 = tl.full((BLOCK_M,), 0.0, tl.float32)
+            for c in range(0, N, BLOCK_N):
+                cols = c + cols0
+                cmask = cols < N
+                mask = rmask[:, None] & cmask[None, :]
+                xhat, dy, g = _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols, cmask,
+                                        mask, mean, rstd, offset, RMS, HAS_S, HAS_RES, HAS_W, S_TY)
+                c1 += _rowsum(g * xhat)
+                c2 += _rowsum(g)
+                if NEED_DW:
+                    tl.atomic_add(part_ptr + pbase + cols, _colsum(dy * xhat), mask=cmask)
+                if NEED_DB:
+                    tl.atomic_add(part_ptr + pbase + db_at + cols, _colsum(dy), mask=cmask)
+            if STORE_X or STORE_R:
+                c1 = c1 / N
+                c2 = c2 / N
+                for c in range(0, N, BLOCK_N):
+                    cols = c + cols0
+                    cmask = cols < N
+                    mask = rmask[:, None] & cmask[None, :]
+                    xhat, dy, g = _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols, cmask,
+                                            mask, mean, rstd, offset, RMS, HAS_S, HAS_RES, HAS_W, S_TY)
+                    d = g - xhat * c1[:, None]
+                    if not RMS:
+                        d = d - c2[:, None]
+                    _bwd_store(d * rstd[:, None], ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols, mask,
+                               HAS_DS, STORE_X, STORE_R)
+    if ONE_CHUNK:
+        cmask = cols0 < N
+        if NEED_DW:
+            tl.store(part_ptr + pbase + cols0, acc_w, mask=cmask)
+        if NEED_DB:
+            tl.store(part_ptr + pbase + db_at + cols0, acc_b, mask=cmask)

@@ -93,6 +93,12 @@ def _empty(shape: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+def allocator(backend: Backend, device: torch.device) -> Any:
+    """The ``(size, stride, dtype) -> tensor`` allocation of a signature's route (one place, so
+    tests can poison what the route's kernel must overwrite)."""
+    return backend.allocator(device)
+
+
 class AddNormPlan(Plan):
     def __init__(self, backend: Backend, call: AddNormCall) -> None:
         from xkernels.ops.fused import add_norm_kernels as K
@@ -180,4 +186,4 @@ class AddNormPlan(Plan):
         w, b = call.weight, call.bias
         return (x, r if r is not None else x, w if w is not None else y, b if b is not None else y,
                 s if s is not None else y, y, mean if mean is not None else y, rstd if rstd is not None else y,
-                *self.tail, float(call.eps), float(call.offset), self.n_tiles, self.grid[0])
+                *self.tail, float(call.eps), float(call.offset) or -0.0, self.n_tiles, self.grid[0])

@@ -25,9 +25,11 @@ def _table(name: str) -> dict:
 
 
 def _where(soc: str, table: str) -> set[str]:
-    """Every shipped rule of ``table`` an SoC reads, as the case labels name it."""
+    """Every shipped forward rule of ``table`` an SoC reads, as the case labels name it (rules with
+    ``"pass": "backward"`` choose the backward's route: not planned by this check yet)."""
     archs = _table(table)["archs"]
-    return {f"{table}.json [{k}] rule {i}" for k in npu.table_keys(soc) for i in range(len(archs.get(k, ())))}
+    return {f"{table}.json [{k}] rule {i}" for k in npu.table_keys(soc) for i, r in enumerate(archs.get(k, ()))
+            if r.get("when", {}).get("pass") != "backward"}
 
 
 @pytest.mark.parametrize("soc", [A2, A3, A5])

@@ -186,3 +186,25 @@ def test_heldout_shapes_are_outside_the_corpus():
     acts = {c.args[3] if len(c.args) > 3 else None for c in linear}
     assert acts == {None, "relu", "gelu", "gelu_tanh", "silu", "leaky_relu"}
     assert any(len(c.args[0].shape) == 3 for c in matmul) and any(len(c.args[0].shape) == 2 for c in matmul)
+
+
+def test_norm_forward_backward_rows(monkeypatch):
+    """The fused norms' forward+backward rows: both sides run autograd against the same output
+    gradients (the xkernels side through its own backward), every leaf's gradient computed, the
+    backward's least traffic counted."""
+    target = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    ceil = perf.Ceilings("test cpu", *(Figure(v, u, "measured") for v, u in ((10.0, "GB/s"), (0.1, "TFLOP/s"))))
+    picked = [c for c in cases(["add_layer_norm", "add_rms_norm"], [torch.float32], ["small"]) if c.backward]
+    assert {c.op for c in picked} == {"add_layer_norm", "add_rms_norm"}
+    assert all(c.layout.endswith("forward+backward") for c in picked)
+    small = Case("add_layer_norm", (T((6, 40), torch.float32), T((6, 40), torch.float32), T((40,), torch.float32),
+                                    T((40,), torch.float32)), "forward+backward", frozenset({"small"}), backward=True)
+    inputs, grads = perf.with_grads(small.make_inputs("cpu", 0), 0)
+    got = perf.backward_call(xkernels.ops.add_layer_norm)((inputs, grads))
+    want = perf.backward_call(perf.OPS["add_layer_norm"].torch_fn)((inputs, grads))
+    assert len(got) == len(want) == 4
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    row = perf.bench_case(small, target, ceil, seed=0, settings=perf.FAST)
+    forward_only = perf.work("add_layer_norm", small.make_inputs("cpu", 0)).bytes
+    assert row["bytes"] == forward_only + 4 * 6 * 40 * 4 + 2 * 40 * 4 and row["time_ms"] > 0

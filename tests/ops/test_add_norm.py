@@ -268,3 +268,235 @@ def test_explain_and_exports():
     assert e.route == "triton kernel" and e.config["BLOCK_N"] >= 768 and "LayerNorm" in e.why
     with xkernels.use_backend("cpu"):
         assert add_rms_norm.explain(x, x).route == "torch"
+
+
+# -- the fused backward -------------------------------------------------------------------------
+#: relative tolerance of a gradient against the float64 one, scaled by the gradient's largest
+#: magnitude: one rounding to the dtype plus fp32 sums
+GRAD_RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-5}
+
+
+class BackwardSpy:
+    """Counts backwards that ran the Triton kernel (``add_norm_bwd.backward``)."""
+
+    def __init__(self, monkeypatch):
+        from xkernels.ops.fused import add_norm_bwd
+
+        self.n = 0
+        real = add_norm_bwd.backward
+
+        def counted(*args, **kwargs):
+            self.n += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(add_norm_bwd, "backward", counted)
+
+
+def reference_grads(kind, x, r, w, b, dy, ds, eps, offset):
+    """Float64 autograd of torch's composition from the sum rounded to its dtype (what the forward
+    normalized): d(x), d(residual) (summed over its broadcast dims), d(w), d(b)."""
+    s = (x if r is None else x + r).detach()
+    sd = s.double().requires_grad_()
+    wd = None if w is None else w.detach().double().requires_grad_()
+    bd = None if b is None else b.detach().double().requires_grad_()
+    n = s.shape[-1]
+    if kind == "layer":
+        y = F.layer_norm(sd, (n,), wd, bd, eps)
+    else:
+        y = sd * torch.rsqrt(sd.square().mean(-1, keepdim=True) + eps)
+        y = y if wd is None else y * (offset + wd)
+    loss = (y * dy.double()).sum() + (0 if ds is None else (sd * ds.double()).sum())
+    loss.backward()
+    g = sd.grad
+    return g, None if r is None else g.sum_to_size(r.shape), None if w is None else wd.grad, \
+        None if b is None else bd.grad
+
+
+def run_backward(kind, x, r, w, b, dy, ds, eps, offset, return_sum):
+    leaves = [None if t is None else t.detach().clone().requires_grad_() for t in (x, r, w, b)]
+    lx, lr, lw, lb = leaves
+    if kind == "layer":
+        out = add_layer_norm(lx, lr, lw, lb, eps, return_sum=return_sum)
+    else:
+        out = add_rms_norm(lx, lr, lw, eps, offset=offset, return_sum=return_sum)
+    y, s = out if return_sum else (out, None)
+    loss = (y * dy).sum() + (0 if ds is None else (s * ds).sum())
+    loss.backward()
+    return [None if t is None else t.grad for t in leaves]
+
+
+def check_backward(kind, x, r, w, b, eps=1e-5, offset=0.0, return_sum=True, with_ds=True):
+    s_dtype = x.dtype if r is None else torch.result_type(x, r)
+    dy = rand(x.shape, s_dtype, x.device)
+    ds = rand(x.shape, s_dtype, x.device) if return_sum and with_ds else None
+    with Unchanged(x, r, w, b, dy, ds):
+        got = run_backward(kind, x, r, w, b, dy, ds, eps, offset, return_sum)
+    want = reference_grads(kind, x, r, w, b, dy, ds, eps, offset)
+    for g, e, t, name in zip(got, want, (x, r, w, b), ("x", "residual", "weight", "bias")):
+        if t is None:
+            continue
+        assert g is not None and g.shape == t.shape and g.dtype == t.dtype, name
+        gd, ed = g.detach().cpu().double(), e.cpu()
+        assert not torch.isnan(gd).any(), f"{name}: NaN in the gradient (an element not written?)"
+        rtol = max(GRAD_RTOL[t.dtype], GRAD_RTOL[s_dtype])
+        torch.testing.assert_close(gd, ed, rtol=rtol, atol=rtol * ed.abs().max().item(),
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_backward_kernel(backend, device, poison, monkeypatch, kind, dtype):
+    """The fused backward against float64 autograd: with/without residual, weight, bias, the
+    returned sum (and its gradient), an RMSNorm offset; the kernel on Triton backends."""
+    spy = BackwardSpy(monkeypatch)
+    x, r = rand((3, 5, 24), dtype, device), rand((3, 5, 24), dtype, device)
+    w, b = rand((24,), dtype, device), rand((24,), dtype, device) if kind == "layer" else None
+    eps = 1e-5 if kind == "layer" else 1e-6
+    calls = [dict(r=r, w=w, b=b), dict(r=r, w=w, b=b, with_ds=False), dict(r=None, w=w, b=b),
+             dict(r=r, w=None, b=None), dict(r=r, w=w, b=b, return_sum=False)]
+    if kind == "rms":
+        calls.append(dict(r=r, w=w, b=None, offset=1.0))
+    else:
+        calls.append(dict(r=r, w=None, b=b))
+    for c in calls:
+        check_backward(kind, x, c["r"], c["w"], c["b"], eps, c.get("offset", 0.0), c.get("return_sum", True),
+                       c.get("with_ds", True))
+    assert spy.n == (len(calls) if backend.runs_triton else 0)
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_backward_chunked_broadcast_promoted(backend, device, poison, monkeypatch, kind):
+    """Rows longer than BLOCK_N (two passes, atomically added d(w)/d(b) partials, a persistent
+    loop over 7 rows in tiles of 2), a residual broadcast as (N,) and as (1, S, N), and an fp16 x
+    with an fp32 residual (d(x) and d(residual) written in their own dtypes)."""
+    spy = BackwardSpy(monkeypatch)
+    f32 = torch.float32
+    x, w = rand((7, 50), f32, device) + 3.0, rand((50,), f32, device)
+    b = rand((50,), f32, device) if kind == "layer" else None
+    with tuning.force({"BLOCK_N": 16, "BLOCK_M": 2}):
+        check_backward(kind, x, rand((7, 50), f32, device), w, b)
+        check_backward(kind, x, rand((50,), f32, device), w, b)
+    x3 = rand((2, 3, 24), torch.float16, device)
+    check_backward(kind, x3, rand((1, 3, 24), f32, device), rand((24,), f32, device), None)
+    check_backward(kind, x3, rand((2, 3, 24), f32, device), rand((24,), torch.bfloat16, device), None)
+    assert spy.n == (4 if backend.runs_triton else 0)
+
+
+def test_backward_only_some_inputs(backend, device, poison):
+    """Gradients asked for some inputs only: the others stay None; a weight-only backward."""
+    x, r, w = rand((4, 32), torch.bfloat16, device), rand((4, 32), torch.bfloat16, device), \
+        rand((32,), torch.float32, device).requires_grad_()
+    y, s = add_layer_norm(x, r, w)
+    (y.float() * 2).sum().backward()
+    s_ref = (x + r).double().requires_grad_()
+    wd = w.detach().double().requires_grad_()
+    (F.layer_norm(s_ref, (32,), wd) * 2).sum().backward()
+    torch.testing.assert_close(w.grad.double(), wd.grad, rtol=1e-4, atol=1e-4)
+    r = r.clone().requires_grad_()
+    y, s = add_layer_norm(x, r, w.detach())
+    (y.float().square().sum() + s.float().sum()).backward()
+    assert r.grad is not None and r.grad.dtype == torch.bfloat16 and x.grad is None
+
+
+def test_backward_route_flag(backend, device, monkeypatch, tmp_path):
+    """``"backward": "torch"`` in a rule sends the backward to PyTorch's formula; an unknown
+    value is a ValueError naming it."""
+    from helpers import planted_tables
+
+    spy = BackwardSpy(monkeypatch)
+    rules = [{"when": {"pass": "backward"}, "config": {"backward": "torch"}}]
+    with planted_tables(tmp_path / "t", backend.name, {"add_norm": {"archs": {
+            "default": rules}}}):
+        check_backward("layer", rand((4, 24), torch.float32, device), rand((4, 24), torch.float32, device),
+                       rand((24,), torch.float32, device), rand((24,), torch.float32, device))
+        assert spy.n == 0
+        rules[0]["config"]["backward"] = "fused"
+    if backend.runs_triton:
+        with planted_tables(tmp_path / "u", backend.name, {"add_norm": {"archs": {
+                "default": rules}}}):
+            with pytest.raises(ValueError, match="\"backward\": 'fused'"):
+                check_backward("layer", rand((4, 24), torch.float32, device), None, None, None)
+
+
+# -- routes of repeated calls -------------------------------------------------------------------
+class CheckCounter:
+    def __init__(self, op, monkeypatch):
+        self.n = 0
+        real = op.check
+
+        def counted(*args, **kwargs):
+            self.n += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(op, "check", counted)
+
+
+@pytest.fixture
+def fresh_routes():
+    for op in (add_layer_norm, add_rms_norm):
+        op._forget()
+    yield
+    for op in (add_layer_norm, add_rms_norm):
+        op._forget()
+
+
+@pytest.fixture
+def poison_routes(monkeypatch):
+    """Results a route allocates start as NaN too."""
+    def nan_allocator(backend, device):
+        def alloc(size, stride, dtype):
+            return torch.full(size, float("nan"), dtype=dtype, device=device)
+        return alloc
+    monkeypatch.setattr(add_norm_plan, "allocator", nan_allocator)
+
+
+def test_route_repeats_skip_checks_and_match(backend, device, poison, poison_routes, fresh_routes, monkeypatch):
+    counter = CheckCounter(add_layer_norm, monkeypatch)
+    dtype = torch.bfloat16
+    w, b = rand((40,), dtype, device), rand((40,), dtype, device)
+    for _ in range(3):  # fresh data, one signature
+        x, r = rand((6, 40), dtype, device), rand((6, 40), dtype, device)
+        check("layer", x, r, w, b)
+    assert counter.n == (1 if backend.runs_triton else 3)
+    if backend.runs_triton:
+        assert add_layer_norm.repeat_route(x, r, w, b, 1e-5).kind == "triton kernel"
+
+
+def test_route_never_reused_for_other_values(backend, device, poison, poison_routes, fresh_routes, monkeypatch):
+    """Another eps, offset, return_sum, shape, stride or dtype: each result against torch."""
+    counter = CheckCounter(add_rms_norm, monkeypatch)
+    x, r, w = rand((5, 32), torch.float32, device), rand((5, 32), torch.float32, device), \
+        rand((32,), torch.float32, device)
+    calls = [((x, r, w, 1e-6), {}), ((x, r, w, 1e-6), {}), ((x, r, w, 0.5), {}), ((x, r, w, 0.5), {}),
+             ((x, r, w, 1e-6), {"offset": 1.0}), ((x, r, w, 1e-6), {"offset": -0.0}),
+             ((x, r, w, 1e-6), {"offset": 1.0}), ((x, r, w, 2), {}),
+             ((x, r, w, 0.5), {"return_sum": False}), ((x[:4], r[:4], w, 0.5), {}),
+             ((rand((10, 32), torch.float32, device)[::2], r, w, 0.5), {}),
+             ((x.half(), r.half(), w, 0.5), {})]
+    for args, kwargs in calls:
+        xx, rr, ww, eps = args
+        offset = kwargs.get("offset", 0.0)
+        out = add_rms_norm(*args, **kwargs)
+        y = out if kwargs.get("return_sum") is False else out[0]
+        y_ref, s_ref = reference("rms", xx, rr, ww, None, eps, offset)
+        assert_close(y, y_ref, s_ref.dtype, scale=2.0)
+        if kwargs.get("return_sum") is not False:
+            assert torch.equal(out[1], s_ref)
+    with pytest.raises(ValueError, match="'offset' 1.0 scales"):
+        add_rms_norm(x, r, None, 1e-6, offset=0.0)
+        add_rms_norm(x, r, None, 1e-6, offset=1.0)  # the no-weight signature's route must not skip the check
+    if backend.runs_triton:
+        assert counter.n < len(calls) + 2  # some repeats were routed
+
+
+def test_route_backward(backend, device, poison, poison_routes, fresh_routes, monkeypatch):
+    """Repeated calls requiring grad: checked once, recorded by the autograd Function through the
+    route, backward by the kernel, gradients against float64 each time (another eps too)."""
+    counter = CheckCounter(add_layer_norm, monkeypatch)
+    spy = BackwardSpy(monkeypatch)
+    w, b = rand((24,), torch.float32, device), rand((24,), torch.float32, device)
+    for eps in (1e-5, 1e-5, 1e-2):
+        x, r = rand((4, 24), torch.float32, device), rand((24,), torch.float32, device)
+        check_backward("layer", x, r, w, b, eps)
+    if backend.runs_triton:
+        assert counter.n == 1 and spy.n == 3

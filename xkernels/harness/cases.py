@@ -225,6 +225,9 @@ class Case:
     kwargs: tuple[tuple[str, Any], ...] = ()
     out: str | None = None  # None | "new" | "inplace" (out is the first operand)
     models: tuple[str, ...] = ()  # the models a corpus case comes from (see harness.models)
+    #: the bench times forward + backward (``perf.bench_case``): the sum of the results against
+    #: random output gradients, through autograd, on both sides
+    backward: bool = False
     dtype: torch.dtype = field(init=False)
 
     def __post_init__(self) -> None:
@@ -555,6 +558,9 @@ def norm_cases(op: str, d: torch.dtype) -> list[Case]:
         cases.append(Case(op, full(n, n), "x + residual, weight" + (", bias" if layer else ""), _bench(size)))
     for rows, n, label, size in NORM_SHAPES:
         cases.append(Case(op, full(rows, n), label, _bench(size)))
+        # forward + backward against torch's (y.backward(dy) with the sum's gradient too): the
+        # fused backward kernel against aten's LayerNorm backward and autograd's accumulation
+        cases.append(Case(op, full(rows, n), f"{label}, forward+backward", _bench(size), backward=True))
     return cases
 
 

@@ -188,13 +188,19 @@ def _distinct_bytes(t: torch.Tensor) -> int:
     return n * t.element_size()
 
 
-def work(op: str, inputs: Inputs) -> Work:
-    """What one call of ``op`` on ``inputs`` must do, whatever the implementation."""
-    outs = expected_result(op, inputs)
+def work(op: str, inputs: Inputs, backward: bool = False) -> Work:
+    """What one call of ``op`` on ``inputs`` must do, whatever the implementation. ``backward``
+    (the fused norms' forward+backward rows): plus the backward's least traffic, reading the
+    sum, dy and the sum's gradient, writing d(x) (d(residual) is the same tensor) and the
+    parameters' gradients."""
+    with torch.no_grad():
+        outs = expected_result(op, inputs)
     outs = outs if isinstance(outs, tuple) else (outs,)  # (y, s) of the fused norms
     out = outs[0]
     tensors = inputs.named_tensors(OPS[op].arg_names).values()
     nbytes = sum(_distinct_bytes(t) for t in tensors) + sum(o.numel() * o.element_size() for o in outs)
+    if backward:
+        nbytes += 4 * out.numel() * out.element_size() + sum(_distinct_bytes(t) for t in list(tensors)[2:])
     if OPS[op].matmul_like:
         return Work(nbytes, 2 * OPS[op].gemms * out.numel() * inputs.args[0].shape[-1])
     return Work(nbytes, out.numel())
@@ -311,21 +317,50 @@ def ceilings(target: Target) -> Ceilings:
 
 
 # -- one case -----------------------------------------------------------------------------------
+def with_grads(inputs: Inputs, seed: int) -> tuple[Inputs, tuple[torch.Tensor, ...]]:
+    """``inputs`` with every floating tensor a leaf requiring grad, and random gradients of the
+    results (one per result of a fused norm: y, s), for a forward+backward row."""
+    gen = torch.Generator().manual_seed(seed)
+    args = tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
+                 else a for a in inputs.args)
+    x = inputs.args[0]
+    grads = tuple(torch.randn(x.shape, generator=gen).to(x.device, x.dtype) for _ in range(2))
+    return Inputs(args, dict(inputs.kwargs)), grads
+
+
+def backward_call(fn: Callable[..., Any]) -> Callable[[Any], Any]:
+    """A timed forward+backward: ``fn``'s results, then ``torch.autograd.grad`` of them against
+    the set's gradients for every input leaf (nothing accumulates into ``.grad``)."""
+    def run(pair: Any) -> Any:
+        inputs, grads = pair
+        outs = fn(*inputs.args, **inputs.kwargs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        leaves = [a for a in inputs.args if isinstance(a, torch.Tensor) and a.requires_grad]
+        return torch.autograd.grad(outs, leaves, grads[:len(outs)])
+    return run
+
+
 def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: Settings = FULL) -> dict[str, Any]:
-    """Time ``case`` with xkernels and with PyTorch on the same inputs; one result row."""
+    """Time ``case`` with xkernels and with PyTorch on the same inputs; one result row. A
+    ``case.backward`` row times forward+backward on both sides (``backward_call``)."""
     fn = op_function(case.op)
     torch_fn = OPS[case.op].torch_fn
     first = case.make_inputs(target.device, seed)
-    w = work(case.op, first)
+    w = work(case.op, first, case.backward)
     cache = ceil.cache_bytes or DEFAULT_CACHE_BYTES
     n_sets = 1 if w.bytes >= cache else min(settings.max_sets, math.ceil(2 * cache / max(w.bytes, 1)))
     sets = [first] + [case.make_inputs(target.device, seed + i) for i in range(1, n_sets)]
     run_xk = lambda s: fn(*s.args, **s.kwargs)  # noqa: E731
     run_torch = lambda s: torch_fn(*s.args, **s.kwargs)  # noqa: E731
+    if case.backward:
+        sets = [with_grads(s, seed + i) for i, s in enumerate(sets)]
+        first = sets[0]
+        run_xk, run_torch = backward_call(fn), backward_call(torch_fn)
     with use_backend(target.backend.name):
         xk = time_calls(run_xk, sets, target, settings)
         # after the calls: a first-use check (ops/matmul/evidence.py) may have settled the route
-        expl = fn.explain(*first.args, **first.kwargs)
+        shown = first[0] if case.backward else first
+        expl = fn.explain(*shown.args, **shown.kwargs)
         host = host_time(run_xk, first, target, settings, xk.median_ms) if "small" in case.sizes else None
     th = time_calls(run_torch, sets, target, settings)
     conf = None

@@ -1,0 +1,191 @@
+"""Host side of the fused backward of ``add_layer_norm`` / ``add_rms_norm`` (the Triton source is
+``add_norm_bwd_kernel`` in ``add_norm_kernels.py``): which route a backward takes, its config
+(``add_norm.json`` rules with ``"pass": "backward"``), the launch and the d(w)/d(b) reduction.
+
+One kernel launch per backward computes, per row tile, from the saved sum ``s`` (or x + residual
+recomputed where the sum was not kept), ``dy``, the returned sum's gradient ``ds`` (where one
+reached it), the weight and the forward's fp32 ``mean``/``rstd``::
+
+    d(s) = rstd * (g - mean(g) - xhat * mean(g * xhat)) + ds,   g = dy * w   (RMSNorm: no mean(g))
+
+and writes it once, as d(x) in x's dtype and, where the residual's dtype differs, as d(residual)
+in its own (the same tensor serves both otherwise). A broadcast residual gets d(s) in fp32, summed
+over its broadcast dims by ``sum_to_size``. d(w) = Σ dy * xhat and d(b) = Σ dy are summed per
+program into an fp32 ``part`` buffer ``[programs, K, N]`` (K = 1 or 2), reduced over programs by
+one ``torch.sum(0)`` (then cast to the parameters' dtype): aten's column reduction, one launch,
+chosen without measuring over a second Triton kernel that would need its own plan and compile.
+The grid is persistent: ``WAVES`` programs per compute unit (SM), capped by the tiles and the
+backend's grid, so ``part`` stays ``WAVES * SMs * K * N * 4`` bytes (1.6 MB for BERT on an H100).
+
+Memory traffic per element of d(x), bf16, same-shape residual of the same dtype, one chunk: read
+s, dy, ds, write d(x) = 8 bytes (6 without ds), plus 8 bytes of statistics per row and the
+``part`` buffer. Torch's eager backward of ``x + r; F.layer_norm`` moves 16: aten's LayerNorm
+backward reads s and dy and writes d(s) (6), its d(gamma)/d(beta) kernel reads s and dy again (4),
+and autograd's accumulation of d(s) with ds reads both and writes the sum (6). The chunked
+variant (rows longer than ``BLOCK_N``) reads s and dy twice.
+
+Routes: the kernel where the forward's backend runs Triton, every operand and gradient dtype is
+a kernel dtype (fp16, bf16, fp32), the statistics are there (they are unless a plugin computed
+the forward) and the table's rule says ``"backward": "kernel"`` (the built-in default); else the
+PyTorch backward (``add_norm_grad.norm_backward``): float64, the cpu backend, ``"backward": "torch"``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from xkernels import tuning
+from xkernels.backend import Backend
+from xkernels.launch import Launcher
+from xkernels.ops.fused import add_norm_plan
+from xkernels.ops.fused.add_norm_plan import KERNEL_DTYPES, row_stride
+from xkernels.ops.layout import INT32_MAX, next_pow2, prod
+from xkernels.registry import registry
+
+#: The backward's config when no table rule matches: the route, the tile, programs per compute unit.
+BWD_DEFAULT = {"backward": "kernel", "BLOCK_N": 4096, "BLOCK_M": 1, "num_warps": 4, "WAVES": 2}
+_plans: OrderedDict[Any, BwdPlan] = OrderedDict()
+PLAN_CACHE_SIZE = 256
+registry.listeners.append(_plans.clear)  # a plugin's tables may change the configs
+
+
+def _rows(t: torch.Tensor | None, shape: torch.Size) -> tuple[torch.Tensor | None, int]:
+    """``t`` as rows of ``shape`` with one row stride: (the tensor, possibly copied, its stride)."""
+    if t is None:
+        return None, 0
+    st = row_stride(t, shape)
+    if st is None:
+        return t.expand(shape).contiguous(), int(shape[-1])
+    return t, st
+
+
+def _meta(t: torch.Tensor | None) -> Any:
+    return None if t is None else (t.dtype, t.stride())
+
+
+class BwdPlan:
+    """One backward signature's launch: config, grid, constexprs; see the module doc."""
+
+    def __init__(self, backend: Backend, device: torch.device, kind: str, shape: torch.Size, s_dtype: torch.dtype,
+                 strides: dict[str, int], flags: dict[str, bool], config: dict[str, Any], source: str) -> None:
+        import triton.language as tl
+
+        from xkernels.ops.fused import add_norm_kernels as K
+
+        n, rows = int(shape[-1]), prod(shape[:-1])
+        block_n = min(max(16, int(config["BLOCK_N"])), max(16, next_pow2(n)))
+        block_m = max(1, min(int(config["BLOCK_M"]), next_pow2(rows)))
+        tiles = max(1, (rows + block_m - 1) // block_m)
+        programs = backend.programs(tiles, "vector", device)
+        units = backend.compute_units(device)
+        if units:
+            programs = max(1, min(programs, int(config.get("WAVES") or 1) * units))
+        self.n_part = flags["NEED_DW"] + flags["NEED_DB"]
+        self.one_chunk = n <= block_n
+        reach = max([abs(v) for v in strides.values()] + [n]) * max(rows - 1, 0) + n
+        index64 = reach + 2**16 > INT32_MAX or programs * self.n_part * n + 2**16 > INT32_MAX
+        self.programs, self.tiles, self.n = programs, tiles, n
+        self.grid = (programs,)
+        self.tail = (rows, n, *(strides[k] for k in ("s", "x", "residual", "dy", "ds", "dx", "dr")))
+        self.db_at = n if flags["NEED_DW"] else 0
+        s_ty = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}[s_dtype]
+        self.constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, RMS=kind == "rms", **flags,
+                               ONE_CHUNK=self.one_chunk, INDEX_64=index64, S_TY=s_ty)
+        self.options = {k: config[k] for k in backend.launch_options if config.get(k) is not None}
+        self.config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "programs": programs, **self.options,
+                       "INDEX_64": index64}
+        self.source = source
+        self.launcher = Launcher(backend.kernel(K.add_norm_bwd_kernel), self.grid, self.constexprs, self.options,
+                                 backend.fast_launch)
+
+
+def _lookup(backend: Backend, device: torch.device, kind: str, s_dtype: torch.dtype, n: int,
+            rows: int) -> tuple[dict[str, Any], str]:
+    key = {"pass": "backward", "norm": kind, "dtype": str(s_dtype).removeprefix("torch."), "n": n, "rows": rows}
+    choice = tuning.lookup("add_norm", backend, backend.arch(device), key, BWD_DEFAULT)
+    return choice.config, choice.source
+
+
+def route(backend: Backend | None, device: torch.device, kind: str, s_dtype: torch.dtype, shape: torch.Size,
+          dtypes: tuple[torch.dtype | None, ...]) -> str:
+    """``"kernel"`` or ``"torch"``: the route of a backward (see the module doc). ``dtypes``: every
+    operand's and gradient's dtype (``None`` for an absent one)."""
+    if backend is None or not backend.runs_triton or prod(shape) == 0:
+        return "torch"
+    if s_dtype not in KERNEL_DTYPES or any(d is not None and d not in KERNEL_DTYPES for d in dtypes):
+        return "torch"
+    config, _ = _lookup(backend, device, kind, s_dtype, int(shape[-1]), prod(shape[:-1]))
+    how = config.get("backward", "kernel")
+    if how not in ("kernel", "torch"):
+        raise ValueError(f"xkernels: add_norm tuning rule for the backward says \"backward\": {how!r}; "
+                         f"expected \"kernel\" or \"torch\"")
+    return how
+
+
+def backward(backend: Backend, kind: str, offset: float, dy: torch.Tensor, ds: torch.Tensor | None,
+             s: torch.Tensor | None, x: torch.Tensor | None, residual: torch.Tensor | None,
+             mean: torch.Tensor | None, rstd: torch.Tensor, weight: torch.Tensor | None, bias_dtype: torch.dtype | None,
+             shape: torch.Size, s_dtype: torch.dtype, x_dtype: torch.dtype,
+             res: tuple[torch.Size, torch.dtype] | None,
+             needs: tuple[bool, bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+    """(d(x), d(residual), d(weight), d(bias)) by the kernel; ``needs``: which are required.
+    ``s`` is the saved sum, or ``None``: recomputed from ``x`` and ``residual`` (which are then
+    given). The caller has checked :func:`route`."""
+    dev = dy.device
+    n, rows = int(shape[-1]), prod(shape[:-1])
+    need_x, need_r = needs[0], needs[1] and res is not None
+    need_dw, need_db = needs[2] and weight is not None, needs[3] and bias_dtype is not None
+    broadcast = res is not None and tuple(res[0]) != tuple(shape)
+    shared = need_x and need_r and not broadcast and res is not None and res[1] == x_dtype
+    empty = add_norm_plan._empty  # looked up per call: tests poison it
+    dx = empty(shape, x_dtype, dev) if need_x else None
+    dr = None
+    if need_r and not shared:
+        dr = empty(shape, torch.float32 if broadcast else res[1], dev)
+    if not (need_x or need_r or need_dw or need_db):
+        return None, None, None, None
+    dy, sdy = _rows(dy, shape)
+    ds, sds = _rows(ds, shape)
+    s_rows, ss = _rows(s, shape)
+    x_rows, sx = _rows(x if s is None else None, shape)
+    r_rows, sr = _rows(residual if s is None else None, shape)
+    flags = dict(HAS_S=s is not None, HAS_RES=s is None and residual is not None, HAS_W=weight is not None,
+                 HAS_DS=ds is not None, STORE_X=dx is not None, STORE_R=dr is not None, NEED_DW=need_dw,
+                 NEED_DB=need_db)
+    strides = {"s": ss, "x": sx, "residual": sr, "dy": sdy, "ds": sds, "dx": n, "dr": n}
+    key = (backend.name, dev, kind, shape, s_dtype, _meta(s_rows), _meta(x_rows), _meta(r_rows), _meta(dy),
+           _meta(ds), _meta(weight), None if dx is None else dx.dtype, None if dr is None else dr.dtype,
+           tuple(flags.values()), tuning.forced_key())
+    plan = _plans.get(key)
+    if plan is None:
+        config, source = _lookup(backend, dev, kind, s_dtype, n, rows)
+        plan = _plans[key] = BwdPlan(backend, dev, kind, shape, s_dtype, strides, flags, config, source)
+        while len(_plans) > PLAN_CACHE_SIZE:
+            _plans.popitem(last=False)
+    part = None
+    if plan.n_part:
+        shape_p = (plan.programs, plan.n_part, n)  # one chunk: every element stored; chunks add atomically into zeros
+        part = empty(shape_p, torch.float32, dev) if plan.one_chunk else torch.zeros(shape_p, dtype=torch.float32,
+                                                                                     device=dev)
+    filler = dy  # any tensor: absent operands are never read or written (constexpr flags)
+    plan.launcher(s_rows if s_rows is not None else filler, x_rows if x_rows is not None else filler,
+                  r_rows if r_rows is not None else filler, dy, ds if ds is not None else filler,
+                  weight if weight is not None else filler, mean if mean is not None else rstd, rstd,
+                  dx if dx is not None else filler, dr if dr is not None else filler,
+                  part if part is not None else filler, *plan.tail, float(offset), plan.db_at, plan.n_part * n,
+                  plan.tiles, plan.programs)
+    gw = gb = None
+    if part is not None:
+        red = part.sum(0)
+        if need_dw:
+            gw = red[0].to(weight.dtype)
+        if need_db:
+            gb = red[plan.n_part - 1].to(bias_dtype)
+    gx = dx
+    gr = None
+    if need_r:
+        gr = dx if shared else dr.sum_to_size(res[0]).to(res[1]) if broadcast else dr
+    return gx, gr, gw, gb
