@@ -234,8 +234,9 @@ def agreeing(points: list[dict[str, Any]], m: int) -> dict[str, Any] | None:
 def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], shape: Shape, tma: Any,
          sel: Selection, precision: str) -> Selection:
     """``sel`` where it needs no evidence (a measured rule, the BLAS, a backend without a BLAS
-    alternative); else the kernel the evidence supports, or the BLAS with ``pending`` set."""
-    if sel.measured or sel.config.get("VENDOR") or not backend.kernel_needs_evidence:
+    alternative, a config forced by ``xkernels.tuning.force``: a sweep or a test asks for exactly
+    that kernel); else the kernel the evidence supports, or the BLAS with ``pending`` set."""
+    if sel.measured or sel.config.get("VENDOR") or not backend.kernel_needs_evidence or tuning.forced_config():
         return sel
     ck = check_key(op, backend, device, key, tma, precision)
     v = verdict(ck)

@@ -26,7 +26,8 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
     """No ``out``, operands used in place (no copies or folds): allocate the result and launch.
 
     ``canon`` is the call's arguments in ``params`` order: (a, b, out) for matmul, (x, weight,
-    bias, activation, negative_slope, out) for linear; the kernel's a/b operands are views of the
+    bias, activation, negative_slope, residual, out) for linear (a call with a residual has no
+    entry: ``Linear.make_hot``); the kernel's a/b operands are views of the
     first two sharing their data pointers. The entry takes the bias and leaky_relu's slope per
     call."""
     a, b = canon[0], canon[1]
@@ -73,7 +74,7 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
     follows_setting = dtype == torch.float32
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor | None:
+            residual: None = None, out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
         c = alloc(size, stride, dtype)
@@ -102,11 +103,11 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
         linear_only = torch.nn.functional.linear
 
         def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-                out: None = None) -> torch.Tensor:
+                residual: None = None, out: None = None) -> torch.Tensor:
             return linear_only(x, weight, bias)
     else:
         def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-                out: None = None) -> torch.Tensor:
+                residual: None = None, out: None = None) -> torch.Tensor:
             return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
 
     hot.autograd_entry = hot  # type: ignore[attr-defined]
@@ -116,7 +117,7 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> Any:
     epilogue, out_shape, folded = plan.epilogue, call.out_shape, call.a.shape
 
     def fused(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-              out: None = None) -> torch.Tensor:
+              residual: None = None, out: None = None) -> torch.Tensor:
         return epilogue_linear(x if x.dim() == 2 else x.reshape(folded), weight.t(), bias, epilogue).view(out_shape)
 
     fused.autograd_entry = hot  # type: ignore[attr-defined]
@@ -139,7 +140,7 @@ def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
     follows_setting = dtype == torch.float32
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor | None:
+            residual: None = None, out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
         s = float(slope) if leaky else fixed_slope
@@ -205,7 +206,7 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
                                   2: Descriptor(tuple(c_shape), (N, 1))})
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor | None:
+            residual: None = None, out: None = None) -> torch.Tensor | None:
         c = alloc(size, stride, dtype)
         if record is not None and record(a, b, c, bias if has_bias else c):
             return c
