@@ -34,11 +34,13 @@ def _llama_like(tf, family: str):
 
 #: per family: the block fusions patch() makes in a 2-layer model (the RMSNorms: 2 per layer + the
 #: final one; Phi-3's decoder layer adds dropout to its residuals, so it keeps its own forward)
+DECODER = "residual add + norm (pre-norm decoder layer) + residual add in mlp.down_proj"
+GPT2 = "residual add + norm (GPT-2 block) + residual add in mlp.c_proj (while dropout is inactive)"
 EXPECTED = {
-    "llama": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5},
-    "mistral": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5},
-    "qwen2": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5},
-    "gemma": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5},
+    "llama": {DECODER: 2, "gated mlp": 2, "rms norm": 5},
+    "mistral": {DECODER: 2, "gated mlp": 2, "rms norm": 5},
+    "qwen2": {DECODER: 2, "gated mlp": 2, "rms norm": 5},
+    "gemma": {DECODER: 2, "gated mlp": 2, "rms norm": 5},
     "phi3": {"gated mlp (gate_up)": 2, "rms norm": 5},
 }
 
@@ -122,7 +124,7 @@ def test_gpt2_and_vit_blocks(backend, device):
                                    image_size=16, patch_size=8, **ATTN), add_pooling_layer=False).to(device).eval()
     ids = torch.randint(0, 64, (2, 6), device=device)
     pixels = torch.randn(2, 3, 16, 16, device=device)
-    for model, x, fusion in ((gpt2, ids, "residual add + norm (GPT-2 block)"),
+    for model, x, fusion in ((gpt2, ids, GPT2),
                              (vit, pixels, "residual add + norm (ViT layer)")):
         ref64 = copy.deepcopy(model).double()
         with torch.no_grad():
@@ -188,3 +190,86 @@ def test_patched_block_copies_compute_with_their_own_parameters():
         a, b = model(ids).logits, twin(ids).logits
     assert not torch.allclose(a, b)
     assert twin.model.layers[0].forward.__self__ is twin.model.layers[0]
+
+
+class _Spy:
+    """Counts ``xkernels.blocks``' ``linear`` calls with a residual (and those writing into it)."""
+
+    def __init__(self, monkeypatch):
+        self.with_residual = self.in_place = 0
+        real = blocks.linear
+
+        def spy(*args, **kwargs):
+            if kwargs.get("residual") is not None:
+                self.with_residual += 1
+                self.in_place += kwargs.get("out") is kwargs["residual"]
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(blocks, "linear", spy)
+
+
+def test_decoder_layer_adds_the_residual_in_down_proj(backend, device, monkeypatch):
+    """The pre-norm decoder layer's closing add runs in the down projection's epilogue (in place
+    under no_grad, out of place while training, gradients as the unpatched model's); a hooked
+    down_proj keeps the add after it, and the report says which layers fuse it."""
+    tf = require_transformers()
+    torch.manual_seed(0)
+    model = _llama_like(tf, "llama").to(device)
+    ref64 = copy.deepcopy(model).double()
+    ids = torch.randint(0, 64, (2, 5), device=device)
+    want, want_grads = _run(model, ids, True)
+    ref, ref_grads = _run(ref64, ids, True)
+    model.model.layers[1].mlp.down_proj.register_forward_hook(lambda *a: None)
+    report = xkernels.patch(model)
+    names = {b.name: b.fusion for b in report.blocks}
+    assert names["model.layers.0"] == DECODER
+    assert names["model.layers.1"] == "residual add + norm (pre-norm decoder layer)"
+    spy = _Spy(monkeypatch)
+    got, got_grads = _run(model, ids, True)
+    assert (spy.with_residual, spy.in_place) == (1, 0)
+    assert_model_close(got, want.detach(), ref.detach())
+    for g, w, r in zip(got_grads, want_grads, ref_grads):
+        assert_model_close(g, w, r)
+    got, _ = _run(model, ids, False)
+    assert (spy.with_residual, spy.in_place) == (2, 1)
+    assert_model_close(got, want.detach(), ref.detach())
+
+
+def test_gpt2_block_fuses_c_proj_only_while_dropout_is_inactive(backend, device, monkeypatch):
+    """GPT-2's ``residual + dropout(c_proj(h))``: the residual goes into c_proj's epilogue in eval
+    and with p = 0 (gradients as the unpatched model's); in training with p > 0 the add stays
+    after the dropout (same dropout masks as the unpatched model for the same seed)."""
+    tf = require_transformers()
+    torch.manual_seed(0)
+    cfg = dict(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, embd_pdrop=0.0, attn_pdrop=0.0, **ATTN)
+    ids = torch.randint(0, 64, (2, 6), device=device)
+    for p in (0.0, 0.1):
+        model = tf.GPT2Model(tf.GPT2Config(resid_pdrop=p, **cfg)).to(device).train()
+        twin = copy.deepcopy(model)
+        ref64 = copy.deepcopy(model).double()
+
+        def run(m, seed=1):
+            torch.manual_seed(seed)
+            m.zero_grad(set_to_none=True)
+            out = m(ids).last_hidden_state
+            out.float().sum().backward()
+            return out.detach(), [q.grad for q in m.parameters() if q.grad is not None]
+
+        want, want_grads = run(twin)
+        ref, ref_grads = run(ref64)
+        report = xkernels.patch(model)
+        assert report.counts()[GPT2] == 2
+        spy = _Spy(monkeypatch)
+        got, got_grads = run(model)
+        assert spy.with_residual == (2 if p == 0 else 0)
+        assert_model_close(got, want, ref)
+        for g, w, r in zip(got_grads, want_grads, ref_grads):
+            assert_model_close(g, w, r)
+        model.eval()
+        with torch.no_grad():
+            got = model(ids).last_hidden_state
+            want = twin.eval()(ids).last_hidden_state
+            ref = ref64.eval()(ids).last_hidden_state
+        assert spy.with_residual == (4 if p == 0 else 2) and spy.in_place == 2
+        assert_model_close(got, want, ref)
+        monkeypatch.undo()

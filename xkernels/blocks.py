@@ -12,7 +12,18 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
 * ``rms norm``: a Llama- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
-  (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``.
+  (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``;
+* ``residual add in the down projection``: the block's closing ``residual + mlp(h)`` as
+  ``linear(..., residual=residual)``, the residual added in the projection's epilogue: in the
+  pre-norm decoder layer where its mlp runs the fused gated MLP forward and ``down_proj`` is a
+  plain ``nn.Linear`` / ``xkernels.nn.Linear`` (no activation, no hooks); in GPT-2's block where
+  the mlp is GPT-2's (``dropout(c_proj(act(c_fc(h))))``), ``c_proj`` a plain ``Conv1D`` and the
+  dropout inactive (eval, or p = 0; checked at every call: training with dropout keeps the add
+  after it). Under no_grad (inference) the result is written into the residual sum itself,
+  which the block made and nothing else holds (one GEMM reading and writing it, also on the
+  vendor route: ``addmm_``). The attention's output projection keeps its own forward: its
+  residual add is already fused with the norm after it (``add_rms_norm``), and reaching
+  ``o_proj`` would mean re-implementing attention.
 
 The fused forward reads the module's parameters at every call (never a copy), so ``.to()``,
 loading a state dict and training keep working; dropout runs where the original runs it. The
@@ -32,8 +43,9 @@ from typing import Any
 
 import torch
 
-from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
-from xkernels.patterns import activation_of
+from xkernels import nn as xnn
+from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear, linear
+from xkernels.patterns import activation_of, loaded, patterns
 
 # -- the originals, as read in transformers 5.23 ----------------------------------------------------
 LLAMA_DECODER_LAYER = '''
@@ -99,6 +111,15 @@ def forward(self, hidden_states, past_key_values=None, attention_mask=None, enco
     hidden_states = self.ln_2(hidden_states)
     feed_forward_hidden_states = self.mlp(hidden_states)
     hidden_states = residual + feed_forward_hidden_states
+    return hidden_states
+'''
+
+GPT2_MLP = '''
+def forward(self, hidden_states):
+    hidden_states = self.c_fc(hidden_states)
+    hidden_states = self.act(hidden_states)
+    hidden_states = self.c_proj(hidden_states)
+    hidden_states = self.dropout(hidden_states)
     return hidden_states
 '''
 
@@ -225,8 +246,7 @@ def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any =
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     hidden_states, residual = add_norm(self.post_attention_layernorm, hidden_states, residual)
-    hidden_states = self.mlp(hidden_states)
-    return residual + hidden_states
+    return _gated_mlp_plus(self.mlp, hidden_states, residual)
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
@@ -254,22 +274,113 @@ def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = N
     attn_output, _ = self.attn(hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
                                use_cache=use_cache, **kwargs)
     hidden_states, residual = add_norm(self.ln_2, attn_output, residual)
-    return residual + self.mlp(hidden_states)
+    return _gpt2_mlp_plus(self.mlp, hidden_states, residual)
 
 
 def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return add_norm(self, hidden_states, None, return_sum=False)
 
 
-def _llama_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
+def _llama_gated(self: Any, x: torch.Tensor) -> torch.Tensor:
     gate, up = self.gate_proj, self.up_proj
-    return self.down_proj(gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, self._xkernels_activation))
+    return gated_linear(x, gate.weight, up.weight, gate.bias, up.bias, self._xkernels_activation)
+
+
+def _phi3_gated(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    gate_up = self.gate_up_proj
+    return gated_linear(hidden_states, gate_up.weight, None, gate_up.bias, None, self._xkernels_activation)
+
+
+def _llama_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(_llama_gated(self, x))
 
 
 def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    gate_up = self.gate_up_proj
-    return self.down_proj(gated_linear(hidden_states, gate_up.weight, None, gate_up.bias, None,
-                                       self._xkernels_activation))
+    return self.down_proj(_phi3_gated(self, hidden_states))
+
+
+#: the fused gated-MLP forwards and the part of each before the down projection
+_GATED_PART = {_llama_mlp: _llama_gated, _phi3_mlp: _phi3_gated}
+
+
+# -- the residual add in the down projection's epilogue -------------------------------------------------
+def _plain_projection(m: Any) -> bool:
+    """A projection computing ``F.linear(x, m.weight, m.bias)`` alone: ``nn.Linear``, or
+    ``xkernels.nn.Linear`` without an activation; no hooks."""
+    return ((type(m) is torch.nn.Linear or type(m) is xnn.Linear and m.activation is None)
+            and not _hooked(m))
+
+
+def _plain_conv1d(m: Any) -> bool:
+    """transformers' ``Conv1D`` (``x @ weight + bias``, weight (in, out)) or ``xkernels.nn.Conv1D``
+    without an activation; no hooks."""
+    conv1d = tuple(cls for cls, _ in loaded(patterns()["conv1d"]))
+    return ((type(m) in conv1d or type(m) is xnn.Conv1D and m.activation is None) and not _hooked(m)
+            and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2)
+
+
+def _plus(x: torch.Tensor, weight: torch.Tensor, bias: Any, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + F.linear(x, weight, bias)`` as one ``linear``. ``residual`` is a sum the block
+    made (``add_norm``'s): where nothing can need it afterwards (no gradient recorded, not
+    tracing) the result is written into it."""
+    in_place = (not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                                     for t in (x, weight, bias, residual)))
+                and not torch.compiler.is_compiling()
+                and torch.promote_types(x.dtype, residual.dtype) == residual.dtype
+                and residual.shape == (*x.shape[:-1], weight.shape[0]))
+    if in_place:
+        return linear(x, weight, bias, residual=residual, out=residual)
+    return linear(x, weight, bias, residual=residual)
+
+
+def _gated_down(mlp: Any) -> Any:
+    """``mlp``'s down projection where ``mlp`` runs a fused gated-MLP forward (or will, once
+    patched) and its ``down_proj`` is plain: the residual can be added in its epilogue."""
+    if not isinstance(mlp, torch.nn.Module) or _hooked(mlp):
+        return None
+    down = getattr(mlp, "down_proj", None)
+    return down if _plain_projection(down) else None
+
+
+def _gated_mlp_plus(mlp: Any, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + mlp(h)``, the residual added in the down projection's epilogue where
+    ``mlp`` runs the fused gated MLP forward and its down projection is plain."""
+    gated = _GATED_PART.get(getattr(mlp.__dict__.get("forward"), "__func__", None))
+    down = _gated_down(mlp) if gated is not None else None
+    if down is None:
+        return residual + mlp(h)
+    return _plus(gated(mlp, h), down.weight, down.bias, residual)
+
+
+def _gpt2_mlp_ok(mlp: Any) -> bool:
+    """Whether ``mlp`` is GPT-2's MLP (by its forward) with a plain ``c_proj`` and no hooks."""
+    return (isinstance(mlp, torch.nn.Module) and _class_forward(type(mlp)) == canonical(GPT2_MLP)
+            and "forward" not in mlp.__dict__ and not _hooked(mlp) and _plain_conv1d(getattr(mlp, "c_proj", None))
+            and type(getattr(mlp, "dropout", None)) is torch.nn.Dropout and not _hooked(mlp.dropout))
+
+
+def _gpt2_mlp_plus(mlp: Any, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``residual + mlp(h)``; GPT-2's MLP with its dropout inactive (eval, or p = 0) adds the
+    residual in ``c_proj``'s epilogue, after ``act(c_fc(h))`` (their own modules, fused or not)."""
+    if not _gpt2_mlp_ok(mlp) or (mlp.dropout.training and mlp.dropout.p > 0):
+        return residual + mlp(h)
+    proj = mlp.c_proj
+    return _plus(mlp.act(mlp.c_fc(h)), proj.weight.t(), proj.bias, residual)
+
+
+def describe(module: torch.nn.Module, fusion: BlockFusion) -> str:
+    """The fusion's name for ``module``, with the residual add in the down projection where the
+    block will make it (the report's line)."""
+    if fusion.forward is _decoder_layer:
+        mlp = getattr(module, "mlp", None)
+        found = fusion_for(mlp) if isinstance(mlp, torch.nn.Module) else (None, None)
+        gated = (found[0] is not None and found[0].forward in _GATED_PART and found[1] is None
+                 or getattr(mlp.__dict__.get("forward") if mlp is not None else None, "__func__", None) in _GATED_PART)
+        if gated and _gated_down(mlp) is not None:
+            return fusion.name + " + residual add in mlp.down_proj"
+    if fusion.forward is _gpt2_block and _gpt2_mlp_ok(getattr(module, "mlp", None)):
+        return fusion.name + " + residual add in mlp.c_proj (while dropout is inactive)"
+    return fusion.name
 
 
 # -- when each applies --------------------------------------------------------------------------------

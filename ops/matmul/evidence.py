@@ -236,7 +236,8 @@ def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], s
     """``sel`` where it needs no evidence (a measured rule, the BLAS, a backend without a BLAS
     alternative, a config forced by ``xkernels.tuning.force``: a sweep or a test asks for exactly
     that kernel); else the kernel the evidence supports, or the BLAS with ``pending`` set."""
-    if sel.measured or sel.config.get("VENDOR") or not backend.kernel_needs_evidence or tuning.forced_config():
+    if (sel.measured or sel.config.get("VENDOR") or not backend.kernel_needs_evidence
+            or tuning.forced_config() is not None):
         return sel
     ck = check_key(op, backend, device, key, tma, precision)
     v = verdict(ck)

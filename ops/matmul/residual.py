@@ -137,6 +137,8 @@ def vendor_variant(call: MatmulCall, epilogue: str | None) -> str:
                 "residual itself (contiguous), residual.addmm_(x, weight.T): one GEMM in place")
     first = (f"torch._addmm_activation ({'bias' if call.bias is not None else 'zero bias'} + {epilogue} in the BLAS "
              "epilogue)" if epilogue else "F.linear + activation")
+    if call.result_dtype != call.dtype:
+        return f"{first}, then the residual added (promoting the result to {call.result_dtype}: a second pass)"
     return f"{first}, then the residual added in place into that result (a second pass)"
 
 
