@@ -319,13 +319,16 @@ def _plain_conv1d(m: Any) -> bool:
             and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2)
 
 
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+
+
 def _plus(x: torch.Tensor, weight: torch.Tensor, bias: Any, residual: torch.Tensor) -> torch.Tensor:
     """``residual + F.linear(x, weight, bias)`` as one ``linear``. ``residual`` is a sum the block
     made (``add_norm``'s): where nothing can need it afterwards (no gradient recorded, not
     tracing) the result is written into it."""
     in_place = (not (torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                                      for t in (x, weight, bias, residual)))
-                and not torch.compiler.is_compiling()
+                and not _is_compiling()
                 and torch.promote_types(x.dtype, residual.dtype) == residual.dtype
                 and residual.shape == (*x.shape[:-1], weight.shape[0]))
     if in_place:
