@@ -24,6 +24,7 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 #: unit roundoff of each dtype: the unfused routes round act(x @ W.T + b) to x's dtype, then the sum
 U = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
 B, S, K, N = 2, 3, 24, 16
+_POINTER = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}
 
 
 def _reference(x, w, b, act, r, slope=0.01):
@@ -70,6 +71,16 @@ def test_forward_matches_float64(backend, device, dtype):
             _check(got, x, w, bias, act, r, slope=0.2)
         if backend.runs_triton:
             assert "residual" in linear.explain(x, w, residual=r).variant, name
+            # the kernels themselves (on cuda the tables may pick the BLAS): pointer, and TMA where
+            # the device loads through tensor descriptors (16-byte rows: fp16/bf16 here)
+            for cfg in (_POINTER, {**_POINTER, "TMA": True, "PERSISTENT": True}):
+                with tuning.force(cfg):
+                    exp = linear.explain(x, w, b, "gelu", residual=r)
+                    assert exp.route == "triton kernel" and "residual" in exp.variant, exp
+                    out = poisoned((B, S, N), torch.result_type(x, r) if r.dim() else dtype, device)
+                    with Unchanged(x, w, b, r):
+                        linear(x, w, b, "gelu", residual=r, out=out)
+                    _check(out, x, w, b, "gelu", r)
 
 
 def test_residual_needing_a_copy_and_1d_x(backend, device):
@@ -79,8 +90,11 @@ def test_residual_needing_a_copy_and_1d_x(backend, device):
     r = rand((2, 1, 4, N), torch.float32, device)
     with Unchanged(x, w, r):
         _check(linear(x, w, residual=r), x, w, None, None, r)
-    if backend.runs_triton:
-        assert "copied" in linear.explain(x, w, residual=r).config["residual"]
+    if backend.runs_triton:  # the kernel route (forced: on cuda the tables may pick the BLAS)
+        with tuning.force({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}):
+            assert "copied" in linear.explain(x, w, residual=r).config["residual"]
+            with Unchanged(x, w, r):
+                _check(linear(x, w, residual=r), x, w, None, None, r)
     x1, r1 = rand((K,), torch.float32, device), rand((N,), torch.float32, device)
     _check(linear(x1, w, residual=r1), x1, w, None, None, r1)
 
