@@ -14,7 +14,9 @@ through the ``torch.autograd.Function`` subclasses here: the forward is the op's
   slope >= 0 read their derivative off the output. gelu, gelu_tanh, silu and a negative slope
   need the pre-activation: eagerly, ``Linear.autograd`` runs them as ``linear`` + PyTorch's
   activation, so autograd keeps it; the registered custom op (``library.py``, one fused node
-  under ``torch.compile``) recomputes it in the backward with ``xkernels.ops.linear``.
+  under ``torch.compile``) recomputes it in the backward with ``xkernels.ops.linear``. A
+  ``residual`` gets the output's gradient summed over its broadcast dims, in its dtype; the rest
+  take the output's gradient cast to x's dtype (a residual may promote the result).
 
 Calls whose plan is the vendor BLAS do not come here: their hot entry runs torch's ops, which
 autograd records itself (``Op.__call__``).
@@ -103,11 +105,13 @@ def activation_grad(grad: torch.Tensor, activation: str | None, slope: float, y:
     ``pre()`` (the recomputed pre-activation)."""
     if activation is None:
         return grad
-    if activation == "relu":
+    if activation == "relu" and y is not None:
         return aten.threshold_backward(grad, y, 0)
-    if activation == "leaky_relu" and slope >= 0:  # y > 0 exactly where the pre-activation is
+    if activation == "leaky_relu" and slope >= 0 and y is not None:  # y > 0 exactly where the pre-activation is
         return aten.leaky_relu_backward(grad, y, slope, True)
-    z = pre()
+    z = pre()  # (relu without y: a residual was added to the output)
+    if activation == "relu":
+        return aten.threshold_backward(grad, z, 0)
     if activation == "leaky_relu":
         return aten.leaky_relu_backward(grad, z, slope, False)
     if activation == "gelu":
@@ -120,9 +124,12 @@ def activation_grad(grad: torch.Tensor, activation: str | None, slope: float, y:
 
 
 def linear_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    activation: str | None, slope: float, y: torch.Tensor, needs: tuple[bool, bool, bool],
+                    activation: str | None, slope: float, y: torch.Tensor | None, needs: tuple[bool, bool, bool],
                     mm: MatmulFn, lin: LinearFn) -> tuple[torch.Tensor | None, ...]:
-    """Gradients of ``act(x @ weight.T + bias)`` for x, weight and bias."""
+    """Gradients of ``act(x @ weight.T + bias)`` for x, weight and bias (``y``: the output where
+    the activation's derivative is read off it, else ``None``)."""
+    if grad.dtype != x.dtype and not grad.is_complex():  # a residual promoted the sum: as autograd casts it
+        grad = grad.to(x.dtype)
     gz = activation_grad(grad, activation, slope, y, lambda: lin(x, weight, bias))
     n, k = weight.shape
     g2 = gz.reshape(-1, n)
@@ -173,18 +180,27 @@ class MatmulFunction(torch.autograd.Function):
         return None, None, ga, gb
 
 
+def keeps_output(activation: str | None, slope: float, residual: Any) -> bool:
+    """Whether the activation's derivative is read off the output (relu, leaky_relu with a slope
+    >= 0), which a residual added to it rules out."""
+    return residual is None and (activation == "relu" or activation == "leaky_relu" and slope >= 0)
+
+
 class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, run: Callable[..., torch.Tensor], mm: MatmulFn, lin: LinearFn, x: torch.Tensor,
-                weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None, slope: float) -> torch.Tensor:
-        """``run(x, weight, bias)``; ``mm`` and ``lin`` (``xkernels.ops.matmul`` / ``linear``)
-        compute the backward GEMMs and a recomputed pre-activation."""
-        y = run(x, weight, bias)
+                weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None, slope: float,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``run(x, weight, bias)`` (``run(x, weight, bias, residual)`` with a residual); ``mm``
+        and ``lin`` (``xkernels.ops.matmul`` / ``linear``) compute the backward GEMMs and a
+        recomputed pre-activation."""
+        y = run(x, weight, bias) if residual is None else run(x, weight, bias, residual)
         ctx.mm, ctx.lin = mm, lin
         # the output is kept only where the derivative is read off it (see activation_grad)
-        keep_y = activation == "relu" or activation == "leaky_relu" and slope >= 0
+        keep_y = keeps_output(activation, slope, residual)
         ctx.save_for_backward(x, weight, bias, y if keep_y else None)
         ctx.activation, ctx.slope = activation, float(slope)
+        ctx.residual = None if residual is None else _Operand(residual)
         return y
 
     @staticmethod
@@ -193,4 +209,6 @@ class LinearFunction(torch.autograd.Function):
         needs = ctx.needs_input_grad
         gx, gw, gb = linear_backward(grad, x, weight, bias, ctx.activation, ctx.slope, y,
                                      (needs[3], needs[4], needs[5]), ctx.mm, ctx.lin)
-        return None, None, None, gx, gw, gb, None, None
+        r = ctx.residual
+        gr = _to_operand(grad, r.shape, r.dtype, r.device) if r is not None and needs[8] else None
+        return None, None, None, gx, gw, gb, None, None, gr

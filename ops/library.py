@@ -12,7 +12,7 @@ backward GEMMs through ``xkernels::matmul``):
     xkernels::add.ScalarTensor(Scalar x, Tensor y, *, Scalar alpha=1) -> Tensor  # add(2.0, y)
     xkernels::matmul(Tensor a, Tensor b) -> Tensor
     xkernels::linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None,
-                     float negative_slope=0.01) -> Tensor
+                     float negative_slope=0.01, Tensor? residual=None) -> Tensor
 
 Under ``torch.compiler.is_compiling()`` ``xkernels.ops.*`` calls go to these (``Op.__call__``),
 so Dynamo puts one opaque node per call in the graph and never traces the dispatch. ``out=`` is
@@ -36,7 +36,7 @@ SCHEMAS = {
     "add.ScalarTensor": "add.ScalarTensor(Scalar x, Tensor y, *, Scalar alpha=1) -> Tensor",
     "matmul": "matmul(Tensor a, Tensor b) -> Tensor",
     "linear": "linear(Tensor x, Tensor weight, Tensor? bias=None, str? activation=None, "
-              "float negative_slope=0.01) -> Tensor",
+              "float negative_slope=0.01, Tensor? residual=None) -> Tensor",
 }
 _lib: Any = None
 _registered: dict[str, Any] = {}  # op name -> the Op object, handed in by ``register``
@@ -60,8 +60,11 @@ def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None,
-            negative_slope: float = 0.01) -> torch.Tensor:
-    return _ops()["linear"].call_no_grad(x, weight, bias, activation, negative_slope=negative_slope)
+            negative_slope: float = 0.01, residual: torch.Tensor | None = None) -> torch.Tensor:
+    if residual is None:
+        return _ops()["linear"].call_no_grad(x, weight, bias, activation, negative_slope=negative_slope)
+    return _ops()["linear"].call_no_grad(x, weight, bias, activation, negative_slope=negative_slope,
+                                         residual=residual)
 
 
 def _empty(shape: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -84,9 +87,10 @@ def _matmul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                 activation: str | None = None, negative_slope: float = 0.01) -> torch.Tensor:
-    call = _ops()["linear"].check(x, weight, bias, activation, negative_slope=negative_slope)
-    return _empty(call.out_shape, call.dtype, call.device)
+                 activation: str | None = None, negative_slope: float = 0.01,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    call = _ops()["linear"].check(x, weight, bias, activation, negative_slope=negative_slope, residual=residual)
+    return _empty(call.out_shape, call.result_dtype, call.device)
 
 
 # -- autograd -----------------------------------------------------------------------------------
@@ -124,10 +128,11 @@ def _matmul_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
 
 
 def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-    x, weight, bias, activation, slope = inputs
-    keep_y = activation == "relu" or activation == "leaky_relu" and slope >= 0
+    x, weight, bias, activation, slope, residual = inputs
+    keep_y = grads.keeps_output(activation, slope, residual)
     ctx.save_for_backward(x, weight, bias, output if keep_y else None)
     ctx.activation, ctx.slope = activation, float(slope)
+    ctx.residual = None if residual is None else grads._Operand(residual)
 
 
 def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -135,7 +140,9 @@ def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     n = ctx.needs_input_grad
     gx, gw, gb = grads.linear_backward(grad, x, weight, bias, ctx.activation, ctx.slope, y, (n[0], n[1], n[2]),
                                        _mm, _lin)
-    return gx, gw, gb, None, None
+    r = ctx.residual
+    gr = grads._to_operand(grad, r.shape, r.dtype, r.device) if r is not None and n[5] else None
+    return gx, gw, gb, None, None, gr
 
 
 def register(ops: dict[str, Any]) -> None:

@@ -173,7 +173,8 @@ def tune(op: Any, call: Any, backend: Any, plan: Any) -> Any:
     if op.name in ("matmul", "linear"):
         mag = torch.matmul(trial.a.abs().double(), trial.b.abs().double())
         mag = (mag + trial.bias.abs().double() if trial.bias is not None else mag).reshape(ref.shape)
-    dot = 2 * tol.dot_coefficient(call.a.shape[-1], call.activation) if mag is not None else 0.0
+    dot = (2 * tol.dot_coefficient(call.a.shape[-1], call.activation, getattr(call, "residual", None) is not None)
+           if mag is not None else 0.0)
     tol2 = dataclasses.replace(tol, rtol=2 * tol.rtol, atol=2 * tol.atol)
     ref64 = ref.double() if ref.dtype.is_floating_point else ref.long()
     timing = Settings(warmup=2, warmup_s=0.02, min_reps=5, max_reps=30, budget_s=0.05, flush=True)

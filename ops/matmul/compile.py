@@ -1,9 +1,10 @@
 """``matmul`` / ``linear``: their compile cases for the offline Ascend check (``Op.compile_cases``).
 
 A call's class is a dict of table conditions (``_MatmulBase.compile_classes``: dtype, activation,
-bias). For each class the op's rules are walked in ``xkernels.tuning.lookup``'s order: each rule
-whose non-shape conditions admit the class is compiled for it, until a rule without shape
-conditions (``m``/``n``/``k``/``batch`` and their ``_min``/``_max``) ends the walk. A class no such
+bias; linear's also ``residual``, compiled with a full residual: the residual entry points). For
+each class the op's rules are walked in ``xkernels.tuning.lookup``'s order: each rule whose
+non-shape conditions admit the class is compiled for it, until a rule without shape conditions
+(``m``/``n``/``k``/``batch`` and their ``_min``/``_max``) ends the walk. A class no such
 rule ends reaches the wave model: its candidates (the table's ``"candidates"`` groups, else
 ``BUILTIN_CANDIDATES``) are compiled for it. Every ``"candidates"`` group is compiled for each
 class it admits. A rule no class reaches is a note (never selected), not compiled. A
@@ -109,23 +110,26 @@ def matmul_layouts(cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[st
 
 def linear_layouts(cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[str, Any],
                    dtype: torch.dtype) -> Iterator[tuple[str, tuple, dict]]:
-    """linear's ``x @ W.T`` with the class's bias and activation and, with SPLIT_K, a split call."""
+    """linear's ``x @ W.T`` with the class's bias, activation (and residual) and, with SPLIT_K, a
+    split call."""
     bm, bn, bk, M, N, K, split = _sizes(cfg, shape_when)
     act = None if cls["activation"] == "none" else cls["activation"]
-    epilogue = (" + b" if cls["bias"] else "") + f", {act}"
+    res = bool(cls.get("residual"))
+    epilogue = (" + b" if cls["bias"] else "") + f", {act}" + (" + residual" if res else "")
 
     def args(m: int, n: int, k: int) -> tuple:
         return (meta((m, k), dtype), meta((n, k), dtype), meta((n,), dtype) if cls["bias"] else None, act)
 
-    yield f"x @ W.T{epilogue}", args(M, N, K), {}
+    def kwargs(m: int, n: int) -> dict:
+        return {"residual": meta((m, n), dtype)} if res else {}
+
+    yield f"x @ W.T{epilogue}", args(M, N, K), kwargs(M, N)
     if split > 1:
-        yield f"split-K, x @ W.T{epilogue}", args(dim("m", bm, shape_when), dim("n", bn, shape_when),
-                                                  dim("k", 4 * bk * split, shape_when)), {}
+        m, n = dim("m", bm, shape_when), dim("n", bn, shape_when)
+        yield f"split-K, x @ W.T{epilogue}", args(m, n, dim("k", 4 * bk * split, shape_when)), kwargs(m, n)
 
 
 def mm_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
-    from xkernels.ops.matmul import kernels as matmul_kernels
-
     entries, never = mm_entries(op, target)
     target.notes.extend(never)
     soc = target.soc
@@ -150,9 +154,9 @@ def mm_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                     ws = meta((plan.split_k, *out.shape[-2:]), torch.float32)
                     rt = plan.args(call.a, call.b, ws, None, call.slope)
                     yield target.case(op.name, plan.jit_fn, rt, plan.constexprs, cls["dtype"], name + " (partials)")
-                    rt = plan.reduce_args(ws, out, call.bias, call.slope)
-                    yield target.case(op.name, matmul_kernels.splitk_reduce_kernel, rt, plan.reduce_launcher.constexprs,
+                    rt = plan.reduce_args(ws, out, call.bias, call.slope, call.residual)
+                    yield target.case(op.name, plan.reduce_jit_fn, rt, plan.reduce_launcher.constexprs,
                                       cls["dtype"], name + " (reduction)")
                     continue
-                rt = plan.args(call.a, call.b, out, call.bias, call.slope)
+                rt = plan.args(call.a, call.b, out, call.bias, call.slope, call.residual)
                 yield target.case(op.name, plan.jit_fn, rt, plan.constexprs, cls["dtype"], name)

@@ -32,9 +32,11 @@ def make_hot(plan: MatmulPlan, call: MatmulCall, canon: tuple[Any, ...]) -> Rout
     the operands used in place (no copies or folds), allocate the result and launch. ``None``
     (the signature's repeats keep the full path) otherwise.
 
-    ``canon`` is the call's arguments in ``params`` order (module doc); the kernel's a/b operands
-    are views of the first two sharing their data pointers. The route takes the bias and
-    leaky_relu's slope per call."""
+    ``canon`` is the call's arguments in ``params`` order: (a, b, out) for matmul, (x, weight,
+    bias, activation, negative_slope, residual, out) for linear (a call with a residual has no
+    entry: ``Linear.make_hot``); the kernel's a/b operands are views of the
+    first two sharing their data pointers. The route takes the bias and leaky_relu's slope per
+    call."""
     a, b = canon[0], canon[1]
     if plan.vendor and call.out is None:
         return _hot_vendor(plan, call)
@@ -73,7 +75,7 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
     follows_setting = dtype == torch.float32
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor | None:
+            residual: None = None, out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
         c = alloc(size, stride, dtype)
@@ -100,11 +102,11 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
         linear_only = torch.nn.functional.linear
 
         def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-                out: None = None) -> torch.Tensor:
+                residual: None = None, out: None = None) -> torch.Tensor:
             return linear_only(x, weight, bias)
     else:
         def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-                out: None = None) -> torch.Tensor:
+                residual: None = None, out: None = None) -> torch.Tensor:
             return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
 
     if not plan.epilogue:
@@ -112,7 +114,7 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
     epilogue, out_shape, folded = plan.epilogue, call.out_shape, call.a.shape
 
     def fused(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
-              out: None = None) -> torch.Tensor:
+              residual: None = None, out: None = None) -> torch.Tensor:
         return epilogue_linear(x if x.dim() == 2 else x.reshape(folded), weight.t(), bias, epilogue).view(out_shape)
 
     return VendorRoute(fused, f"BLAS epilogue {epilogue}", autograd_run=hot)
@@ -134,7 +136,7 @@ def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
     follows_setting = dtype == torch.float32
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor | None:
+            residual: None = None, out: None = None) -> torch.Tensor | None:
         if follows_setting and precision(backend, dtype) != planned:
             return None  # torch's TF32 setting changed since this was planned
         s = float(slope) if leaky else fixed_slope
@@ -200,7 +202,7 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
                                   2: Descriptor(tuple(c_shape), (N, 1))})
 
     def hot(a: torch.Tensor, b: torch.Tensor, bias: Any = None, activation: Any = None, slope: Any = 0.01,
-            out: None = None) -> torch.Tensor | None:
+            residual: None = None, out: None = None) -> torch.Tensor | None:
         c = alloc(size, stride, dtype)
         if record is not None and record(a, b, c, bias if has_bias else c):
             return c

@@ -17,6 +17,11 @@ this tile's epilogue) and store C in two column halves (``PERSISTENT``, ``EPILOG
 Few rows (M <= 64) can split K (``SPLIT_K``): more programs stream B at once, and a second
 kernel, ``splitk_reduce_kernel``, adds the fp32 partials in a fixed order (deterministic).
 
+A residual (``linear(..., residual=r)``) is added after the activation by the ``*_residual_kernel``
+entry points (same bodies, ``RES`` > 0, see ``ops/matmul/residual.py``): loaded in its own dtype,
+added in fp32, one rounding to C's dtype. The entry points without a residual are unchanged
+(their dummy residual arguments are constants and ``RES=0`` removes the code).
+
 Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu,
 5 gelu_tanh (``F.gelu(approximate="tanh")``, GPT-2's). Every epilogue (pointer, TMA, split-K
 reduction) applies them through ``_activation``.
@@ -51,13 +56,29 @@ def _multiple(x, Q: tl.constexpr):
 
 
 @triton.jit
+def _add_residual(acc, res_ptr, rm, rn, mask, R1, sr0, sr1, srn, RES: tl.constexpr, WIDE: tl.constexpr):
+    """``acc`` plus the residual tile of rows ``rm`` and columns ``rn``, read in its dtype and added
+    in fp32. ``RES`` 1: row r at ``r * sr1``; 2: rows in groups of ``R1``, row r at
+    ``(r // R1) * sr0 + (r % R1) * sr1`` (a residual broadcast over one leading dim)."""
+    if WIDE:
+        rm = rm.to(tl.int64)
+    if RES == 2:
+        offs = (rm // R1) * sr0 + (rm % R1) * sr1
+    else:
+        offs = rm * sr1
+    r = tl.load(res_ptr + offs[:, None] + rn[None, :] * srn, mask=mask, other=0.0)
+    return acc + r.to(tl.float32)
+
+
+@triton.jit
 def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, split, M, N, K, B1, tiles_m, tiles_n,
              sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
              PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl.constexpr,
              INDEX_64: tl.constexpr, UPCAST: tl.constexpr, DIV_M: tl.constexpr, DIV_N: tl.constexpr,
              DIV_K: tl.constexpr, DIV_SAM: tl.constexpr, DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr,
-             DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr, SPLIT_K: tl.constexpr):
+             DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr, SPLIT_K: tl.constexpr,
+             res_ptr, R1, sr0, sr1, srn, RES: tl.constexpr):
     M, N, K = _multiple(M, DIV_M), _multiple(N, DIV_N), _multiple(K, DIV_K)
     sam, sak, sbk, sbn = _multiple(sam, DIV_SAM), _multiple(sak, DIV_SAK), _multiple(sbk, DIV_SBK), _multiple(sbn, DIV_SBN)
     scm = _multiple(scm, DIV_SCM)
@@ -110,6 +131,8 @@ def _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, split, M, N, K, B1, tiles_m, t
             bias = tl.load(bias_ptr + rn * s_bias, mask=n_ok, other=0.0)
             acc = acc + bias.to(tl.float32)[None, :]
         acc = _activation(acc, slope, ACT)
+        if RES > 0:
+            acc = _add_residual(acc, res_ptr, rm, rn, m_ok[:, None] & n_ok[None, :], R1, sr0, sr1, srn, RES, INDEX_64)
     c_ptrs = c_ptr + b0 * sc0 + b1 * sc1 + rm[:, None] * scm + rn[None, :] * scn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -136,18 +159,48 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, 
             _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, 0, M, N, K, B1, tiles_m, tiles_n,
                      sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
                      BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
-                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, 1)
+                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, 1, c_ptr, 1, 0, 0, 0, 0)
     else:
         _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, pid // SPLIT_K, pid % SPLIT_K, M, N, K, B1, tiles_m, tiles_n,
                  sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
                  BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
-                 DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, SPLIT_K)
+                 DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, SPLIT_K, c_ptr, 1, 0, 0, 0, 0)
 
 
 @triton.jit
-def splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, SPLIT_K: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
-    """C = act(sum of the SPLIT_K fp32 partials in ``ws_ptr`` (SPLIT_K, M, N) + bias), cast to C."""
+def matmul_residual_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, B1, tiles_m, tiles_n, n_tiles, nprog,
+                           sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+                           res_ptr, R1, sr0, sr1, srn,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                           GROUP_M: tl.constexpr, PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           ACT: tl.constexpr, EVEN_K: tl.constexpr, PERSISTENT: tl.constexpr,
+                           INDEX_64: tl.constexpr, UPCAST: tl.constexpr, DIV_M: tl.constexpr, DIV_N: tl.constexpr,
+                           DIV_K: tl.constexpr, DIV_SAM: tl.constexpr, DIV_SAK: tl.constexpr, DIV_SBK: tl.constexpr,
+                           DIV_SBN: tl.constexpr, DIV_SCM: tl.constexpr, RES: tl.constexpr,
+                           SPLIT_K: tl.constexpr = 1):
+    """C = act(A @ B + bias) + residual (2-D A and B, no split: a split-K plan adds the residual
+    in ``splitk_reduce_residual_kernel``); ``res_ptr`` and ``RES`` as ``_add_residual``'s."""
+    pid = tl.program_id(0)
+    if INDEX_64:
+        pid = pid.to(tl.int64)
+    if PERSISTENT:
+        for tile in range(pid, n_tiles, nprog):
+            _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, tile, 0, M, N, K, B1, tiles_m, tiles_n,
+                     sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+                     BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
+                     DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, 1, res_ptr, R1, sr0, sr1, srn,
+                     RES)
+    else:
+        _mm_tile(a_ptr, b_ptr, c_ptr, bias_ptr, pid, 0, M, N, K, B1, tiles_m, tiles_n,
+                 sa0, sa1, sam, sak, sb0, sb1, sbk, sbn, sc0, sc1, scm, scn, s_bias, slope,
+                 BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, PRECISION, HAS_BIAS, ACT, EVEN_K, INDEX_64, UPCAST,
+                 DIV_M, DIV_N, DIV_K, DIV_SAM, DIV_SAK, DIV_SBK, DIV_SBN, DIV_SCM, 1, res_ptr, R1, sr0, sr1, srn, RES)
+
+
+@triton.jit
+def _splitk_reduce(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, res_ptr, R1, sr0, sr1, srn,
+                   SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                   ACT: tl.constexpr, RES: tl.constexpr, RES_64: tl.constexpr):
     pid = tl.program_id(0)
     tiles_n = (N + BLOCK_N - 1) // BLOCK_N
     rm = (pid // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -160,7 +213,27 @@ def splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope,
     if HAS_BIAS:
         acc = acc + tl.load(bias_ptr + rn * s_bias, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     acc = _activation(acc, slope, ACT)
+    if RES > 0:
+        acc = _add_residual(acc, res_ptr, rm, rn, mask, R1, sr0, sr1, srn, RES, RES_64)
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def splitk_reduce_kernel(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, SPLIT_K: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    """C = act(sum of the SPLIT_K fp32 partials in ``ws_ptr`` (SPLIT_K, M, N) + bias), cast to C."""
+    _splitk_reduce(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, ws_ptr, 1, 0, 0, 0, SPLIT_K, BLOCK_M,
+                   BLOCK_N, HAS_BIAS, ACT, 0, False)
+
+
+@triton.jit
+def splitk_reduce_residual_kernel(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, res_ptr, R1, sr0, sr1,
+                                  srn, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, RES: tl.constexpr,
+                                  RES_64: tl.constexpr):
+    """``splitk_reduce_kernel`` plus the residual (``_add_residual``)."""
+    _splitk_reduce(ws_ptr, c_ptr, bias_ptr, M, N, scm, scn, s_bias, slope, res_ptr, R1, sr0, sr1, srn, SPLIT_K,
+                   BLOCK_M, BLOCK_N, HAS_BIAS, ACT, RES, RES_64)
 
 
 @triton.jit
@@ -191,26 +264,73 @@ def _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, N, slope, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr,
-               ACT: tl.constexpr):
-    """act(acc + bias) into the ``WIDTH`` columns of C from ``off_n``."""
+def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M: tl.constexpr,
+               WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, RES: tl.constexpr,
+               RES_64: tl.constexpr):
+    """act(acc + bias) (+ the residual) into the ``WIDTH`` columns of C from ``off_n``."""
     if HAS_BIAS:
         rn = off_n + tl.arange(0, WIDTH)
         acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     acc = _activation(acc, slope, ACT)
+    if RES > 0:  # pointer loads: any residual strides (TMA would need a 16-byte-aligned row-major one)
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, WIDTH)
+        acc = _add_residual(acc, res_ptr, rm, rn, (rm < M)[:, None] & (rn < N)[None, :], R1, sr0, sr1, srn, RES,
+                            RES_64)
     c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 @triton.jit
-def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
+def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                  EPILOGUE_SUBTILE: tl.constexpr, RES: tl.constexpr, RES_64: tl.constexpr):
     if EPILOGUE_SUBTILE:  # two (BLOCK_M, BLOCK_N // 2) halves: half the staging buffer in shared memory
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         acc0, acc1 = tl.split(halves)
-        _tma_store(c_desc, bias_ptr, acc0, off_m, off_n, N, slope, BLOCK_N // 2, HAS_BIAS, ACT)
-        _tma_store(c_desc, bias_ptr, acc1, off_m, off_n + BLOCK_N // 2, N, slope, BLOCK_N // 2, HAS_BIAS, ACT)
+        _tma_store(c_desc, bias_ptr, acc0, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M,
+                   BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64)
+        _tma_store(c_desc, bias_ptr, acc1, off_m, off_n + BLOCK_N // 2, M, N, slope, res_ptr, R1, sr0, sr1, srn,
+                   BLOCK_M, BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64)
     else:
-        _tma_store(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_N, HAS_BIAS, ACT)
+        _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M, BLOCK_N,
+                   HAS_BIAS, ACT, RES, RES_64)
+
+
+@triton.jit
+def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr, PERSISTENT: tl.constexpr,
+                EPILOGUE_SUBTILE: tl.constexpr, A_MMAJOR: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                RES: tl.constexpr, RES_64: tl.constexpr):
+    """The body of ``matmul_tma_kernel`` and ``matmul_tma_residual_kernel`` (see the first)."""
+    pid = tl.program_id(0)
+    if PERSISTENT and WARP_SPECIALIZE:
+        nprog = tl.num_programs(0)
+        n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+        for tile in tl.range(pid, n_tiles, nprog, warp_specialize=True):
+            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
+            _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M,
+                          BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64)
+    elif PERSISTENT:
+        nprog = tl.num_programs(0)
+        tile_c = pid - nprog
+        n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
+        for tile in tl.range(pid, n_tiles, nprog, flatten=True):
+            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
+            # the epilogue recounts its tile (as Triton's persistent-matmul tutorial does), so the
+            # pipeliner need not carry the load offsets over to it
+            tile_c += nprog
+            off_cm, off_cn = _tma_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _tma_epilogue(c_desc, bias_ptr, acc, off_cm, off_cn, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M,
+                          BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64)
+    else:
+        off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR,
+                              WARP_SPECIALIZE)
+        _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M, BLOCK_N,
+                      HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64)
 
 
 @triton.jit
@@ -230,31 +350,19 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
     is (BLOCK_M, BLOCK_N // 2)). ``WARP_SPECIALIZE``: Triton's automatic warp specialization
     (TMA-load warps apart from MMA/epilogue warps; sm90 and sm100 passes) on the tile loop when
     persistent (then not flattened), on the K loop otherwise."""
-    pid = tl.program_id(0)
-    if PERSISTENT and WARP_SPECIALIZE:
-        nprog = tl.num_programs(0)
-        n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
-        for tile in tl.range(pid, n_tiles, nprog, warp_specialize=True):
-            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
-            _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
-                          EPILOGUE_SUBTILE)
-    elif PERSISTENT:
-        nprog = tl.num_programs(0)
-        tile_c = pid - nprog
-        n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
-        for tile in tl.range(pid, n_tiles, nprog, flatten=True):
-            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
-            # the epilogue recounts its tile (as Triton's persistent-matmul tutorial does), so the
-            # pipeliner need not carry the load offsets over to it
-            tile_c += nprog
-            off_cm, off_cn = _tma_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _tma_epilogue(c_desc, bias_ptr, acc, off_cm, off_cn, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
-                          EPILOGUE_SUBTILE)
-    else:
-        off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR,
-                              WARP_SPECIALIZE)
-        _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, N, slope, BLOCK_M, BLOCK_N, HAS_BIAS, ACT,
-                      EPILOGUE_SUBTILE)
+    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, bias_ptr, 1, 0, 0, 0, BLOCK_M, BLOCK_N, BLOCK_K,
+                GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE, 0, False)
+
+
+@triton.jit
+def matmul_tma_residual_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                               B_KMAJOR: tl.constexpr, PERSISTENT: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+                               A_MMAJOR: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, RES: tl.constexpr,
+                               RES_64: tl.constexpr):
+    """``matmul_tma_kernel`` plus the residual, loaded with pointer loads in the epilogue
+    (``_add_residual``)."""
+    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M, BLOCK_N,
+                BLOCK_K, GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE,
+                RES, RES_64)

@@ -1,5 +1,6 @@
 """``matmul(a, b, *, out=None)`` with ``torch.matmul`` semantics, and ``linear(x, weight, bias=None,
-activation=None)`` = ``F.linear`` followed by the activation, fused into the matmul epilogue.
+activation=None, *, residual=None)`` = ``F.linear`` followed by the activation, fused into the
+matmul epilogue, plus a residual added there too (``matmul/residual.py``).
 
 This module is the ops' front: argument checks, the call record and the PyTorch fallback. Which
 config a call runs and why: ``matmul/config.py``; how it launches: ``matmul/plan.py``; repeated
@@ -26,6 +27,7 @@ from xkernels.ops.autograd import LinearFunction, MatmulFunction, reject_out
 from xkernels.ops.layout import contiguous_strides
 from xkernels.ops.matmul import evidence as matmul_evidence
 from xkernels.ops.matmul import hot as matmul_hot
+from xkernels.ops.matmul import residual as matmul_residual
 from xkernels.ops.matmul.config import MATMUL_DEFAULT
 from xkernels.ops.matmul.plan import ACTIVATIONS, MatmulPlan, precision
 from xkernels.ops.matmul.vendor import activate, epilogue_linear, reference_linear
@@ -48,6 +50,13 @@ class MatmulCall:
     device: torch.device
     kernel_ok: bool
     fallback_reason: str = ""
+    residual: torch.Tensor | None = None  # linear's, as given (broadcasts to out_shape)
+    out_dtype: torch.dtype | None = None  # the result's dtype where a residual promotes it
+
+    @property
+    def result_dtype(self) -> torch.dtype:
+        """The result's dtype: ``dtype`` (the operands'), or the residual's promotion of it."""
+        return self.out_dtype or self.dtype
 
 
 def _check_pair(op: str, a: Any, b: Any, names: tuple[str, str]) -> None:
@@ -74,10 +83,14 @@ class _MatmulBase(Op):
         raise NotImplementedError
 
     def plan_key(self, call: MatmulCall, backend: Backend) -> Any:
-        return (backend.name, call.device, call.dtype, tuple(call.a.shape), call.a.stride(),
-                tuple(call.b.shape), call.b.stride(), None if call.bias is None else call.bias.stride(),
-                call.activation, precision(backend, call.dtype), tuple(call.batch),
-                call.out is not None and call.out.is_contiguous())
+        key = (backend.name, call.device, call.dtype, tuple(call.a.shape), call.a.stride(),
+               tuple(call.b.shape), call.b.stride(), None if call.bias is None else call.bias.stride(),
+               call.activation, precision(backend, call.dtype), tuple(call.batch),
+               call.out is not None and call.out.is_contiguous())
+        if call.residual is None:
+            return key
+        r = call.residual  # its layout is planned (strides, broadcast), its dtype may promote C
+        return (*key, tuple(call.out_shape), tuple(r.shape), r.stride(), r.dtype)
 
     def make_plan(self, call: MatmulCall, backend: Backend, selection: Any = None) -> Plan:
         M, N = call.a.shape[-2], call.b.shape[-1]
@@ -95,6 +108,8 @@ class _MatmulBase(Op):
 
     def make_hot(self, plan: Plan, call: MatmulCall, canon: tuple[Any, ...]) -> Any:
         assert isinstance(plan, MatmulPlan)
+        if call.residual is not None:  # no hot entry yet: every call with a residual takes the full path
+            return None
         return matmul_hot.make_hot(plan, call, canon)
 
     def compile_cases(self, target: Any) -> Any:
@@ -110,6 +125,8 @@ class _MatmulBase(Op):
     def run_plan(self, plan: Plan, call: MatmulCall) -> torch.Tensor:
         assert isinstance(plan, MatmulPlan)
         if plan.vendor:
+            if call.residual is not None:
+                return matmul_residual.run_vendor(call, plan.epilogue)
             if not plan.epilogue:
                 return self.torch_impl(call)
             result = epilogue_linear(call.a, call.b, call.bias, plan.epilogue).view(call.out_shape)
@@ -117,9 +134,9 @@ class _MatmulBase(Op):
         M, N = call.a.shape[-2], call.b.shape[-1]
         full = tuple(call.batch) + (M, N)
         direct = call.out is not None and call.out.is_contiguous()
-        c = call.out.view(full) if direct else torch.empty(full, dtype=call.dtype, device=call.device)
+        c = call.out.view(full) if direct else torch.empty(full, dtype=call.result_dtype, device=call.device)
         if c.numel():
-            plan.launch(call.a, call.b, c, call.bias, call.slope, tuple(call.batch))
+            plan.launch(call.a, call.b, c, call.bias, call.slope, tuple(call.batch), call.residual)
         result = c.view(call.out_shape)
         if call.out is None or direct:
             return call.out if direct else result
@@ -203,15 +220,20 @@ def _foldable(a: torch.Tensor) -> bool:
 
 class Linear(_MatmulBase):
     """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, gelu_tanh, silu, leaky_relu),
-    with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's."""
+    with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's.
+    ``residual`` (broadcastable to the result, never growing it) is added after the activation,
+    in the epilogue too; the result dtype is torch's promotion of the sum (``matmul/residual.py``)."""
 
     def compile_classes(self) -> list[dict[str, Any]]:
         """Each dtype x activation (``ACTIVATIONS``: a new epilogue is compiled with no edit
-        elsewhere) x with and without bias."""
+        elsewhere) x with and without bias; and the residual epilogue, for each dtype x bias,
+        without activation (a transformer's o_proj / down_proj / c_proj) and after gelu."""
         from xkernels.ops.matmul.compile import MM_DTYPES
 
-        return [{"dtype": d, "activation": a or "none", "bias": b}
-                for d in MM_DTYPES for a in ACTIVATIONS for b in (True, False)]
+        return ([{"dtype": d, "activation": a or "none", "bias": b}
+                 for d in MM_DTYPES for a in ACTIVATIONS for b in (True, False)]
+                + [{"dtype": d, "activation": a, "bias": b, "residual": True}
+                   for d in MM_DTYPES for a in ("none", "gelu") for b in (True, False)])
 
     def compile_layouts(self, cfg: dict[str, Any], shape_when: dict[str, Any], cls: dict[str, Any],
                         dtype: torch.dtype) -> Any:
@@ -221,10 +243,12 @@ class Linear(_MatmulBase):
 
     name = "linear"
     params = (Param("x"), Param("weight"), Param("bias", None), Param("activation", None, key="value"),
-              Param("negative_slope", 0.01, positional=False, key="type"), Param("out", None, positional=False))
+              Param("negative_slope", 0.01, positional=False, key="type"),
+              Param("residual", None, positional=False), Param("out", None, positional=False))
 
     def check(self, x: Any, weight: Any, bias: Any = None, activation: str | None = None, *,
-              negative_slope: float = 0.01, out: torch.Tensor | None = None) -> MatmulCall:
+              negative_slope: float = 0.01, residual: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> MatmulCall:
         _check_pair("linear", x, weight, ("x", "weight"))
         if weight.dim() != 2:
             raise ValueError(f"xkernels.ops.linear: 'weight' must be 2-D (out_features, in_features), "
@@ -244,16 +268,24 @@ class Linear(_MatmulBase):
             if bias.dtype != x.dtype:
                 raise TypeError(f"xkernels.ops.linear: 'bias' dtype {bias.dtype} differs from 'x' dtype {x.dtype}")
             named["bias"] = bias
+        out_shape = torch.Size((*x.shape[:-1], weight.shape[0]))
+        dtype = x.dtype
+        if residual is not None:
+            dtype = matmul_residual.check(residual, out_shape, x.dtype, out)
+            named["residual"] = residual
         device = checks.common_device("linear", named)
         if any(t.device != device for t in named.values()):
             listing = ", ".join(f"'{n}' on {t.device}" for n, t in named.items())
             raise ValueError(f"xkernels.ops.linear: tensors must be on one device, got {listing}")
-        out_shape = torch.Size((*x.shape[:-1], weight.shape[0]))
-        checks.check_out("linear", out, out_shape, x.dtype, device, named)
+        checks.check_out("linear", out, out_shape, dtype, device, named)
+        if residual is not None:
+            matmul_residual.reject_operand_out(out, named)
         a = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if x.dim() != 2 else x  # not -1: K may be 0
-        reason = _kernel_reason(x.dtype)
+        reason = _kernel_reason(x.dtype) or ("" if dtype in checks.MATMUL_KERNEL_DTYPES else
+                                             f"the residual promotes the result to {dtype}, which has no Triton "
+                                             "matmul kernel; PyTorch computes it")
         return MatmulCall(a, weight.t(), bias, activation, float(negative_slope), out, torch.Size(),
-                          out_shape, x.dtype, device, not reason, reason)
+                          out_shape, x.dtype, device, not reason, reason, residual, dtype)
 
     def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
         """Where a gradient is required: relu and leaky_relu with a slope >= 0 stay fused (their
@@ -262,8 +294,10 @@ class Linear(_MatmulBase):
         the pre-activation autograd keeps, as PyTorch's own does, instead of recomputing it
         with one more GEMM (on an H100 at BERT's FFN shape the recompute cost 73 us, the
         separate activation 39 us)."""
-        x, weight, bias, activation, slope, out = canon
+        x, weight, bias, activation, slope, residual, out = canon
         reject_out(self.name, out)
+        if residual is not None:
+            return self._autograd_residual(x, weight, bias, activation, slope, residual)
         if activation not in ACTIVATIONS:  # before autograd keeps it for the backward
             self.check(x, weight, bias, activation)
         if activation is not None and activation != "relu" and not (activation == "leaky_relu" and slope >= 0):
@@ -271,11 +305,26 @@ class Linear(_MatmulBase):
         run = lambda x, w, b: self.call_no_grad(x, w, b, activation, negative_slope=slope)  # noqa: E731
         return LinearFunction.apply(run, matmul, linear, x, weight, bias, activation, slope)
 
+    def _autograd_residual(self, x: Any, weight: Any, bias: Any, activation: str | None, slope: float,
+                           residual: Any) -> torch.Tensor:
+        """With a residual: no activation stays one fused call (the residual's gradient is the
+        output's, summed over its broadcast dims); with one, relu's derivative can no longer be
+        read off the output and the others need the pre-activation, so ``linear`` with the
+        activation is recorded as without a residual, and PyTorch's add follows."""
+        self.check(x, weight, bias, activation, negative_slope=slope, residual=residual)  # before anything runs
+        if activation is not None:
+            return self(x, weight, bias, activation, negative_slope=slope) + residual
+        run = lambda x, w, b, r: self.call_no_grad(x, w, b, residual=r)  # noqa: E731
+        return LinearFunction.apply(run, matmul, linear, x, weight, bias, None, slope, residual)
+
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
-        x, weight, bias, activation, slope, _ = canon
-        return torch.ops.xkernels.linear.default(x, weight, bias, activation, float(slope))
+        x, weight, bias, activation, slope, residual, _ = canon
+        return torch.ops.xkernels.linear.default(x, weight, bias, activation, float(slope), residual)
 
     def torch_impl(self, call: MatmulCall) -> torch.Tensor:
+        if call.residual is not None:
+            result = matmul_residual.torch_linear(call)
+            return result if call.out is None else call.out.copy_(result)
         result = reference_linear(call.a, call.b.t(), call.bias, call.activation, call.slope).reshape(call.out_shape)
         if call.out is None:
             return result

@@ -8,7 +8,9 @@ the tuner measured the device's own BLAS faster than every kernel config), into 
 itself. Host-side layout work lives here too: batch dims collapsed or materialised, 2-D operands
 copied to an aligned leading stride where the backend's matrix unit needs it (or, on a backend
 with ``misaligned_to_vendor``, the call given to its BLAS), and ``DIV_*`` divisibility hints so
-16-byte-aligned odd shapes vectorise.
+16-byte-aligned odd shapes vectorise. A call with a residual (``linear(..., residual=r)``) runs
+the ``*_residual_kernel`` entry points with its :class:`~xkernels.ops.matmul.residual.ResidualLayout`
+(``ops/matmul/residual.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,9 @@ from xkernels.launch import Launcher
 from xkernels.ops.layout import INT32_MAX, collapse, max_offset, prod
 from xkernels.ops.matmul import config as matmul_config
 from xkernels.ops.matmul import evidence as matmul_evidence
+from xkernels.ops.matmul import residual as matmul_residual
+from xkernels.ops.matmul.vendor import BLAS_EPILOGUES
 from xkernels.ops.op import Plan
-
-#: The epilogues ``torch._addmm_activation`` applies (its ``use_gelu`` flag per activation name):
-#: those a backend may list in ``vendor_epilogues``.
-BLAS_EPILOGUES = {"relu": False, "gelu_tanh": True}
 
 if TYPE_CHECKING:
     from xkernels.ops.matmul.ops import MatmulCall
@@ -75,9 +75,14 @@ class MatmulPlan(Plan):
         m_major = single and a_mk[0] == 1 and a_mk[1] != 1 and M > 1
         shape = matmul_config.Shape(M, N, Kd, n_batch, a.element_size(), split_ok=n_batch == 1 and not self.materialize,
                                     max_programs=backend.max_programs("cube", call.device), a_mmajor=m_major)
+        # a residual promoting the result (bf16 x, fp32 residual) writes C in another dtype: pointer kernel
         tma = (matmul_config.tma_layout(backend, call.device, call.dtype, a.element_size(), N, a_mk, b_kn, call.bias)
-               if single and not self.align_a and not self.align_b else None)
+               if single and not self.align_a and not self.align_b and call.result_dtype == call.dtype else None)
         key = matmul_config.bucket_key(call.dtype, shape, call.activation, call.bias is not None)
+        self.res = None if call.residual is None else matmul_residual.layout(call.residual, call.out_shape)
+        self.out_shape = call.out_shape
+        if self.res is not None:  # tables may name it; the first-use check keys on it
+            key["residual"] = True
         unforced = tuning.forced_config() is None
         self.epilogue = (call.activation if op == "linear" and unforced and call.activation in backend.vendor_epilogues
                          and call.activation in BLAS_EPILOGUES
@@ -115,6 +120,7 @@ class MatmulPlan(Plan):
             self.route = "vendor BLAS"
             bias = "bias" if call.bias is not None else "zero bias"
             self.variant = ("torch.matmul" if op == "matmul" else
+                            matmul_residual.vendor_variant(call, self.epilogue) if self.res is not None else
                             f"torch._addmm_activation ({bias} + {self.epilogue} in the BLAS epilogue)" if self.epilogue
                             else "F.linear + activation") + " (the device's BLAS)"
             self.config, self.programs, self.tiles = {"VENDOR": True}, None, None
@@ -128,8 +134,14 @@ class MatmulPlan(Plan):
             self._plan_tma(backend, call, cfg, M, N, Kd, tma)
         else:
             self._plan_pointer(backend, call, cfg, shape, sizes, (sa, sb, sc), a_mk, b_kn, c_strides)
+        # a, b, c, bias pointers (and the residual's: its alignment is specialized, its strides planned)
+        varying = (0, 1, 2, 3) if "res_ptr" not in self.jit_fn.arg_names else (
+            0, 1, 2, 3, self.jit_fn.arg_names.index("res_ptr"))
         self.launcher = Launcher(backend.kernel(self.jit_fn), self.grid, self.constexprs, self.options,
-                                 backend.fast_launch, varying=(0, 1, 2, 3))  # a, b, c, bias pointers
+                                 backend.fast_launch, varying=varying)
+        if self.res is not None:
+            self.variant += " + residual"
+            self.config["residual"] = self.res.describe()
 
     def _plan_pointer(self, backend: Backend, call: MatmulCall, cfg: dict[str, Any], shape: matmul_config.Shape,
                       sizes: list[int], batch_strides: tuple[list[int], list[int], list[int]],
@@ -152,8 +164,8 @@ class MatmulPlan(Plan):
             c_full = [0, 0, N, 1]
         spans = [max_offset([*sizes, M, Kd], a_full), max_offset([*sizes, Kd, N], b_full),
                  max_offset([*sizes, M, N], c_full) + (split - 1) * M * N]
-        index64 = max(spans) + 2**16 > INT32_MAX
-        self.jit_fn = K.matmul_kernel
+        index64 = max(spans) + 2**16 > INT32_MAX or (self.res is not None and self.res.wide and split == 1)
+        self.jit_fn = K.matmul_residual_kernel if self.res is not None and split == 1 else K.matmul_kernel
         self.grid = (programs,)
         self.dims = (M, N, Kd, sizes[1], tiles_m, tiles_n, tiles, programs)
         self.strides = (*a_full, *b_full, *c_full)
@@ -164,6 +176,8 @@ class MatmulPlan(Plan):
                                PERSISTENT=programs < tiles, INDEX_64=index64,
                                UPCAST=call.dtype == torch.bfloat16 and not backend.native_bf16_dot,
                                **_divisibility_hints(M, N, Kd, a_mk, b_kn, c_full[2:]), SPLIT_K=split)
+        if self.jit_fn is K.matmul_residual_kernel:
+            self.constexprs["RES"] = self.res.kind
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.variant = "matmul" + (" + bias" if call.bias is not None else "") + (
             f" + {call.activation}" if call.activation else "")
@@ -189,8 +203,13 @@ class MatmulPlan(Plan):
         constexprs = dict(SPLIT_K=self.split_k, BLOCK_M=rbm, BLOCK_N=rbn, HAS_BIAS=call.bias is not None,
                           ACT=ACTIVATIONS[call.activation])
         options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
-        self.reduce_launcher = Launcher(backend.kernel(K.splitk_reduce_kernel), (r_tiles,), constexprs, options,
-                                        backend.fast_launch, varying=(0, 1, 2))  # workspace, c, bias pointers
+        kernel, varying = K.splitk_reduce_kernel, (0, 1, 2)  # workspace, c, bias pointers
+        if self.res is not None:  # the reduction adds the residual
+            kernel, varying = K.splitk_reduce_residual_kernel, (0, 1, 2, 9)
+            constexprs.update(RES=self.res.kind, RES_64=self.res.wide)
+        self.reduce_jit_fn = kernel
+        self.reduce_launcher = Launcher(backend.kernel(kernel), (r_tiles,), constexprs, options,
+                                        backend.fast_launch, varying=varying)
         self.config["SPLIT_K"] = self.split_k
         self.variant += f", K split {self.split_k} ways (fp32 partials, then a reduction kernel)"
 
@@ -211,13 +230,15 @@ class MatmulPlan(Plan):
         a_mmajor, b_kmajor = layout.a_mmajor, layout.b_kmajor
         self.tma = {"a": [bk, bm] if a_mmajor else [bm, bk], "b": [bn, bk] if b_kmajor else [bk, bn], "c": c_block,
                     "a_mmajor": a_mmajor, "b_kmajor": b_kmajor}
-        self.jit_fn = K.matmul_tma_kernel
+        self.jit_fn = K.matmul_tma_kernel if self.res is None else K.matmul_tma_residual_kernel
         self.grid = (programs,)
         self.dims = (M, N, Kd)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
                                HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor,
                                PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile, A_MMAJOR=a_mmajor,
                                WARP_SPECIALIZE=ws)
+        if self.res is not None:
+            self.constexprs.update(RES=self.res.kind, RES_64=self.res.wide)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.variant = ("matmul" + (" + bias" if call.bias is not None else "")
                         + (f" + {call.activation}" if call.activation else "")
@@ -241,14 +262,19 @@ class MatmulPlan(Plan):
         return torch.empty((self.split_k, M, N), dtype=torch.float32, device=device)
 
     def reduce_args(self, ws: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-                    slope: float) -> tuple[Any, ...]:
-        """The reduction kernel's runtime arguments (C as the plan's 2-D (M, N) strides)."""
+                    slope: float, residual: torch.Tensor | None = None) -> tuple[Any, ...]:
+        """The reduction kernel's runtime arguments (C as the plan's 2-D (M, N) strides); with a
+        residual plan, ``residual`` as :func:`matmul_residual.rows` gives it."""
         M, N = self.dims[0], self.dims[1]
         s_bias = bias.stride(0) if bias is not None else 0
-        return (ws, c, bias if bias is not None else ws, M, N, *self.c_mn_strides, s_bias, float(slope))
+        args = (ws, c, bias if bias is not None else ws, M, N, *self.c_mn_strides, s_bias, float(slope))
+        return args if self.res is None else args + matmul_residual.args(residual, self.res)
 
     def launch(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-               slope: float, batch: tuple[int, ...]) -> None:
+               slope: float, batch: tuple[int, ...], residual: torch.Tensor | None = None) -> None:
+        if self.res is not None:
+            assert residual is not None
+            residual = matmul_residual.rows(residual, self.out_shape, self.res)
         if self.materialize:
             M, Kd, N = a.shape[-2], a.shape[-1], b.shape[-1]
             a = a.expand(*batch, M, Kd).contiguous()
@@ -263,18 +289,23 @@ class MatmulPlan(Plan):
         if self.reduce_launcher is not None:
             ws = self.workspace(c.device)
             self.launcher(*self.args(a, b, ws, None, slope))
-            self.reduce_launcher(*self.reduce_args(ws, c, bias, slope))
+            self.reduce_launcher(*self.reduce_args(ws, c, bias, slope, residual))
             return
-        self.launcher(*self.args(a, b, c, bias, slope))
+        self.launcher(*self.args(a, b, c, bias, slope, residual))
 
     def args(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, bias: torch.Tensor | None,
-             slope: float) -> tuple[Any, ...]:
-        """The kernel's runtime arguments, in order (constexprs are ``self.constexprs``)."""
+             slope: float, residual: torch.Tensor | None = None) -> tuple[Any, ...]:
+        """The kernel's runtime arguments, in order (constexprs are ``self.constexprs``); a residual
+        kernel's end with the residual's (``residual`` as :func:`matmul_residual.rows` gives it)."""
         bias_arg = bias if bias is not None else c
         if self.tma is not None:
-            return (*self.descriptors(a, b, c), bias_arg, *self.dims, float(slope))
-        s_bias = bias.stride(0) if bias is not None else 0
-        return (a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope))
+            args = (*self.descriptors(a, b, c), bias_arg, *self.dims, float(slope))
+        else:
+            s_bias = bias.stride(0) if bias is not None else 0
+            args = (a, b, c, bias_arg, *self.dims, *self.strides, s_bias, float(slope))
+        if "res_ptr" not in self.jit_fn.arg_names:  # no residual, or split-K (the reduction adds it)
+            return args
+        return args + matmul_residual.args(residual, self.res)
 
 
     def descriptors(self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[Any, Any, Any]:

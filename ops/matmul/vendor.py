@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from xkernels.ops.matmul.plan import BLAS_EPILOGUES
+#: The epilogues ``torch._addmm_activation`` applies (its ``use_gelu`` flag per activation name):
+#: those a backend may list in ``vendor_epilogues``.
+BLAS_EPILOGUES = {"relu": False, "gelu_tanh": True}
 
 
 def reference_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

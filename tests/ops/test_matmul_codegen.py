@@ -55,8 +55,8 @@ class _H100Pointers(_H100):
         return False
 
 
-def _ptx(op, *args, hints: bool = True, backend=None) -> str:
-    return _compile(op, *args, hints=hints, backend=backend)[1].asm["ptx"]
+def _ptx(op, *args, hints: bool = True, backend=None, residual=None) -> str:
+    return _compile(op, *args, hints=hints, backend=backend, residual=residual)[1].asm["ptx"]
 
 
 #: the config code-generation tests compile when none is forced (which config a shape gets is
@@ -64,9 +64,9 @@ def _ptx(op, *args, hints: bool = True, backend=None) -> str:
 _POINTER = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 
-def _compile(op, *args, hints: bool = True, backend=None):
-    """(plan, kernel compiled for sm90) of a call."""
-    call = op.check(*args)
+def _compile(op, *args, hints: bool = True, backend=None, residual=None):
+    """(plan, kernel compiled for sm90) of a call (``linear``'s ``residual=``, where given)."""
+    call = op.check(*args) if residual is None else op.check(*args, residual=residual)
     if tuning.forced_config() is None:
         with tuning.force(_POINTER):
             plan = op.make_plan(call, backend or _H100Pointers())
@@ -74,8 +74,8 @@ def _compile(op, *args, hints: bool = True, backend=None):
         plan = op.make_plan(call, backend or _H100Pointers())
     if not hints:  # what the kernel compiled to before the hints: every DIV_* = 1
         plan.constexprs.update({k: 1 for k in plan.constexprs if k.startswith("DIV_")})
-    c = torch.empty(tuple(call.batch) + (call.a.shape[-2], call.b.shape[-1]), dtype=call.dtype, device="meta")
-    rt = plan.args(call.a, call.b, c, call.bias, call.slope)
+    c = torch.empty(tuple(call.batch) + (call.a.shape[-2], call.b.shape[-1]), dtype=call.result_dtype, device="meta")
+    rt = plan.args(call.a, call.b, c, call.bias, call.slope, call.residual)
     names = plan.jit_fn.arg_names
     sig, consts, attrs = {}, dict(plan.constexprs), {}
     for i, (name, v) in enumerate(zip(names, rt)):
@@ -304,3 +304,35 @@ def test_warp_specialize_reaches_the_tma_kernel():
         plan, kernel = _compile(linear, *args, backend=_H100())
     assert plan.constexprs["WARP_SPECIALIZE"] is False and "WARP_SPECIALIZE" not in plan.config
     assert "setmaxnreg" not in kernel.asm["ptx"] and kernel.metadata.num_warps == 4
+
+
+@pytest.mark.parametrize("mode", ["one tile each", "persistent + subtile"])
+@pytest.mark.parametrize("residual", [_meta(4096, 4096), _meta(4096), _meta(4096, 8192)[:, ::2]],
+                         ids=["full", "(N,)", "step-sliced"])
+def test_tma_kernel_with_a_residual_compiles_for_sm90(mode, residual):
+    """``linear(..., residual=r)`` on the TMA kernel: its residual entry point compiles for sm90
+    with bulk tensor copies and wgmma within a block's shared memory, the residual read by the
+    epilogue (global loads of it; the TMA kernel without one has none but the bias row)."""
+    from xkernels.ops.matmul import kernels as K
+
+    cfg = {**_TMA, **({"PERSISTENT": True, "EPILOGUE_SUBTILE": True} if mode != "one tile each" else {})}
+    args = (_meta(4096, 4096), _meta(4096, 4096), None)
+    with tuning.force(cfg):
+        plan, kernel = _compile(linear, *args, backend=_H100(), residual=residual)
+        plain = _ptx(linear, *args, backend=_H100())
+    assert plan.jit_fn is K.matmul_tma_residual_kernel and plan.constexprs["RES"] == 1 and "residual" in plan.variant
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+    assert kernel.metadata.shared <= SMEM, kernel.metadata.shared
+    loads = lambda text: len(re.findall(r"ld\.global", text))  # noqa: E731
+    assert loads(ptx) > loads(plain) == 0, (loads(ptx), loads(plain))
+
+
+def test_pointer_kernel_with_a_residual_keeps_vector_copies():
+    """The pointer kernel's residual entry point at an odd shape keeps its 16-byte operand copies."""
+    from xkernels.ops.matmul import kernels as K
+
+    plan, kernel = _compile(linear, _meta(3000, 1000), _meta(5000, 1000), None, residual=_meta(3000, 5000))
+    assert plan.jit_fn is K.matmul_residual_kernel and plan.constexprs["RES"] == 1
+    wide, _ = _copies(kernel.asm["ptx"])
+    assert wide > 0 and "wgmma.mma_async" in kernel.asm["ptx"]

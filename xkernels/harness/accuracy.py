@@ -159,7 +159,8 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
     saved = clones.named_tensors(spec.arg_names)
     ref64, mag, k = reference(case.op, clones, wanted[0].dtype)
     activation = _activation(case.op, inputs)
-    tol_text = tol.describe(k if mag is not None else None, activation)
+    residual = case.op == "linear" and inputs.kwargs.get("residual") is not None
+    tol_text = tol.describe(k if mag is not None else None, activation, residual)
 
     def fail(msg: str, max_abs: float = float("nan"), max_rel: float = float("nan")) -> CheckResult:
         return CheckResult(case, False, max_abs, max_rel, tol_text, msg, time.perf_counter() - start)
@@ -196,8 +197,8 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
     for i, (got, exp, ref, m) in enumerate(zip(results, wanted, refs, mags)):
         # a second output without a magnitude (the fused norms' sum s) is element-wise
         t = tol if i == 0 else tolerances.ELEMENTWISE[exp.dtype]
-        cmp = compare(got.detach().cpu(), ref.to(exp.dtype), m, t, t.dot_coefficient(k, activation) if m is not None
-                      else 0.0)
+        cmp = compare(got.detach().cpu(), ref.to(exp.dtype), m, t,
+                      t.dot_coefficient(k, activation, residual) if m is not None else 0.0)
         max_abs, max_rel = _nanmax(max_abs, cmp.max_abs), _nanmax(max_rel, cmp.max_rel)
         which = f"output {i}: " if len(wanted) > 1 else ""
         if cmp.left:

@@ -57,10 +57,13 @@ def _torch_matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None 
 
 def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   activation: str | None = None, *, negative_slope: float = 0.01,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(F.linear(x, weight, bias)) + residual``: the activation before the add."""
     from xkernels.ops.matmul.vendor import reference_linear
 
     result = reference_linear(x, weight, bias, activation, negative_slope)
+    if residual is not None:
+        result = result + residual
     return result if out is None else out.copy_(result)
 
 
@@ -223,7 +226,7 @@ class Case:
     layout: str
     sizes: frozenset[str]
     kwargs: tuple[tuple[str, Any], ...] = ()
-    out: str | None = None  # None | "new" | "inplace" (out is the first operand)
+    out: str | None = None  # None | "new" | "inplace" (out is the first operand) | "residual" (out is it)
     models: tuple[str, ...] = ()  # the models a corpus case comes from (see harness.models)
     #: the bench times forward + backward (``perf.bench_case``): the sum of the results against
     #: random output gradients, through autograd, on both sides
@@ -266,6 +269,8 @@ class Case:
         kwargs = {k: _materialize(v, gen, device) if isinstance(v, T) else v for k, v in self.kwargs}
         if self.out == "inplace":
             kwargs["out"] = args[0]
+        elif self.out == "residual":
+            kwargs["out"] = kwargs["residual"]
         elif self.out == "new":
             meta = expected_result(self.op, Inputs(args, kwargs))
             kwargs["out"] = torch.empty(meta.shape, dtype=meta.dtype, device=device)
@@ -438,9 +443,15 @@ def linear_cases(d: torch.dtype) -> list[Case]:
         C(T((2, 3, 0), d), T((4, 0), d), T((4,), d), "gelu", layout="batched x, K=0 + gelu"),
         C(T((5, 17), d), T((9, 17), d), T((9,), d), "relu", layout="out=", out="new"),
     ]
+    cases += [C(x, w, *rest, layout=f"residual {what}", kwargs=(("residual", r),), out=out)
+              for x, w, rest, r, what, out in _residual_layouts(d)]
     for n, size in SEEDS:
         cases.append(Case("linear", (T((n, n), d), T((n, n), d), T((n,), d), "gelu"), "bias + gelu",
                           _bench(size)))
+    for name, k, n in RESIDUAL_LAYERS:  # a sublayer's closing projection with its residual add
+        for m, size in GATED_TOKENS:
+            cases.append(Case("linear", (T((m, k), d), T((n, k), d)), f"{name} {k}->{n}, no bias + residual",
+                              _bench(size), kwargs=(("residual", T((m, n), d)),)))
     # host time per documented call form (a small layer: bound by the host, not the device)
     x, w, b = T((32, 512), d), T((512, 512), d), T((512,), d)
     cases += [Case("linear", (x, w, b, "gelu"), 'form: linear(x, w, b, "gelu")', _bench("small")),
@@ -448,6 +459,26 @@ def linear_cases(d: torch.dtype) -> list[Case]:
                    kwargs=(("activation", "gelu"),)),
               Case("linear", (x, w), "form: linear(x, w, bias=b)", _bench("small"), kwargs=(("bias", b),))]
     return cases
+
+
+#: Llama-3-8B's sublayer-closing projections (config.json: hidden 4096, intermediate 14336, no
+#: bias): ``residual + o_proj(attn)`` and ``residual + down_proj(mlp)``
+RESIDUAL_LAYERS = (("llama3-8b o_proj", 4096, 4096), ("llama3-8b down_proj", 14336, 4096))
+
+
+def _residual_layouts(d: torch.dtype) -> list[tuple[Any, ...]]:
+    """(x, weight, (bias, activation), residual, label, out mode) of the tiny residual cases."""
+    x, w, b = T((5, 17), d), T((9, 17), d), T((9,), d)
+    xb = T((2, 3, 17), d)
+    return [(x, w, (), T((5, 9), d), "(full)", None),
+            (xb, w, (b, "gelu"), T((2, 3, 9), d), "after bias + gelu", None),
+            (x, w, (b,), T((9,), d), "[N] broadcast", None),
+            (x, w, (), T((1, 9), d), "(1, N)", None),
+            (xb, w, (), T((2, 1, 9), d), "(B, 1, N) over a batch", None),
+            (x, w, (None, "relu"), T((5, 9), d, "strided"), "step-sliced, after relu", None),
+            (x, w, (b,), T((5, 9), d, "transposed"), "transposed", None),
+            (x, w, (b,), T((5, 9), d), "(full), out=", "new"),
+            (x, w, (), T((5, 9), d), "in place (out=residual)", "residual")]
 
 
 # -- the real-model corpus (xkernels.harness.models) -------------------------------------------

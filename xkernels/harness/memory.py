@@ -85,13 +85,13 @@ def _wide_size(dtype: torch.dtype) -> int:
 
 
 def _meta_inputs(case: Case) -> Inputs:
-    args = tuple(torch.empty(a.shape, dtype=a.dtype, device="meta") if isinstance(a, T) else a for a in case.args)
-    return Inputs(args, dict(case.kwargs))
+    meta = lambda a: torch.empty(a.shape, dtype=a.dtype, device="meta") if isinstance(a, T) else a  # noqa: E731
+    return Inputs(tuple(meta(a) for a in case.args), {k: meta(v) for k, v in case.kwargs})
 
 
 def footprint(case: Case, device: torch.device, chunk: int) -> Footprint:
     """The estimated peak of ``check_case(case)`` on ``device`` (see the module doc)."""
-    specs = [a for a in case.args if isinstance(a, T)]
+    specs = [a for a in (*case.args, *(v for _, v in case.kwargs)) if isinstance(a, T)]  # linear's residual=
     outs = expected_result(case.op, _meta_inputs(case))
     outs = outs if isinstance(outs, tuple) else (outs,)  # (y, s) of the fused norms
     out = outs[0]

@@ -48,19 +48,22 @@ class Tolerance:
     operand_u: float = 0.0
     accum_u: float = 0.0
     intermediate_u: float = 0.0
+    #: linear with a residual: the vendor and PyTorch routes round act(x @ W.T + b) to the dtype
+    #: before adding it (the kernels round once)
+    residual_u: float = 0.0
 
-    def dot_coefficient(self, k: int, activation: str | None = None) -> float:
+    def dot_coefficient(self, k: int, activation: str | None = None, residual: bool = False) -> float:
         """The factor of ``mag`` (``|A|@|B|``) allowed for an inner product of length ``k``."""
         if not (self.operand_u or self.accum_u):
             return 0.0
         terms = min(float(k), LAMBDA * math.sqrt(k)) if k else 0.0
-        rounded = self.intermediate_u if activation is not None else 0.0
+        rounded = (self.intermediate_u if activation is not None else 0.0) + (self.residual_u if residual else 0.0)
         return ACTIVATION_SLOPE[activation][0] * (2 * self.operand_u + terms * self.accum_u + rounded)
 
-    def describe(self, k: int | None = None, activation: str | None = None) -> str:
+    def describe(self, k: int | None = None, activation: str | None = None, residual: bool = False) -> str:
         text = f"rtol {self.rtol:.1e} atol {self.atol:.0e}" if self.rtol or self.atol else "exact"
-        if k is not None and self.dot_coefficient(k, activation):
-            text += f" +{self.dot_coefficient(k, activation):.1e}|A||B|"
+        if k is not None and self.dot_coefficient(k, activation, residual):
+            text += f" +{self.dot_coefficient(k, activation, residual):.1e}|A||B|"
         return text
 
 
@@ -133,6 +136,8 @@ UNIT_ROUNDOFF: dict[torch.dtype, tuple[float, str]] = {
     torch.float32: (2.0**-24, "IEEE 754 binary32: 23 explicit mantissa bits"),
 }
 UNFUSED = "PyTorch's unfused F.linear + activation rounds the pre-activation to the result dtype ({u})"
+RESIDUAL_ROUNDED = ("with a residual, the vendor-BLAS and PyTorch routes round act(x @ W.T + b) to the result "
+                    "dtype before adding it ({u}; a promoting residual is not in the harness cases)")
 GATED_ROUNDED = ("gated_linear's vendor route and PyTorch round gate and up to the result dtype before "
                  "act(gate) * up ({u}); the magnitude is |up| * (|x|@|Wg|.T + |bg|) + |act(gate)| * "
                  "(|x|@|Wu|.T + |bu|)")
@@ -150,4 +155,7 @@ def tolerance(op: str, dtype: torch.dtype, backend: Backend) -> Tolerance:
         u, why = UNIT_ROUNDOFF[dtype]
         text = GATED_ROUNDED.format(u=why) if op == "gated_linear" else UNFUSED.format(u=why)
         tol = dataclasses.replace(tol, intermediate_u=u, source=f"{tol.source}; {text}")
+    if op == "linear":
+        u, why = UNIT_ROUNDOFF[dtype]
+        tol = dataclasses.replace(tol, residual_u=u, source=f"{tol.source}; {RESIDUAL_ROUNDED.format(u=why)}")
     return tol
