@@ -168,7 +168,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
             continue
         blocks.apply(module, fusion)
         report._forwards.append(module)
-        report.blocks.append(FusedBlock(name, type(module).__name__, blocks.describe(module, fusion)))
+        report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name))
         done.update((id(module), attr) for attr in fusion.consumed)
 
     # 1. fusions: (parent, layer slot, activation slot)

@@ -58,6 +58,18 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _traced(t: torch.Tensor) -> bool:
+    """Whether ``t`` is being traced (Dynamo, or AOT autograd's fake/functional tensors while it
+    traces a backward): a kernel needs real data pointers, the PyTorch formula traces."""
+    if torch.compiler.is_compiling() or torch._C._is_functional_tensor(t):
+        return True
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return is_fake(t)
+
+
 def recompute_sum(x: torch.Tensor, residual: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     s = x if residual is None else x + residual
     return s if s.dtype == dtype else s.to(dtype)
@@ -126,7 +138,7 @@ def grads(backend: Any, kind: str, eps: float, offset: float, dy: torch.Tensor |
     rows = prod(shape[:-1])
     stats_ok = (rstd is not None and rstd.numel() == rows and rstd.dtype == torch.float32
                 and (kind == "rms" or (mean is not None and mean.numel() == rows)))
-    if dy is not None and stats_ok and not torch.compiler.is_compiling() and bwd.route(
+    if dy is not None and stats_ok and not _traced(dy) and bwd.route(
             backend, dy.device, kind, s_dtype, shape,
             (x_dtype, None if res is None else res[1], None if weight is None else weight.dtype, b_dtype, dy.dtype,
              None if ds is None else ds.dtype)) == "kernel":

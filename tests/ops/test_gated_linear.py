@@ -320,7 +320,10 @@ def test_explain_names_route_and_table(backend, device):
     if not backend.runs_triton:
         assert expl.route == "torch"
         return
-    assert expl.route == "triton kernel" and "gelu_tanh(gate) * up" in expl.variant
+    # the cuda table sends every call to the vendor route until a sweep measures the kernel
+    kernel = backend.name != "cuda"
+    assert expl.route == ("triton kernel" if kernel else "vendor BLAS + gate kernel"), expl
+    assert not kernel or "gelu_tanh(gate) * up" in expl.variant
     assert expl.config_source.startswith("gated_linear.json")
     assert "x read once" in str(expl)
 
