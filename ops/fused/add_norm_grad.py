@@ -61,7 +61,8 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
 def _traced(t: torch.Tensor) -> bool:
     """Whether ``t`` is being traced (Dynamo, or AOT autograd's fake/functional tensors while it
     traces a backward): a kernel needs real data pointers, the PyTorch formula traces."""
-    if torch.compiler.is_compiling() or torch._C._is_functional_tensor(t):
+    functional = getattr(torch, "_is_functional_tensor", None) or getattr(torch._C, "_is_functional_tensor", None)
+    if torch.compiler.is_compiling() or (functional is not None and functional(t)):
         return True
     try:
         from torch._subclasses.fake_tensor import is_fake
