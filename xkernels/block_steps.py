@@ -68,7 +68,14 @@ class NormStep:
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
-            if direct or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
+            if _grad_enabled() and _any_requires_grad(x, residual, w, b) and not _is_compiling():
+                # training: PyTorch's own add and LayerNorm, so that aten's fused LayerNorm backward
+                # runs (the fused norm's backward measured 0.08-0.74x of it on an H100, 2026-11-24:
+                # results/2026-11-24-h100-fused-norms-models); inference takes the fused forward
+                s = x if residual is None else x + residual
+                y = torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps)
+                return (y, s) if rs else y
+            if direct:
                 return add_layer_norm(x, residual, w, b, eps, return_sum=rs)
             return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
                                     None if residual is None else (residual.shape, residual.stride(), residual.dtype,
