@@ -68,10 +68,11 @@ class NormStep:
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
-            if _grad_enabled() and _any_requires_grad(x, residual, w, b) and not _is_compiling():
+            if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
                 # training: PyTorch's own add and LayerNorm, so that aten's fused LayerNorm backward
                 # runs (the fused norm's backward measured 0.08-0.74x of it on an H100, 2026-11-24:
-                # results/2026-11-24-h100-fused-norms-models); inference takes the fused forward
+                # results/2026-11-24-h100-fused-norms-models); under torch.compile the compiler fuses
+                # the add and the norm itself; eager inference takes the fused forward
                 s = x if residual is None else x + residual
                 y = torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps)
                 return (y, s) if rs else y

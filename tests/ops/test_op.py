@@ -382,7 +382,8 @@ def test_every_route_takes_the_arguments_in_params_order(backend, device):
     linear(x, w, activation="relu")
     _, route, canon = linear.find_hot((x, w), {"activation": "relu"})
     assert canon[2:] == (None, "relu", 0.01, None, None)  # bias, activation, slope, residual, out
-    assert not route.records_autograd and route.autograd_run is None
+    if route.kind == "triton kernel":  # cuda may send it to the BLAS's relu epilogue: a route autograd records
+        assert not route.records_autograd and route.autograd_run is None
 
 
 def test_a_route_builder_failure_is_an_error_naming_op_and_signature(backend, device, monkeypatch):
