@@ -48,8 +48,10 @@ from xkernels.registry import registry
 #: The backward's config when no table rule matches: the route, the tile, programs per compute unit.
 BWD_DEFAULT = {"backward": "kernel", "BLOCK_N": 4096, "BLOCK_M": 1, "num_warps": 4, "WAVES": 2}
 _plans: OrderedDict[Any, BwdPlan] = OrderedDict()
+_routes: OrderedDict[Any, str] = OrderedDict()  # a backward signature -> "kernel" / "torch" (see route())
 PLAN_CACHE_SIZE = 256
 registry.listeners.append(_plans.clear)  # a plugin's tables may change the configs
+registry.listeners.append(_routes.clear)
 
 
 def _rows(t: torch.Tensor | None, shape: torch.Size) -> tuple[torch.Tensor | None, int]:
@@ -117,11 +119,19 @@ def route(backend: Backend | None, device: torch.device, kind: str, s_dtype: tor
         return "torch"
     if s_dtype not in KERNEL_DTYPES or any(d is not None and d not in KERNEL_DTYPES for d in dtypes):
         return "torch"
+    # the table lookup stats every tuning directory: once per signature (as the plans), not per call
+    key = (backend.name, device, kind, s_dtype, shape, tuning.forced_key())
+    how = _routes.get(key)
+    if how is not None:
+        return how
     config, _ = _lookup(backend, device, kind, s_dtype, int(shape[-1]), prod(shape[:-1]))
     how = config.get("backward", "kernel")
     if how not in ("kernel", "torch"):
         raise ValueError(f"xkernels: add_norm tuning rule for the backward says \"backward\": {how!r}; "
                          f"expected \"kernel\" or \"torch\"")
+    _routes[key] = how
+    while len(_routes) > PLAN_CACHE_SIZE:
+        _routes.popitem(last=False)
     return how
 
 
