@@ -23,7 +23,11 @@ ranks the kernel configs, but its estimate alone never overrides the BLAS. In or
    turn it off; never while ``torch.compile`` traces or a CUDA graph is being captured): the
    wave model's kernel and the BLAS route run on the call's own inputs (into fresh outputs),
    :data:`CHECK_ROUNDS` interleaved rounds behind cache flushes (``xkernels.interleave``); the
-   kernel wins only if the median per-round ratio is at least :data:`CHECK_MARGIN` (1.05x).
+   kernel wins only if its cost per call (device time, or the route's measured host cost where
+   larger: ``HOST_MS``) beats the BLAS's by :data:`CHECK_MARGIN` (1.05x) *and* its device time
+   is at least :data:`DEVICE_FLOOR` (0.95x) of the BLAS's: a launch-bound call may take the
+   kernel for its lower host cost, but never at a device loss beyond 5%, which is all that is
+   left of a call under CUDA-graph replay.
    The verdict is remembered in the process and on disk; threads that meet the same new key
    wait for one check.
 5. Otherwise **the BLAS**.
@@ -56,6 +60,9 @@ NEIGHBOUR_M_FACTOR = 2.0
 NEIGHBOUR_MARGIN = 1.10
 CHECK_ROUNDS = 5
 CHECK_MARGIN = 1.05
+DEVICE_FLOOR = 0.95
+#: the verdict rule's version, part of every check key: verdicts cached under an older rule are not reused
+VERDICT_RULE = 2
 
 #: ``timer(fns, backend, device) -> [[kernel ms, BLAS ms], ...]`` (one row per round): the
 #: first-use check's clock (tests replace it).
@@ -103,7 +110,7 @@ def check_key(op: str, backend: Backend, device: torch.device, key: dict[str, An
     return {"op": op, "backend": backend.name, "arch": backend.arch(device), "device": name,
             "versions": versions(), "dtype": key["dtype"], "m": _m_bucket(key["m"]), "n": key["n"], "k": key["k"],
             "batch": key["batch"], "activation": key["activation"], "bias": key["bias"], "a_layout": key["a_layout"],
-            "tma": list(tma) if tma else None, "precision": precision}
+            "tma": list(tma) if tma else None, "precision": precision, "rule": VERDICT_RULE}
 
 
 def _ident(ck: dict[str, Any]) -> str:
@@ -167,7 +174,7 @@ def describe(v: dict[str, Any]) -> str:
                  f"HOST_MS): {wall:.2f}x")
     return (f"first-use check on this device (M={v['m']}, {v['rounds']} interleaved rounds): kernel "
             f"{v['kernel_ms'] * 1e3:.1f} us vs BLAS {v['blas_ms'] * 1e3:.1f} us, {v['ratio']:.2f}x{bound} "
-            f"(needs {CHECK_MARGIN:g}x) -> {winner}")
+            f"(needs {CHECK_MARGIN:g}x per call and {DEVICE_FLOOR:g}x on the device) -> {winner}")
 
 
 # -- neighbours ---------------------------------------------------------------------------------
@@ -374,8 +381,9 @@ def _check(ck: dict[str, Any], call: Any, backend: Backend, blas_plan: Any, kern
     kernel_wall = max(s["ms"][0], host_ms(kernel_sel.config))
     blas_wall = max(s["ms"][1], HOST_MS["vendor"])
     wall_ratio = blas_wall / kernel_wall if kernel_wall > 0 else 0.0
+    wins = wall_ratio >= CHECK_MARGIN and s["ratio"] >= DEVICE_FLOOR
     v = {**base, "rounds": s["rounds"], "kernel_ms": s["ms"][0], "blas_ms": s["ms"][1], "ratio": s["ratio"],
-         "spread": s["spread"], "wall_ratio": wall_ratio, "winner": "kernel" if wall_ratio >= CHECK_MARGIN else "blas"}
+         "spread": s["spread"], "wall_ratio": wall_ratio, "winner": "kernel" if wins else "blas"}
     with _lock:
         checks_run += 1
     try:
