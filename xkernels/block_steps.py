@@ -17,7 +17,8 @@ gradient is required, nothing compiles and the op has routes, the op call goes t
 own :class:`~xkernels.ops.route.RouteCache`, keyed by every tensor argument's shape, strides,
 dtype and device (``None`` for an absent one) and the eps's type: a repeat runs its route without
 the op's front door. Otherwise (a gradient, ``torch.compile``, an op that has no route at all,
-such as ``add_layer_norm`` today or any op on a backend running PyTorch) the op itself is called. A child
+such as any op on a backend running PyTorch) the op itself is called; under ``torch.compile`` a
+LayerNorm block is PyTorch's add and ``F.layer_norm``, which Inductor fuses itself. A child
 whose class is no longer the one the step was resolved for (replaced after ``patch``) takes the
 general way: its kind looked up per call (``NormStep``) or the module class's own forward
 (``GatedStep``).
@@ -68,15 +69,14 @@ class NormStep:
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
-            if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
-                # training: PyTorch's own add and LayerNorm, so that aten's fused LayerNorm backward
-                # runs (the fused norm's backward measured 0.08-0.74x of it on an H100, 2026-11-24:
-                # results/2026-11-24-h100-fused-norms-models); under torch.compile the compiler fuses
-                # the add and the norm itself; eager inference takes the fused forward
+            if _is_compiling():
+                # under torch.compile: PyTorch's add and LayerNorm, which the compiler fuses itself
                 s = x if residual is None else x + residual
                 y = torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps)
                 return (y, s) if rs else y
-            if direct:
+            if direct or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
+                # training too: the fused backward measured 1.57-1.94x aten's LayerNorm backward + the
+                # add's accumulation on an H100 (results/2026-11-24-h100-norm-backward-tiles)
                 return add_layer_norm(x, residual, w, b, eps, return_sum=rs)
             return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
                                     None if residual is None else (residual.shape, residual.stride(), residual.dtype,
