@@ -36,10 +36,8 @@ from xkernels import interleave, tuning
 from xkernels.backend import Backend
 from xkernels.harness import Target, tolerances
 from xkernels.harness.accuracy import op_function, reference
-from xkernels.harness.case import Case, T, expected_result
-from xkernels.harness.cases import cases
+from xkernels.harness.cases import OPS, Case, T, cases, expected_result
 from xkernels.harness.perf import Settings, confirm, time_calls
-from xkernels.harness.torch_ops import OPS
 from xkernels.sweep_timing import Phases
 
 SHAPE_SETS = ("models", "seed", "quick")
