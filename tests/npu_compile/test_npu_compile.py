@@ -1,4 +1,5 @@
-"""Offline Ascend NPU compile check (xkernels.cli.npu_compile), run by ``tox -e npu-compile``.
+"""Offline Ascend NPU compile check (xkernels.cli.npu_compile and the chain of one case,
+xkernels.cli.npu_chain), run by ``tox -e npu-compile``.
 
 These tests need triton-ascend (installed as the top-level ``triton``) and bishengir-compile
 (PyPI ascendnpu-ir) in the running environment; anywhere else the whole module is skipped.
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 npu_compile = pytest.importorskip("xkernels.cli.npu_compile")
+npu_chain = pytest.importorskip("xkernels.cli.npu_chain")
 
 _BISHENGIR, _PROBLEM = npu_compile.check_environment()
 if _PROBLEM:
@@ -230,21 +232,21 @@ def test_keep_writes_artifacts(tmp_path):
 def test_classify_plan_samples():
     ub = ('loc("k":2:3): error: ub overflow, requires 2097152 bits while 1572864 bits available! '
           "(possible reason: ...)")
-    assert npu_compile.classify_plan(1, ub, False) == ("ub-overflow", "ub needs 256 KiB > 192 KiB")
+    assert npu_chain.classify_plan(1, ub, False) == ("ub-overflow", "ub needs 256 KiB > 192 KiB")
     cc = "error: cc overflow, requires 2097152 bits while 1048576 bits available!"
-    assert npu_compile.classify_plan(1, cc, False)[0] == "cc-overflow"
+    assert npu_chain.classify_plan(1, cc, False)[0] == "cc-overflow"
     cbuf = "error: cbuf overflow, requires 8388608 bits while 4194304 bits available!"
-    assert npu_compile.classify_plan(1, cbuf, False) == ("plan-error", "cbuf (L1) needs 1024 KiB > 512 KiB")
-    assert npu_compile.classify_plan(1, ub + "\n" + cc, False) == (
+    assert npu_chain.classify_plan(1, cbuf, False) == ("plan-error", "cbuf (L1) needs 1024 KiB > 512 KiB")
+    assert npu_chain.classify_plan(1, ub + "\n" + cc, False) == (
         "cc-overflow", "cc needs 256 KiB > 128 KiB; ub needs 256 KiB > 192 KiB")
     passed = ("[ERROR] Cannot find hivmc under $PATH\n"
               'loc("k":1:1): error: External hivmc run fails, '
               "returning module before running external compiler")
-    assert npu_compile.classify_plan(1, passed, False) == ("ok", "")
+    assert npu_chain.classify_plan(1, passed, False) == ("ok", "")
     # "Cannot find hivmc" alone (printed at start-up by every run) is not a pass.
-    assert npu_compile.classify_plan(1, "[ERROR] Cannot find hivmc under $PATH\nerror: boom", False) == (
+    assert npu_chain.classify_plan(1, "[ERROR] Cannot find hivmc under $PATH\nerror: boom", False) == (
         "plan-error", "boom")
-    assert npu_compile.classify_plan(0, "", True) == ("ok", "")
+    assert npu_chain.classify_plan(0, "", True) == ("ok", "")
 
 
 def test_cli_help_and_quick_subset():
@@ -262,8 +264,8 @@ def test_project_cases_are_well_formed():
     cases = cc.collect_cases(None, None)
     assert cases, "collect_cases returned no cases"
     for c in cases:
-        kernel = npu_compile._unwrap_kernel(c.kernel)
-        npu_compile._full_signature(kernel, dict(c.signature), dict(c.constants))
+        kernel = npu_chain._unwrap_kernel(c.kernel)
+        npu_chain._full_signature(kernel, dict(c.signature), dict(c.constants))
 
 
 # One SoC per family (Atlas A2, Atlas A3, Ascend 950 / A5) for the planted entries; every SoC
@@ -348,7 +350,7 @@ def test_a5_runs_the_compile_on_910_95_path(tmp_path):
     log = (Path(r.artifacts) / "bishengir.log").read_text()
     assert Path(log.split(" ", 1)[0]).name == "bishengir-compile-a5"
     assert all(flag in log for flag in npu_compile.BISHENGIR_FLAGS_A5) and "--enable-hivm-compile" not in log
-    assert npu_compile._PASSED_MARK_A5 in log
+    assert npu_chain._PASSED_MARK_A5 in log
     planned = (Path(r.artifacts) / "planned.hivm.mlir").read_text()
     assert f'hacc.target<"{soc}">' in planned and "dav-c310" in planned
 

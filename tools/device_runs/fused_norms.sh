@@ -1,5 +1,5 @@
 # The fused residual-add norms on one GPU, one device call (< 9 minutes):
-#   1. tests/ops/test_add_norm.py on the cuda backend (forward, the fused backward, routes)
+#   1. tests/ops/fused/test_add_norm.py on the cuda backend (forward, the fused backward, routes)
 #   2. python -m xkernels.bench --op add_layer_norm,add_rms_norm, bf16: forward rows and the
 #      "forward+backward" rows (the fused backward against torch's y.backward(dy) with the sum's
 #      gradient too) at BERT-base, Llama-3-8B, Llama-2-13B, N=1000 and decode shapes
@@ -9,7 +9,7 @@
 . tools/device_runs/common.sh
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 t0=$(date +%s)
-timeout 120 python3 -m pytest tests/ops/test_add_norm.py -q -x --backends cuda > $OUT/pytest-add-norm-cuda.txt 2>&1
+timeout 120 python3 -m pytest tests/ops/fused/test_add_norm.py -q -x --backends cuda > $OUT/pytest-add-norm-cuda.txt 2>&1
 echo "tests rc=$? $(( $(date +%s)-t0 ))s"; tail -3 $OUT/pytest-add-norm-cuda.txt
 timeout 170 python3 -m xkernels.bench --device cuda --op add_layer_norm,add_rms_norm --dtype bfloat16 \
   --json $OUT/bench-norms-bf16.json > $OUT/bench-norms-bf16.txt 2>&1

@@ -3,8 +3,9 @@
 . tools/device_runs/common.sh
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 export XKERNELS_TEST_BACKENDS=cuda
-A=$(ls tests/ops/test_*.py | head -5 | tr '\n' ' ')
-B=$(ls tests/ops/test_*.py | tail -n +6 | tr '\n' ' ')
+# the op suites in two halves: the element-wise and fused ops', then matmul's and the front door's
+A=$(find tests/ops/elementwise tests/ops/fused -name 'test_*.py' | sort | tr '\n' ' ')
+B=$(find tests/ops -name 'test_*.py' | grep -v "^tests/ops/elementwise/\|^tests/ops/fused/" | sort | tr '\n' ' ')
 C=$(ls tests/test_*.py tests/*/test_*.py | grep -v "^tests/ops/\|^tests/npu_compile/" | tr '\n' ' ')
 timeout 550 python3 -m pytest -v -p no:cacheprovider -rfE $A > $OUT/pytest-cuda-ops1.txt 2>&1 &
 timeout 550 python3 -m pytest -v -p no:cacheprovider -rfE $B > $OUT/pytest-cuda-ops2.txt 2>&1 &

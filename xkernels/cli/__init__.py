@@ -7,7 +7,8 @@ modules only calls ``main`` here):
 * ``check``: every op's cases against a float64 PyTorch reference.
 * ``tune`` (with ``sweep_world`` for ``torchrun``, ``matmul_tables`` for matmul/linear rules):
   sweep configs and write tuning tables; ``--export-cache`` turns the autotune cache into tables.
-* ``npu_compile`` (with ``compile_check``, the case list): the offline Ascend compile check.
+* ``npu_compile`` (with ``compile_check``, the case list, and ``npu_chain``, the compile chain of one
+  case): the offline Ascend compile check.
 
 The library parts they share stay in the package: ``xkernels.harness`` (accuracy, timing, case
 corpora), ``xkernels.sweep`` (plan and measure sweep items; autotune uses it too) and

@@ -1,6 +1,8 @@
 """Shared accuracy and performance harnesses behind ``python -m xkernels.check`` and ``xkernels.bench``.
 
-* :mod:`~xkernels.harness.cases`: per-op cases (layouts, dtypes, sizes) and PyTorch's version of each op;
+* :mod:`~xkernels.harness.cases`: per-op case lists (layouts, dtypes, sizes);
+* :mod:`~xkernels.harness.case`: one case (:class:`Case`, its operands, fresh random inputs);
+* :mod:`~xkernels.harness.torch_ops`: PyTorch's version of each op (reference and baseline);
 * :mod:`~xkernels.harness.tolerances`: allowed error per dtype/op/backend, each with its source;
 * :mod:`~xkernels.harness.accuracy`: one case against a float64 reference;
 * :mod:`~xkernels.harness.memory`: a case's estimated peak memory and the memory free to run it;

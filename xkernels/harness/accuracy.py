@@ -25,7 +25,8 @@ import torch
 from xkernels.backend import Backend
 from xkernels.dispatch import use_backend
 from xkernels.harness import memory, tolerances
-from xkernels.harness.cases import OPS, Case, Inputs, expected_result
+from xkernels.harness.case import Case, Inputs, expected_result
+from xkernels.harness.torch_ops import OPS
 
 CHUNK = 1 << 24  # elements compared at a time
 

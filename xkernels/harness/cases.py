@@ -1,8 +1,8 @@
-"""What each op is called with: the accuracy and benchmark cases, and PyTorch's version of the op.
+"""What each op is called with: the accuracy and benchmark case lists.
 
-A :class:`Case` names an op, its operands (shape, dtype, memory layout) and a layout label;
-``case.make_inputs(device, seed)`` builds fresh random tensors for one call. Every case carries
-size tags:
+A :class:`~xkernels.harness.case.Case` names an op, its operands (shape, dtype, memory layout)
+and a layout label; ``case.make_inputs(device, seed)`` builds fresh random tensors for one call
+(:mod:`xkernels.harness.case`). Every case carries size tags:
 
 * ``quick``: small layouts users meet (CI runs these under the Triton interpreter on 2 cores);
 * ``full``: ``quick`` plus the seed sizes (256² … 8192², bias adds over (512,)*3 and (1024,)*3);
@@ -10,281 +10,35 @@ size tags:
 * ``models``: the real-model shape corpus (:mod:`~xkernels.harness.models`: BERT-base, GPT-2,
   Llama-3-8B, ViT-B/16 layers, ResNet-50 channel biases, ...), each case naming its models.
 
-``OPS[op].torch_fn`` is the same work done by PyTorch: the reference (run in float64), the
-expected result shape and dtype (run on the meta device), and the benchmark baseline.
+``OPS[op].torch_fn`` is the same work done by PyTorch (:mod:`xkernels.harness.torch_ops`): the
+reference, the expected result shape and dtype, and the benchmark baseline. This module
+re-exports :class:`Case`, :class:`T`, :class:`Inputs`, :data:`OPS` and their helpers, so
+``from xkernels.harness.cases import Case, OPS`` keeps working.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+# a case and PyTorch's ops, re-exported: ``from xkernels.harness.cases import Case, OPS`` works
+from xkernels.harness.case import INT_RANGE as INT_RANGE
+from xkernels.harness.case import Case, T
+from xkernels.harness.case import Inputs as Inputs
+from xkernels.harness.case import expected_result as expected_result
+from xkernels.harness.case import random_tensor as random_tensor
 from xkernels.harness.heldout import SIZE_TAG as HELDOUT
 from xkernels.harness.heldout import heldout_cases
 from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
+from xkernels.harness.torch_ops import NORM_OPS, OP_NAMES, OPS
+from xkernels.harness.torch_ops import OpSpec as OpSpec
 
-OP_NAMES = ("broadcast", "add", "matmul", "linear", "gated_linear", "add_layer_norm", "add_rms_norm")
-#: ops whose result is ``(y, s)``: a norm of the residual sum and the sum (``return_sum=True``)
-NORM_OPS = ("add_layer_norm", "add_rms_norm")
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
-INT_RANGE = (-1000, 1000)  # random ints: sums and promotions to float16 stay exact
 SIZES = ("quick", "full", "small", "medium", "large", "models", "heldout")
 BENCH_SIZES = ("small", "medium", "large")
-
-
-# -- PyTorch's version of each op ---------------------------------------------------------------
-def _torch_broadcast(x: torch.Tensor, bias: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.add(x, bias, out=out)
-
-
-def _torch_add(x: Any, y: Any, *, alpha: Any = 1, out: torch.Tensor | None = None) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):
-        # two Python numbers: torch.add's result, a 0-d CPU tensor of their promoted dtype
-        x = torch.tensor(x, dtype=torch.result_type(x, y))
-    elif not isinstance(x, torch.Tensor):  # torch.add wants a tensor first; a 0-d one keeps promotion
-        x = torch.tensor(x, dtype=torch.float64 if isinstance(x, float) else torch.int64, device=y.device)
-    return torch.add(x, y, alpha=alpha, out=out) if alpha != 1 else torch.add(x, y, out=out)
-
-
-def _torch_matmul(a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    return torch.matmul(a, b, out=out)
-
-
-def _torch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  activation: str | None = None, *, negative_slope: float = 0.01,
-                  residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``act(F.linear(x, weight, bias)) + residual``: the activation before the add."""
-    from xkernels.ops.matmul.vendor import reference_linear
-
-    result = reference_linear(x, weight, bias, activation, negative_slope)
-    if residual is not None:
-        result = result + residual
-    return result if out is None else out.copy_(result)
-
-
-def _torch_gated_linear(x: torch.Tensor, weight: torch.Tensor, up_weight: torch.Tensor | None = None,
-                        bias: torch.Tensor | None = None, up_bias: torch.Tensor | None = None,
-                        activation: str = "silu") -> torch.Tensor:
-    """``F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu)`` (or the activation given); with a
-    concatenated gate_up weight (``up_weight`` None), one ``F.linear`` chunked in two (Phi-3)."""
-    from xkernels.ops.fused.gated_linear import reference_gated_linear
-
-    return reference_gated_linear(x, weight, up_weight, bias, up_bias, activation)
-
-
-def _torch_add_layer_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None,
-                          bias: torch.Tensor | None = None, eps: float = 1e-5, *, return_sum: bool = True) -> Any:
-    s = x if residual is None else x + residual
-    y = torch.nn.functional.layer_norm(s, (s.shape[-1],), weight, bias, eps)
-    return (y, s) if return_sum else y
-
-
-def _torch_add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor | None = None,
-                        eps: float = 1e-6, *, offset: float = 0.0, return_sum: bool = True) -> Any:
-    """The add, then RMSNorm as Llama's ``LlamaRMSNorm`` computes it (fp32 inside, cast at the end)."""
-    s = x if residual is None else x + residual
-    h = s if s.dtype == torch.float64 else s.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        h = h * (offset + weight.to(h.dtype))
-    y = h.to(s.dtype)
-    return (y, s) if return_sum else y
-
-
-def _norm_reference(kind: str, dtype: torch.dtype, x: torch.Tensor, residual: torch.Tensor | None,
-                    weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, offset: float,
-                    return_sum: bool) -> tuple[Any, Any, int]:
-    """The float64 reference of a fused add + norm, given the result dtype: ``s`` rounded to it
-    first (torch's ``x + residual`` is a tensor of that dtype, and the norm reads that), then the
-    norm in float64. With it, per element of y, the magnitude the fp32 statistics' rounding
-    scales with, ``(|s - mean| + mean(|s|)) * rstd * |w|`` (RMSNorm: ``|s| * rstd * |offset + w|``),
-    and the reduction length N."""
-    s = (x if residual is None else x + residual).to(dtype).double()
-    if kind == "layer":
-        y = _torch_add_layer_norm(s, None, weight, bias, eps, return_sum=False)
-        centred = s - s.mean(-1, keepdim=True)
-        mag = centred.abs() + s.abs().mean(-1, keepdim=True)
-    else:
-        y = _torch_add_rms_norm(s, None, weight, eps, offset=offset, return_sum=False)
-        centred = mag = s.abs()
-    mag = mag * torch.rsqrt(centred.square().mean(-1, keepdim=True) + eps)
-    if weight is not None:
-        mag = mag * (weight + offset).abs()
-    n = x.shape[-1]
-    return ((y, s.to(dtype)), (mag, None), n) if return_sum else (y, mag, n)
-
-
-def _ref_add_layer_norm(dtype: torch.dtype, x: torch.Tensor, residual: torch.Tensor | None, weight: Any = None,
-                        bias: Any = None, eps: float = 1e-5, *, return_sum: bool = True) -> tuple[Any, Any, int]:
-    return _norm_reference("layer", dtype, x, residual, weight, bias, eps, 0.0, return_sum)
-
-
-def _ref_add_rms_norm(dtype: torch.dtype, x: torch.Tensor, residual: torch.Tensor | None, weight: Any = None,
-                      eps: float = 1e-6, *, offset: float = 0.0, return_sum: bool = True) -> tuple[Any, Any, int]:
-    return _norm_reference("rms", dtype, x, residual, weight, None, eps, offset, return_sum)
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """One op as the harnesses see it. ``reference``: where the float64 reference is more than
-    ``torch_fn`` on widened inputs: ``reference(result dtype, *args, **kwargs) -> (ref, mag, K)``
-    (tuples for ops with several outputs; a ``mag`` of ``None`` for an element-wise output)."""
-
-    name: str
-    arg_names: tuple[str, ...]
-    torch_fn: Callable[..., Any]
-    joiner: str  # how shapes are written in tables: "x + bias", "a @ b"
-    matmul_like: bool = False
-    gemms: int = 1  # GEMMs of the result's size per call (flop count: 2 * gemms * result numel * K)
-    reference: Callable[..., Any] | None = None
-
-
-OPS: dict[str, OpSpec] = {
-    "broadcast": OpSpec("broadcast", ("x", "bias"), _torch_broadcast, " + "),
-    "add": OpSpec("add", ("x", "y"), _torch_add, " + "),
-    "matmul": OpSpec("matmul", ("a", "b"), _torch_matmul, " @ ", matmul_like=True),
-    "linear": OpSpec("linear", ("x", "weight", "bias"), _torch_linear, ", ", matmul_like=True),
-    "gated_linear": OpSpec("gated_linear", ("x", "weight", "up_weight", "bias", "up_bias"), _torch_gated_linear,
-                           ", ", matmul_like=True, gemms=2),
-    "add_layer_norm": OpSpec("add_layer_norm", ("x", "residual", "weight", "bias"), _torch_add_layer_norm, ", ",
-                             reference=_ref_add_layer_norm),
-    "add_rms_norm": OpSpec("add_rms_norm", ("x", "residual", "weight"), _torch_add_rms_norm, ", ",
-                           reference=_ref_add_rms_norm),
-}
-
-
-# -- operands -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class T:
-    """A tensor operand: the shape the op sees, its dtype and memory layout.
-
-    ``view``: ``contiguous``; ``transposed`` (last two dims swapped in memory, ``.mT``);
-    ``strided`` (every other element of the last dim, ``[..., ::2]``); ``expanded`` (all dims
-    but the last have stride 0).
-    """
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    view: str = "contiguous"
-
-
-def random_tensor(shape: Iterable[int], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """Random values on the CPU: normal floats (never all zeros), ints in ``INT_RANGE``."""
-    shape = tuple(shape)
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
-    return torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype)
-
-
-def _materialize(spec: T, gen: torch.Generator, device: torch.device) -> torch.Tensor:
-    shape = spec.shape
-    if spec.view == "contiguous":
-        return random_tensor(shape, spec.dtype, gen).to(device)
-    if spec.view == "transposed":
-        base = random_tensor((*shape[:-2], shape[-1], shape[-2]), spec.dtype, gen).to(device)
-        return base.mT
-    if spec.view == "strided":
-        base = random_tensor((*shape[:-1], 2 * shape[-1]), spec.dtype, gen).to(device)
-        return base[..., ::2]
-    if spec.view == "expanded":
-        base = random_tensor((*([1] * (len(shape) - 1)), shape[-1]), spec.dtype, gen).to(device)
-        return base.expand(shape)
-    raise ValueError(f"unknown operand view {spec.view!r}")
-
-
-@dataclass
-class Inputs:
-    """The arguments of one call. ``out`` (if any) is in ``kwargs``."""
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-
-    @property
-    def out(self) -> torch.Tensor | None:
-        return self.kwargs.get("out")
-
-    def named_tensors(self, arg_names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """Input tensors by argument name (``out`` excluded)."""
-        named = dict(zip(arg_names, self.args))
-        named.update({k: v for k, v in self.kwargs.items() if k != "out"})
-        return {k: v for k, v in named.items() if isinstance(v, torch.Tensor)}
-
-
-@dataclass(frozen=True)
-class Case:
-    """One call of one op: operands, layout label, size tags. ``dtype`` is the dtype under test
-    (the first tensor operand's; with Python numbers only, PyTorch's result dtype); promotions
-    are named in ``layout``."""
-
-    op: str
-    args: tuple[Any, ...]  # T specs or Python scalars
-    layout: str
-    sizes: frozenset[str]
-    kwargs: tuple[tuple[str, Any], ...] = ()
-    out: str | None = None  # None | "new" | "inplace" (out is the first operand) | "residual" (out is it)
-    models: tuple[str, ...] = ()  # the models a corpus case comes from (see harness.models)
-    #: the bench times forward + backward (``perf.bench_case``): the sum of the results against
-    #: random output gradients, through autograd, on both sides
-    backward: bool = False
-    dtype: torch.dtype = field(init=False)
-
-    def __post_init__(self) -> None:
-        first = next((a for a in self.args if isinstance(a, T)), None)
-        dtype = first.dtype if first is not None else torch.result_type(*self.args[:2])
-        object.__setattr__(self, "dtype", dtype)
-
-    @property
-    def shapes(self) -> tuple[tuple[int, ...] | Any, ...]:
-        return tuple(a.shape if isinstance(a, T) else a for a in self.args)
-
-    @property
-    def shape_label(self) -> str:
-        def one(a: Any) -> str:
-            if isinstance(a, T):
-                return "x".join(map(str, a.shape)) if a.shape else "[]"
-            return repr(a)
-
-        shown = [a for a in self.args if a is not None and not isinstance(a, str)]  # not activations
-        return OPS[self.op].joiner.join(one(a) for a in shown)
-
-    @property
-    def id(self) -> str:
-        return f"{self.op}/{str(self.dtype).removeprefix('torch.')}/{self.layout}/{self.shape_label}"
-
-    def seed_for(self, seed: int) -> int:
-        """A per-case seed derived from the run's seed (different cases get different data)."""
-        return zlib.crc32(f"{seed}/{self.id}".encode())
-
-    def make_inputs(self, device: torch.device | str, seed: int) -> Inputs:
-        """Fresh random operands on ``device`` (generated on the CPU, so any device sees the same
-        values for a seed); ``out`` is allocated but not initialised (the accuracy check poisons it)."""
-        device = torch.device(device)
-        gen = torch.Generator().manual_seed(self.seed_for(seed))
-        args = tuple(_materialize(a, gen, device) if isinstance(a, T) else a for a in self.args)
-        kwargs = {k: _materialize(v, gen, device) if isinstance(v, T) else v for k, v in self.kwargs}
-        if self.out == "inplace":
-            kwargs["out"] = args[0]
-        elif self.out == "residual":
-            kwargs["out"] = kwargs["residual"]
-        elif self.out == "new":
-            meta = expected_result(self.op, Inputs(args, kwargs))
-            kwargs["out"] = torch.empty(meta.shape, dtype=meta.dtype, device=device)
-        return Inputs(args, kwargs)
-
-
-def expected_result(op: str, inputs: Inputs) -> torch.Tensor:
-    """PyTorch's result for these inputs on the meta device: its shape and dtype, no data."""
-
-    def meta(v: Any) -> Any:
-        return v.to("meta") if isinstance(v, torch.Tensor) else v
-
-    kwargs = {k: meta(v) for k, v in inputs.kwargs.items() if k != "out"}
-    return OPS[op].torch_fn(*(meta(a) for a in inputs.args), **kwargs)
 
 
 # -- the case lists -----------------------------------------------------------------------------

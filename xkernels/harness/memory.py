@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 
-from xkernels.harness.cases import OPS, Case, Inputs, T, expected_result
+from xkernels.harness.case import Case, Inputs, T, expected_result
+from xkernels.harness.torch_ops import OPS
 
 #: Fraction of the free memory a case may plan to use: the estimate leaves out allocator
 #: rounding, Python objects and other processes' growth while the case runs.

@@ -33,7 +33,8 @@ from xkernels.backend import Figure
 from xkernels.dispatch import use_backend
 from xkernels.harness import Target
 from xkernels.harness.accuracy import op_function
-from xkernels.harness.cases import OPS, Case, Inputs, expected_result
+from xkernels.harness.case import Case, Inputs, expected_result
+from xkernels.harness.torch_ops import OPS
 
 FLUSH_BYTES = 256 << 20
 #: Device time queued before each timed call (``Backend.hold``): longer than the host needs to

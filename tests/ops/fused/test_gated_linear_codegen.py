@@ -126,7 +126,7 @@ def test_cuda_table_candidates_compile_within_shared_memory():
     import json
     from pathlib import Path
 
-    table = json.loads((Path(__file__).resolve().parents[2] / "ops" / "tuning" / "cuda" / "gated_linear.json")
+    table = json.loads((Path(__file__).resolve().parents[3] / "ops" / "tuning" / "cuda" / "gated_linear.json")
                        .read_text())
     call = gated_linear.check(_meta(4096, 4096), _meta(14336, 4096), _meta(14336, 4096))
     for group in table["candidates"]["sm90"]:

@@ -60,7 +60,7 @@ def _ptx(op, *args, hints: bool = True, backend=None, residual=None) -> str:
 
 
 #: the config code-generation tests compile when none is forced (which config a shape gets is
-#: test_matmul_config's business; a table rule may even route it to the vendor BLAS)
+#: tests/ops/matmul/test_config.py's business; a table rule may even route it to the vendor BLAS)
 _POINTER = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 
@@ -270,7 +270,7 @@ def test_tune_tma_candidates_fit_sm90_shared_memory():
     import json
     from pathlib import Path
 
-    tables = Path(__file__).resolve().parents[2] / "ops" / "tuning" / "cuda"
+    tables = Path(__file__).resolve().parents[3] / "ops" / "tuning" / "cuda"
     cands = {}
     for op_name in ("matmul", "linear"):
         for group in json.loads((tables / f"{op_name}.json").read_text())["candidates"]["sm90"]:

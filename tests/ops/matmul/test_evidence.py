@@ -289,7 +289,7 @@ def test_first_use_check_on_the_device(backend, device, tmp_path, monkeypatch):
         e = linear.explain(x, w, b)
         got = linear(x, w, b)
         after = linear.explain(x, w, b)
-    _close(got, _ref(x.cpu(), w.cpu(), b.cpu()), scale=x.shape[1] ** 0.5)  # as tests/ops/test_matmul.py
+    _close(got, _ref(x.cpu(), w.cpu(), b.cpu()), scale=x.shape[1] ** 0.5)  # as tests/ops/matmul/test_matmul.py
     if e.why.startswith("no evidence"):
         assert ev.checks_run == 1 and after.why.startswith("first-use check on this device")
     ev.forget()

@@ -276,7 +276,7 @@ def test_npu_table_fits_l0c():
     key (A2 and A3: Ascend910B; A5: Ascend950). tests/npu_compile plans them with the compiler."""
     from xkernels.backends.npu import table_keys
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     socs = json.loads((root / "backends" / "npu_socs.json").read_text())["socs"]
     table = json.loads((root / "ops" / "tuning" / "npu" / "gated_linear.json").read_text())
     assert {"Ascend910B", "Ascend950"} <= set(table["archs"])
