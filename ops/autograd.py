@@ -46,6 +46,14 @@ def needs_grad(values: tuple[Any, ...]) -> bool:
     return False
 
 
+def input_needs(ctx: Any, n: int) -> tuple[bool, ...]:
+    """``ctx.needs_input_grad`` of a custom op's backward, padded with ``False`` to ``n`` entries:
+    a compiled graph calls the op without the arguments left at their defaults (FX leaves them
+    out), and an absent argument needs no gradient."""
+    needs = tuple(ctx.needs_input_grad)
+    return needs + (False,) * (n - len(needs)) if len(needs) < n else needs
+
+
 def reject_out(op: str, out: Any) -> None:
     if out is not None:
         raise ValueError(f"xkernels.ops.{op}: 'out=' does not support autograd, and an argument requires grad; "

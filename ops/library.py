@@ -114,7 +114,8 @@ def _broadcast_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _binary_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     x, y = ctx.operands
-    gx, gy = grads.binary_backward(grad, x, y, ctx.alpha, (ctx.needs_input_grad[0], ctx.needs_input_grad[1]))
+    n = grads.input_needs(ctx, 2)
+    gx, gy = grads.binary_backward(grad, x, y, ctx.alpha, (n[0], n[1]))
     return gx, gy
 
 
@@ -124,7 +125,8 @@ def _matmul_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _matmul_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     a, b = ctx.saved_tensors
-    return grads.matmul_backward(grad, a, b, (ctx.needs_input_grad[0], ctx.needs_input_grad[1]), _mm)
+    n = grads.input_needs(ctx, 2)
+    return grads.matmul_backward(grad, a, b, (n[0], n[1]), _mm)
 
 
 def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
@@ -137,7 +139,7 @@ def _linear_setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 
 def _linear_backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
     x, weight, bias, y = ctx.saved_tensors
-    n = ctx.needs_input_grad
+    n = grads.input_needs(ctx, 6)
     gx, gw, gb = grads.linear_backward(grad, x, weight, bias, ctx.activation, ctx.slope, y, (n[0], n[1], n[2]),
                                        _mm, _lin)
     r = ctx.residual

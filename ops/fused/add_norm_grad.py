@@ -42,6 +42,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from xkernels import dispatch
+from xkernels.ops.autograd import input_needs
 from xkernels.ops.fused import add_norm_bwd as bwd
 from xkernels.ops.layout import prod
 
@@ -268,7 +269,7 @@ def _backward(ctx: Any, dy: Any, ds: Any, _gmean: Any = None, _grstd: Any = None
     kind, eps, offset, _, shape, x_dtype, res, b_dtype, dtype, backend = ctx.meta
     if s is None or (ds is not None and ds.numel() == 0):
         ds = None  # return_sum=False: s was not returned, nothing reaches it
-    needs = ctx.needs_input_grad
+    needs = input_needs(ctx, 4)
     gx, gr, gw, gb = grads(backend, kind, eps, offset, dy, ds, s, x, residual, mean, rstd, weight,
                            b_dtype if kind == "layer" else None, shape, dtype, x_dtype, res,
                            (needs[0], needs[1], needs[2], kind == "layer" and needs[3]))

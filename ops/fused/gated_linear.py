@@ -37,7 +37,7 @@ import torch
 from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.ops import checks
-from xkernels.ops.autograd import activation_grad
+from xkernels.ops.autograd import activation_grad, input_needs
 from xkernels.ops.fused import gated_linear_hot
 from xkernels.ops.fused.gated_linear_plan import GatedPlan
 from xkernels.ops.matmul.vendor import activate
@@ -350,7 +350,7 @@ def _setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
 def _backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
     x, weight, up_weight, bias, up_bias = ctx.saved_tensors
     grads = gated_backward(dy, x, weight, up_weight, bias, up_bias, ctx.activation, None, None,
-                           tuple(ctx.needs_input_grad[:5]), torch.ops.xkernels.matmul.default,
+                           input_needs(ctx, 5)[:5], torch.ops.xkernels.matmul.default,
                            torch.ops.xkernels.linear.default)
     return (*grads, None)
 

@@ -172,3 +172,35 @@ def test_opcheck(backend, device, op, make, kwargs):
     AOT dispatch (with dynamic shapes)."""
     args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) else a for a in make(device))
     torch.library.opcheck(op, args, kwargs)
+
+
+@pytest.mark.parametrize("op", ["linear", "add_layer_norm", "add_rms_norm", "gated_linear"])
+def test_backward_of_a_call_without_its_default_arguments(backend, device, op):
+    """A compiled graph calls a custom op without the arguments left at their defaults (FX drops
+    them: a bias-less ``lm_head`` under torch.compile, found on an H100): its backward gets fewer
+    ``needs_input_grad`` entries than the schema has, and must still compute every gradient."""
+    import xkernels.ops  # noqa: F401 - registers the custom ops
+
+    x = rand((5, 16), torch.float32, device).requires_grad_()
+    w = rand((12 if op != "add_layer_norm" and op != "add_rms_norm" else 16,) if op.startswith("add_") else (12, 16),
+             torch.float32, device).requires_grad_()
+    if op == "linear":
+        got = torch.ops.xkernels.linear.default(x, w)
+        want = lambda x, w: x @ w.T  # noqa: E731
+    elif op == "gated_linear":
+        u = rand((12, 16), torch.float32, device).requires_grad_()
+        got = torch.ops.xkernels.gated_linear.default(x, w, u)
+        want = lambda x, w: torch.nn.functional.silu(x @ w.T) * (x @ u.detach().double().T)  # noqa: E731
+    else:
+        r = rand((5, 16), torch.float32, device)
+        got = getattr(torch.ops.xkernels, op).default(x, r, w)[0]
+        if op == "add_layer_norm":
+            want = lambda x, w: torch.nn.functional.layer_norm(x + r.double(), (16,), w)  # noqa: E731
+        else:
+            want = lambda x, w: torch.nn.functional.rms_norm(x + r.double(), (16,), w, 1e-6)  # noqa: E731
+    dy = rand(got.shape, torch.float32, device)
+    gx, gw = torch.autograd.grad(got, (x, w), dy)
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ex, ew = torch.autograd.grad(want(xd, wd), (xd, wd), dy.double())
+    for g, e in ((gx, ex), (gw, ew)):  # fp32 gradients of 16-term sums against float64
+        torch.testing.assert_close(g.double(), e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
