@@ -32,7 +32,7 @@ from xkernels.ops import checks
 from xkernels.ops.fused import add_norm_grad as grad
 from xkernels.ops.fused.add_norm_plan import KERNEL_DTYPES, AddNormCall, AddNormPlan, plan_key
 from xkernels.ops.op import Op, Param, Plan
-from xkernels.ops.route import KernelRoute
+from xkernels.ops.route import KernelRoute, Route
 from xkernels.registry import registry
 from xkernels.tuning import _forced
 
@@ -184,7 +184,7 @@ class AddLayerNorm(AddNormOp):
         x, residual, weight, bias, eps, return_sum = canon
         return self.check(x, residual, weight, bias, eps, return_sum=return_sum)
 
-    def autograd(self, canon: tuple[Any, ...]) -> Any:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> Any:
         return grad.recorded(self, self._check_canon(canon))
 
     def library_call(self, canon: tuple[Any, ...]) -> Any:
@@ -213,7 +213,7 @@ class AddRmsNorm(AddNormOp):
         x, residual, weight, eps, offset, return_sum = canon
         return self.check(x, residual, weight, eps, offset=offset, return_sum=return_sum)
 
-    def autograd(self, canon: tuple[Any, ...]) -> Any:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> Any:
         return grad.recorded(self, self._check_canon(canon))
 
     def library_call(self, canon: tuple[Any, ...]) -> Any:

@@ -204,7 +204,7 @@ class GatedLinear(Op):
         return gated_linear_hot.make_hot(plan, call, canon)
 
     # -- autograd and torch.compile -----------------------------------------------------------
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         call = self.check(*canon)  # before autograd records anything
         return GatedLinearFunction.apply(lambda: self._forward_saving(call, canon), *canon)
 
