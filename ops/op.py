@@ -196,10 +196,16 @@ class Op:
         found = self.find_hot(args, kwargs)
         if found is None:
             return self.autograd(self._bind(args, kwargs))
-        _, route, canon = found  # canon: the arguments in ``params`` order, as ``_bind`` gives them
+        return self.record(found[1], found[2])  # canon: the arguments in ``params`` order, as ``_bind`` gives them
+
+    def record(self, route: Route, canon: tuple[Any, ...]) -> Any:
+        """``_recorded`` of a call whose signature has ``route`` (``canon``: its arguments in
+        ``params`` order); also what a module's ``RouteCache.recorded`` runs on a hit. A route
+        that records autograd runs its ``autograd_run``; any other goes into ``autograd(canon,
+        route)``, whose forward runs it without looking it up again."""
         if route.records_autograd:
             return route.autograd_run(*canon)
-        return self.autograd(canon, route)  # its forward runs ``route`` without looking it up again
+        return self.autograd(canon, route)
 
     def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         """Check, decide the route and run it; a plan's call leaves its signature's route."""

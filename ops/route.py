@@ -211,9 +211,8 @@ class RouteCache:
     def recorded(self, key: tuple[Any, ...], canon: tuple[Any, ...]) -> torch.Tensor:
         """``run`` for a call where a gradient is required (grad mode on, a tensor requires grad;
         not while compiling): what the op's front door does for it (``Op._recorded``), with the
-        route of the signature found by ``key`` instead of the op's own lookup. A route that
-        records autograd runs its ``autograd_run``; any other goes into the op's
-        ``autograd(canon, route)``. A miss, or a forced tuning config, calls the op itself, and a
+        route of the signature found by ``key`` instead of the op's own lookup, handed to
+        ``op.record``. A miss, or a forced tuning config, calls the op itself, and a
         miss adopts the route that call found or left."""
         op = self.op
         if _forced.get() is None:
@@ -223,7 +222,7 @@ class RouteCache:
             key = (_override.get(), key)
             route = self.routes.get(key)
             if route is not None:
-                return route.autograd_run(*canon) if route.records_autograd else op.autograd(canon, route)
+                return op.record(route, canon)
             args, kwargs = op.split(canon)
             result = op(*args, **kwargs)
             found = op.find_hot(args, kwargs)
