@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from xkernels.ops.matmul import linear
+from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
@@ -52,6 +53,9 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
     canon = (x, weight, bias, activation, negative_slope, None, None)
     if _grad_enabled() and _any_requires_grad(x, weight, bias):
+        if linear.splits(activation, negative_slope):  # as linear's own autograd: unfused + PyTorch's activation
+            plain = routes.recorded((*key[:-2], None, 0.01), (x, weight, bias, None, 0.01, None, None))
+            return activate(plain, activation, negative_slope)
         return routes.recorded(key, canon)
     return routes.run(key, canon)
 

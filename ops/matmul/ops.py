@@ -301,11 +301,20 @@ class Linear(_MatmulBase):
             return self._autograd_residual(x, weight, bias, activation, slope, residual)
         if activation not in ACTIVATIONS:  # before autograd keeps it for the backward
             self.check(x, weight, bias, activation)
-        if activation is not None and activation != "relu" and not (activation == "leaky_relu" and slope >= 0):
-            return activate(self(x, weight, bias), activation, slope)
+        if self.splits(activation, slope):
+            # in the form its own autograd forward calls it (one signature key, so it finds that route)
+            return activate(self(x, weight, bias, None, negative_slope=0.01), activation, slope)
         run = lambda x, w, b: self.call_no_grad(x, w, b, activation, negative_slope=slope)  # noqa: E731
         run = self.forward_of(route, canon, (0, 1, 2), run)  # route: of this very call (activation kept)
         return LinearFunction.apply(run, matmul, linear, x, weight, bias, activation, slope)
+
+    @staticmethod
+    def splits(activation: Any, slope: Any) -> bool:
+        """Whether a call requiring a gradient runs as ``linear`` without activation followed by
+        PyTorch's ``activation`` (``autograd``): gelu, gelu_tanh, silu, leaky_relu with a negative
+        slope. False for an activation ``linear`` does not know (the call then raises)."""
+        return (activation in ACTIVATIONS and activation is not None and activation != "relu"
+                and not (activation == "leaky_relu" and slope >= 0))
 
     def _autograd_residual(self, x: Any, weight: Any, bias: Any, activation: str | None, slope: float,
                            residual: Any) -> torch.Tensor:
