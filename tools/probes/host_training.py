@@ -1,24 +1,28 @@
 """Host µs per model step of a patched model against torch's, inference and training, on the CPU:
 what the Python around the kernels costs once the kernels themselves cost nothing.
 
-    python tools/probes/host_training.py [--models bert-base,gpt2,vit,llama] [--steps 200]
-                                         [--dtype bfloat16] [--profile 12] [--ways torch,patch,enabled]
+    python tools/probes/host_training.py [--models bert-base,gpt2,vit,llama,linear] [--steps 200]
+                                         [--dtype float32] [--profile 12] [--ways torch,patch,enabled]
 
-Each zoo model (``xkernels/harness/model_zoo.py``, tiny config, 2 layers, its tiny batch) runs
-under ``use_backend("interpreter")``: xkernels' checks, routes, plans and hot entries run as on a
-GPU, but every Triton launch is replaced by a no-op (``Launcher.__call__``, the one launch path of
-every op on the interpreter: its ``hot`` entries call it), after warm-up steps that launch for real
-(plans made and cached). Ways: ``torch`` (the model as built), ``patch`` (``xkernels.patch``),
-``enabled`` (``xkernels.enabled()`` around the step); modes: ``forward`` (eval, no grad) and
-``train`` (zero_grad, forward, loss = mean square, backward). Reported: the median over rounds of
-µs per step, the ways' rounds interleaved.
+Each zoo model (``xkernels/harness/model_zoo.py``, tiny config, 2 layers, its tiny batch; text
+models get explicit ``position_ids``) and ``linear`` (one ``nn.Linear(64, 256)`` on 32 tokens)
+runs under ``use_backend("interpreter")``: xkernels' checks, routes, plans and hot entries run as
+on a GPU, but every Triton launch is replaced by a no-op (``Launcher.__call__``: every op
+launches through it on the interpreter, its ``hot`` entries included), after two warm-up steps
+that launch for real (plans made and cached, routes left). Ways: ``torch`` (the model as built),
+``patch`` (``xkernels.patch``), ``enabled`` (``xkernels.enabled()`` around the step); modes:
+``forward`` (eval, no grad) and ``train`` (zero_grad, forward, loss = mean square, backward).
+Reported: the minimum over ``--rounds`` rounds (the ways' rounds interleaved) of µs per step; the
+minimum, as a loaded shared host only ever adds time.
 
-What the µs mean: torch's column computes on the CPU (tiny shapes, so mostly its own host path);
-xkernels' columns compute only what stays on torch (attention, embeddings, the loss, autograd's
-own work) plus xkernels' host path. The difference is therefore an upper bound of the extra host
-cost, a lower one where torch's compute of the replaced ops is not negligible. ``--profile N``
-prints the top N functions by own time (cProfile, ``--steps`` steps) of each patched step, and
-fails if a Triton interpreter frame ran (a launch that was not stubbed).
+What the µs mean: torch's column computes on the CPU (tiny shapes: mostly its own host path, plus
+its GEMMs; float32 by default, as torch's CPU bfloat16 GEMMs are slow and xkernels' host path is
+the same per dtype); xkernels' columns compute only what stays on torch (attention, embeddings,
+the loss, autograd's own work, aten's backward ops) plus xkernels' host path. The difference is
+therefore an upper bound of the extra host cost where xkernels is slower. ``--profile N`` prints
+the top N functions by own time (cProfile, ``--steps`` steps) of each xkernels step, and stops
+if a Triton interpreter frame ran (a launch that was not stubbed). Under ``enabled`` a routed
+op's result is uninitialised, so a model whose control flow or indices read one cannot run.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ import gc
 import inspect
 import io
 import pstats
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -144,7 +147,7 @@ def main() -> None:
     ap.add_argument("--modes", default="forward,train")
     ap.add_argument("--steps", type=int, default=200, help="steps per round (and per profile)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="float32")
     ap.add_argument("--profile", type=int, default=0, help="top N functions of each patched step's profile")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -167,7 +170,7 @@ def main() -> None:
                     for _ in range(a.rounds):
                         for w, (fn, ctx) in fns.items():
                             res[w].append(timed(fn, ctx, a.steps))
-                    med = {w: statistics.median(v) for w, v in res.items()}
+                    med = {w: min(v) for w, v in res.items()}
                     ratio = "".join(f" {med[w] / med['torch']:14.2f}" for w in which if w != "torch"
                                     and "torch" in med)
                     print(f"{name:10} {mode:8} " + " ".join(f"{med[w]:11.0f}" for w in which) + ratio, flush=True)
