@@ -194,9 +194,18 @@ class Op:
         signature's route where it records autograd itself (PyTorch's ops; aten's backward),
         else the op's ``autograd.Function``."""
         found = self.find_hot(args, kwargs)
-        if found is not None and found[1].records_autograd:
-            return found[1].autograd_run(*found[2])
-        return self.autograd(self._bind(args, kwargs))
+        if found is None:
+            return self.autograd(self._bind(args, kwargs))
+        return self.record(found[1], found[2])  # canon: the arguments in ``params`` order, as ``_bind`` gives them
+
+    def record(self, route: Route, canon: tuple[Any, ...]) -> Any:
+        """``_recorded`` of a call whose signature has ``route`` (``canon``: its arguments in
+        ``params`` order); also what a module's ``RouteCache.recorded`` runs on a hit. A route
+        that records autograd runs its ``autograd_run``; any other goes into ``autograd(canon,
+        route)``, whose forward runs it without looking it up again."""
+        if route.records_autograd:
+            return route.autograd_run(*canon)
+        return self.autograd(canon, route)
 
     def _full_path(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
         """Check, decide the route and run it; a plan's call leaves its signature's route."""
@@ -390,9 +399,31 @@ class Op:
         kw = [f"{p.name}={p.default!r}" for p in self.params if not p.positional]
         return f"{self.name}({', '.join(pos + (['*', *kw] if kw else []))})"
 
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
-        """The call (arguments in ``params`` order) recorded by autograd; see ``ops/autograd.py``."""
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
+        """The call (arguments in ``params`` order) recorded by autograd; see ``ops/autograd.py``.
+        ``route``: the route of ``canon``'s signature where the caller found one (it does not
+        record autograd itself); the forward may run it (``forward_of``) instead of looking it up
+        again through ``call_no_grad``."""
         raise NotImplementedError
+
+    def forward_of(self, route: Route | None, canon: tuple[Any, ...], positions: tuple[int, ...],
+                   fallback: Any) -> Any:
+        """The no-grad forward an ``autograd.Function`` calls with the tensors at ``positions`` of
+        ``canon``: ``route.run`` with those tensors put into ``canon`` (``route`` is the route of
+        ``canon``'s signature, and the Function's forward receives tensors of that signature), or
+        ``fallback`` (``call_no_grad``) where there is no route or it declines the call (``None``)."""
+        if route is None:
+            return fallback
+        run = route.run
+
+        def forward(*tensors: Any) -> torch.Tensor:
+            full = list(canon)
+            for p, t in zip(positions, tensors):
+                full[p] = t
+            result = run(*full)
+            return result if result is not None else fallback(*tensors)
+
+        return forward
 
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
         """The call (arguments in ``params`` order, ``out`` aside) as its ``torch.ops.xkernels``

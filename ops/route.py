@@ -207,3 +207,29 @@ class RouteCache:
                 return result
         args, kwargs = op.split(canon)
         return op.call_no_grad(*args, **kwargs)
+
+    def recorded(self, key: tuple[Any, ...], canon: tuple[Any, ...]) -> torch.Tensor:
+        """``run`` for a call where a gradient is required (grad mode on, a tensor requires grad;
+        not while compiling): what the op's front door does for it (``Op._recorded``), with the
+        route of the signature found by ``key`` instead of the op's own lookup, handed to
+        ``op.record``. A miss, or a forced tuning config, calls the op itself, and a
+        miss adopts the route that call found or left."""
+        op = self.op
+        if _forced.get() is None:
+            if op.generation != self.generation:
+                self.routes.clear()
+                self.generation = op.generation
+            key = (_override.get(), key)
+            route = self.routes.get(key)
+            if route is not None:
+                return op.record(route, canon)
+            args, kwargs = op.split(canon)
+            result = op(*args, **kwargs)
+            found = op.find_hot(args, kwargs)
+            if found is not None:
+                if len(self.routes) >= self.LIMIT:
+                    self.routes.clear()
+                self.routes[key] = found[1]
+            return result
+        args, kwargs = op.split(canon)
+        return op(*args, **kwargs)

@@ -16,9 +16,10 @@ cached tensors, so ``.to()``, ``load_state_dict`` and training see the current o
 gradient is required, nothing compiles and the op has routes, the op call goes through the step's
 own :class:`~xkernels.ops.route.RouteCache`, keyed by every tensor argument's shape, strides,
 dtype and device (``None`` for an absent one) and the eps's type: a repeat runs its route without
-the op's front door. Otherwise (a gradient, ``torch.compile``, an op that has no route at all,
-such as any op on a backend running PyTorch) the op itself is called; under ``torch.compile`` a
-LayerNorm block is PyTorch's add and ``F.layer_norm``, which Inductor fuses itself. A child
+the op's front door; where a gradient is required the same key finds the route the op's recorded
+call takes (``RouteCache.recorded``). Otherwise (``torch.compile``, an op that has no route at
+all, such as any op on a backend running PyTorch) the op itself is called (while compiling, the
+blocks of ``xkernels.blocks`` run their class's own forward and never reach a step). A child
 whose class is no longer the one the step was resolved for (replaced after ``patch``) takes the
 general way: its kind looked up per call (``NormStep``) or the module class's own forward
 (``GatedStep``).
@@ -41,9 +42,9 @@ from xkernels.ops.route import RouteCache
 _Linear = torch.nn.Linear
 
 
-# The op itself is called (``direct``) while compiling, where a gradient is required, and while the
-# op has no route at all (``Op._hot`` empty: an op without routes, or a backend running PyTorch,
-# takes its full path anyway, and the cache's miss path would only add to it).
+# The op itself is called (``direct``) while compiling and while the op has no route at all
+# (``Op._hot`` empty: an op without routes, or a backend running PyTorch, takes its full path
+# anyway, and the cache's miss path would only add to it).
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,24 +75,26 @@ class NormStep:
                 s = x if residual is None else x + residual
                 y = torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps)
                 return (y, s) if rs else y
-            if direct or (_grad_enabled() and _any_requires_grad(x, residual, w, b)):
-                # training too: the fused backward measured 1.57-1.94x aten's LayerNorm backward + the
-                # add's accumulation on an H100 (results/2026-11-24-h100-norm-backward-tiles)
+            if direct:
                 return add_layer_norm(x, residual, w, b, eps, return_sum=rs)
-            return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
-                                    None if residual is None else (residual.shape, residual.stride(), residual.dtype,
-                                                                   residual.device),
-                                    None if w is None else (w.shape, w.stride(), w.dtype, w.device),
-                                    None if b is None else (b.shape, b.stride(), b.dtype, b.device), type(eps)),
-                                   (x, residual, w, b, eps, rs))
+            key = (x.shape, x.stride(), x.dtype, x.device,
+                   None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device),
+                   None if w is None else (w.shape, w.stride(), w.dtype, w.device),
+                   None if b is None else (b.shape, b.stride(), b.dtype, b.device), type(eps))
+            if _grad_enabled() and _any_requires_grad(x, residual, w, b):
+                # training too: the fused backward measured 1.55-1.94x aten's LayerNorm backward + the
+                # add's accumulation on an H100 (results/2026-11-24-h100-norm-backward-tiles)
+                return self.routes.recorded(key, (x, residual, w, b, eps, rs))
+            return self.routes.run(key, (x, residual, w, b, eps, rs))
         off = self.offset
-        if direct or (_grad_enabled() and _any_requires_grad(x, residual, w)):
+        if direct:
             return add_rms_norm(x, residual, w, eps, offset=off, return_sum=rs)
-        return self.routes.run((x.shape, x.stride(), x.dtype, x.device,
-                                None if residual is None else (residual.shape, residual.stride(), residual.dtype,
-                                                               residual.device),
-                                w.shape, w.stride(), w.dtype, w.device, type(eps)),
-                               (x, residual, w, eps, off, rs))
+        key = (x.shape, x.stride(), x.dtype, x.device,
+               None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device),
+               w.shape, w.stride(), w.dtype, w.device, type(eps))
+        if _grad_enabled() and _any_requires_grad(x, residual, w):
+            return self.routes.recorded(key, (x, residual, w, eps, off, rs))
+        return self.routes.run(key, (x, residual, w, eps, off, rs))
 
 
 def norm_step(norm: str | None, cls: type, layer: bool, eps_attr: str, offset: float, return_sum: bool,
@@ -122,24 +125,28 @@ class GatedStep:
             uw = upp["weight"] if "weight" in upp else up.weight
             b = gp["bias"] if "bias" in gp else gate.bias
             ub = upp["bias"] if "bias" in upp else up.bias
-            if direct or (_grad_enabled() and _any_requires_grad(x, w, uw, b, ub)):
+            if direct:
                 return gated_linear(x, w, uw, b, ub, act)
-            return self.routes.run((x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
-                                    uw.shape, uw.stride(), uw.dtype, uw.device,
-                                    None if b is None else (b.shape, b.stride(), b.dtype, b.device),
-                                    None if ub is None else (ub.shape, ub.stride(), ub.dtype, ub.device)),
-                                   (x, w, uw, b, ub, act))
+            key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+                   uw.shape, uw.stride(), uw.dtype, uw.device,
+                   None if b is None else (b.shape, b.stride(), b.dtype, b.device),
+                   None if ub is None else (ub.shape, ub.stride(), ub.dtype, ub.device))
+            if _grad_enabled() and _any_requires_grad(x, w, uw, b, ub):
+                return self.routes.recorded(key, (x, w, uw, b, ub, act))
+            return self.routes.run(key, (x, w, uw, b, ub, act))
         gate_up = mods[self.proj[0]]
         if type(gate_up) is not _Linear:
             return None
         p = gate_up._parameters
         w = p["weight"] if "weight" in p else gate_up.weight
         b = p["bias"] if "bias" in p else gate_up.bias
-        if direct or (_grad_enabled() and _any_requires_grad(x, w, b)):
+        if direct:
             return gated_linear(x, w, None, b, None, act)
-        return self.routes.run((x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
-                                None if b is None else (b.shape, b.stride(), b.dtype, b.device)),
-                               (x, w, None, b, None, act))
+        key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
+               None if b is None else (b.shape, b.stride(), b.dtype, b.device))
+        if _grad_enabled() and _any_requires_grad(x, w, b):
+            return self.routes.recorded(key, (x, w, None, b, None, act))
+        return self.routes.run(key, (x, w, None, b, None, act))
 
 
 def gated_step(proj: tuple[str, ...], activation: str) -> GatedStep:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from xkernels.ops.matmul import linear
+from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
@@ -46,11 +47,17 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
             activation: str | None, negative_slope: float) -> torch.Tensor:
     """``linear(x, weight, bias, activation, negative_slope=...)``; repeats without a gradient by
     ``routes`` (the key: every argument's layout or value, ``RouteCache.run``)."""
-    if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, weight, bias)):
+    if _is_compiling():
         return linear(x, weight, bias, activation, negative_slope=negative_slope)
-    return routes.run((x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype,
-                       weight.device, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
-                       activation, negative_slope), (x, weight, bias, activation, negative_slope, None))
+    key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
+    canon = (x, weight, bias, activation, negative_slope, None, None)
+    if _grad_enabled() and _any_requires_grad(x, weight, bias):
+        if linear.splits(activation, negative_slope):  # as linear's own autograd: unfused + PyTorch's activation
+            plain = routes.recorded((*key[:-2], None, 0.01), (x, weight, bias, None, 0.01, None, None))
+            return activate(plain, activation, negative_slope)
+        return routes.recorded(key, canon)
+    return routes.run(key, canon)
 
 
 class Linear(torch.nn.Linear):

@@ -11,6 +11,7 @@ from xkernels.ops import checks, library
 from xkernels.ops.autograd import BinaryFunction, reject_out
 from xkernels.ops.elementwise.binary import BinaryCall, BinaryOp
 from xkernels.ops.op import Param
+from xkernels.ops.route import Route
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # PyTorch's integer scalars are int64
 
@@ -65,10 +66,11 @@ class Add(BinaryOp):
     def without_backend(self, call: BinaryCall) -> bool:
         return call.no_tensor
 
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         x, y, out, alpha = canon
         reject_out(self.name, out)
-        return BinaryFunction.apply(lambda x, y: self.call_no_grad(x, y, alpha=alpha), x, y, alpha)
+        run = self.forward_of(route, canon, (0, 1), lambda x, y: self.call_no_grad(x, y, alpha=alpha))
+        return BinaryFunction.apply(run, x, y, alpha)
 
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
         x, y, _, alpha = canon

@@ -10,6 +10,7 @@ from xkernels.ops import checks
 from xkernels.ops.autograd import BinaryFunction, reject_out
 from xkernels.ops.elementwise.binary import BinaryCall, BinaryOp
 from xkernels.ops.op import Param
+from xkernels.ops.route import Route
 
 
 class Broadcast(BinaryOp):
@@ -33,10 +34,10 @@ class Broadcast(BinaryOp):
                              f"shape {tuple(x.shape)} to {tuple(shape)}; bias must broadcast to x's shape")
         return self._call(x, bias, 1, out, shape, device)
 
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         x, bias, out = canon
         reject_out(self.name, out)
-        return BinaryFunction.apply(self.call_no_grad, x, bias, 1)
+        return BinaryFunction.apply(self.forward_of(route, canon, (0, 1), self.call_no_grad), x, bias, 1)
 
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
         return torch.ops.xkernels.broadcast.default(canon[0], canon[1])

@@ -32,7 +32,7 @@ from xkernels.ops import checks
 from xkernels.ops.fused import add_norm_grad as grad
 from xkernels.ops.fused.add_norm_plan import KERNEL_DTYPES, AddNormCall, AddNormPlan, plan_key
 from xkernels.ops.op import Op, Param, Plan
-from xkernels.ops.route import KernelRoute
+from xkernels.ops.route import KernelRoute, Route
 from xkernels.registry import registry
 from xkernels.tuning import _forced
 
@@ -122,10 +122,8 @@ class AddNormOp(Op):
         then leaves its signature's route, as a call without grad does (training never takes the
         no-grad path)."""
         found = self.find_hot(args, kwargs)
-        if found is not None and found[1].autograd_run is not None:
-            result = found[1].autograd_run(*found[2])
-            if result is not None:
-                return result
+        if found is not None:
+            return self.record(found[1], found[2])
         call = self._check_canon(self._bind(args, kwargs))
         result = grad.recorded(self, call)
         if _forced.get() is None:
@@ -133,6 +131,15 @@ class AddNormOp(Op):
             if isinstance(route, AddNormPlan):
                 self._remember(args, kwargs, route, call)
         return result
+
+    def record(self, route: Route, canon: tuple[Any, ...]) -> Any:
+        """``Op.record`` for these ops: the route's ``autograd_run``; where it declines (``None``)
+        or there is none, the full path's recorded forward (checks and all)."""
+        if route.autograd_run is not None:
+            result = route.autograd_run(*canon)
+            if result is not None:
+                return result
+        return grad.recorded(self, self._check_canon(canon))
 
     def forward_all(self, call: AddNormCall) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
                                                       torch.Tensor | None]:
@@ -184,7 +191,7 @@ class AddLayerNorm(AddNormOp):
         x, residual, weight, bias, eps, return_sum = canon
         return self.check(x, residual, weight, bias, eps, return_sum=return_sum)
 
-    def autograd(self, canon: tuple[Any, ...]) -> Any:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> Any:
         return grad.recorded(self, self._check_canon(canon))
 
     def library_call(self, canon: tuple[Any, ...]) -> Any:
@@ -213,7 +220,7 @@ class AddRmsNorm(AddNormOp):
         x, residual, weight, eps, offset, return_sum = canon
         return self.check(x, residual, weight, eps, offset=offset, return_sum=return_sum)
 
-    def autograd(self, canon: tuple[Any, ...]) -> Any:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> Any:
         return grad.recorded(self, self._check_canon(canon))
 
     def library_call(self, canon: tuple[Any, ...]) -> Any:

@@ -59,17 +59,23 @@ def _wide(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+_functional = getattr(torch, "_is_functional_tensor", None) or getattr(torch._C, "_is_functional_tensor", None)
+_is_fake: Any = None  # torch._subclasses.fake_tensor.is_fake, imported on the first backward (False: no such torch)
+
+
 def _traced(t: torch.Tensor) -> bool:
     """Whether ``t`` is being traced (Dynamo, or AOT autograd's fake/functional tensors while it
     traces a backward): a kernel needs real data pointers, the PyTorch formula traces."""
-    functional = getattr(torch, "_is_functional_tensor", None) or getattr(torch._C, "_is_functional_tensor", None)
-    if torch.compiler.is_compiling() or (functional is not None and functional(t)):
+    global _is_fake
+    if torch.compiler.is_compiling() or (_functional is not None and _functional(t)):
         return True
-    try:
-        from torch._subclasses.fake_tensor import is_fake
-    except ImportError:  # pragma: no cover - older torch
-        return False
-    return is_fake(t)
+    if _is_fake is None:
+        try:
+            from torch._subclasses.fake_tensor import is_fake
+        except ImportError:  # pragma: no cover - older torch
+            is_fake = False
+        _is_fake = is_fake
+    return _is_fake is not False and _is_fake(t)
 
 
 def recompute_sum(x: torch.Tensor, residual: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:

@@ -61,9 +61,26 @@ class AddNormCall:
         return prod(self.x.shape[:-1]) if self.x.dim() else 1
 
 
+_row_strides: dict[Any, int | None] = {}  # (t's shape, t's strides, shape) -> row_stride's answer
+_UNSEEN = object()
+
+
 def row_stride(t: torch.Tensor, shape: torch.Size) -> int | None:
     """The one row stride of ``t`` expanded to ``shape`` as (rows, N) with unit column stride, or
-    ``None`` when its layout needs a copy to contiguous rows."""
+    ``None`` when its layout needs a copy to contiguous rows. A function of ``t``'s shape and
+    strides and of ``shape`` alone, kept per such triple (each backward asks for three tensors)."""
+    key = (t.shape, t.stride(), tuple(shape))
+    found = _row_strides.get(key, _UNSEEN)
+    if found is not _UNSEEN:
+        return found  # type: ignore[return-value]
+    answer = _row_stride(t, shape)
+    if len(_row_strides) >= 256:
+        _row_strides.clear()
+    _row_strides[key] = answer
+    return answer
+
+
+def _row_stride(t: torch.Tensor, shape: torch.Size) -> int | None:
     if t.dim() == 0:
         return 0 if len(shape) == 0 else None
     e = t.expand(shape)

@@ -204,7 +204,7 @@ class GatedLinear(Op):
         return gated_linear_hot.make_hot(plan, call, canon)
 
     # -- autograd and torch.compile -----------------------------------------------------------
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         call = self.check(*canon)  # before autograd records anything
         return GatedLinearFunction.apply(lambda: self._forward_saving(call, canon), *canon)
 
@@ -295,15 +295,25 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, up_w
 
 
 def _eager_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from xkernels.ops.matmul import matmul
-
-    return matmul(a, b)
+    return _matmul_ops()[0](a, b)
 
 
 def _eager_lin(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    from xkernels.ops.matmul import linear
+    return _matmul_ops()[1](x, w, b)
 
-    return linear(x, w, b)
+
+_matmul_pair: Any = None
+
+
+def _matmul_ops() -> Any:
+    """(``matmul``, ``linear``) of ``xkernels.ops.matmul``, imported on first use (that package
+    imports after this one) and kept: the backward calls them per GEMM."""
+    global _matmul_pair
+    if _matmul_pair is None:
+        from xkernels.ops.matmul import linear, matmul
+
+        _matmul_pair = (matmul, linear)
+    return _matmul_pair
 
 
 class GatedLinearFunction(torch.autograd.Function):

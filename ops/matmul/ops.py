@@ -32,6 +32,7 @@ from xkernels.ops.matmul.config import MATMUL_DEFAULT
 from xkernels.ops.matmul.plan import ACTIVATIONS, MatmulPlan, precision
 from xkernels.ops.matmul.vendor import activate, epilogue_linear, reference_linear
 from xkernels.ops.op import Op, Param, Plan
+from xkernels.ops.route import Route
 
 __all__ = ["ACTIVATIONS", "MATMUL_DEFAULT", "Linear", "Matmul", "MatmulCall", "linear", "matmul"]
 
@@ -193,10 +194,10 @@ class Matmul(_MatmulBase):
         reason = _kernel_reason(a.dtype)
         return MatmulCall(a2, b2, None, None, 0.0, out, batch, out_shape, a.dtype, device, not reason, reason)
 
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         a, b, out = canon
         reject_out(self.name, out)
-        return MatmulFunction.apply(self.call_no_grad, matmul, a, b)
+        return MatmulFunction.apply(self.forward_of(route, canon, (0, 1), self.call_no_grad), matmul, a, b)
 
     def library_call(self, canon: tuple[Any, ...]) -> torch.Tensor:
         return torch.ops.xkernels.matmul.default(canon[0], canon[1])
@@ -287,7 +288,7 @@ class Linear(_MatmulBase):
         return MatmulCall(a, weight.t(), bias, activation, float(negative_slope), out, torch.Size(),
                           out_shape, x.dtype, device, not reason, reason, residual, dtype)
 
-    def autograd(self, canon: tuple[Any, ...]) -> torch.Tensor:
+    def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         """Where a gradient is required: relu and leaky_relu with a slope >= 0 stay fused (their
         derivative is read off the output); gelu, gelu_tanh, silu and a negative slope run as
         ``linear`` without activation followed by PyTorch's activation, so the backward reads
@@ -300,10 +301,20 @@ class Linear(_MatmulBase):
             return self._autograd_residual(x, weight, bias, activation, slope, residual)
         if activation not in ACTIVATIONS:  # before autograd keeps it for the backward
             self.check(x, weight, bias, activation)
-        if activation is not None and activation != "relu" and not (activation == "leaky_relu" and slope >= 0):
-            return activate(self(x, weight, bias), activation, slope)
+        if self.splits(activation, slope):
+            # in the form its own autograd forward calls it (one signature key, so it finds that route)
+            return activate(self(x, weight, bias, None, negative_slope=0.01), activation, slope)
         run = lambda x, w, b: self.call_no_grad(x, w, b, activation, negative_slope=slope)  # noqa: E731
+        run = self.forward_of(route, canon, (0, 1, 2), run)  # route: of this very call (activation kept)
         return LinearFunction.apply(run, matmul, linear, x, weight, bias, activation, slope)
+
+    @staticmethod
+    def splits(activation: Any, slope: Any) -> bool:
+        """Whether a call requiring a gradient runs as ``linear`` without activation followed by
+        PyTorch's ``activation`` (``autograd``): gelu, gelu_tanh, silu, leaky_relu with a negative
+        slope. False for an activation ``linear`` does not know (the call then raises)."""
+        return (activation in ACTIVATIONS and activation is not None and activation != "relu"
+                and not (activation == "leaky_relu" and slope >= 0))
 
     def _autograd_residual(self, x: Any, weight: Any, bias: Any, activation: str | None, slope: float,
                            residual: Any) -> torch.Tensor:
