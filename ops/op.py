@@ -59,7 +59,7 @@ from xkernels.ops.route import (
     VendorRoute,
     check_built,
 )
-from xkernels.ops.signature import NO_KEY, NUMBERS, REQUIRED, HotCall, Param, key_of
+from xkernels.ops.signature import NO_KEY, NUMBERS, HotCall, Param, Signature, key_of
 from xkernels.registry import registry
 from xkernels.tuning import _forced
 
@@ -77,28 +77,16 @@ __all__ = ["AtenRoute", "Explanation", "HotCall", "KernelRoute", "Op", "Param", 
 REGISTERED: dict[str, Op] = {}
 
 
-class Op:
+class Op(Signature):
     """Base class of the public ops. A subclass declares ``name`` and ``params`` (positional
     parameters first, in order) and implements ``check`` (validate; the call record),
     ``torch_impl``, ``plan_key``/``make_plan``/``run_plan`` (the kernel route's first call),
     ``make_hot`` (the route of its repeats), ``autograd`` and ``library_call``."""
 
-    name: str = ""
-    params: tuple[Param, ...] = ()
     plan_cache_size = 512
 
     def __init__(self) -> None:
-        self._index = {p.name: i for i, p in enumerate(self.params)}
-        self._defaults = tuple(p.default for p in self.params)
-        self._n_positional = sum(p.positional for p in self.params)
-        self._n_required = sum(p.default is REQUIRED for p in self.params)
-        self._keys = tuple(p.key for p in self.params)
-        self._after_two = self._defaults[2:]  # the defaults a two-argument call leaves
-        # op(a, b, name=value) with every other parameter defaulted: name -> (key kind, the
-        # defaults before and after it), for that form's key
-        self._keyword_forms = {p.name: (p.key, self._defaults[2:i], self._defaults[i + 1:])
-                               for i, p in enumerate(self.params)
-                               if i >= 2 and all(j == i for j in range(2, self._n_required))}
+        super().__init__()  # the parameter tables (Signature)
         self._plans: OrderedDict[Any, Plan] = OrderedDict()
         self._hot: dict[Any, Route] = {}  # signature key -> the route of its repeats
         self._ready: set[str] = set()
@@ -357,47 +345,6 @@ class Op:
         """``repeat_route(...).run`` (the function a repeat runs), or ``None``."""
         route = self._lookup(args, kwargs)[1]
         return None if route is None else route.run
-
-    # -- binding -------------------------------------------------------------------------------
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """The call's arguments in ``params`` order; a call that does not fit raises ``check``'s error."""
-        canon = self.canonical(args, kwargs)
-        if canon is None:
-            self.check(*args, **kwargs)  # raises the TypeError naming the argument
-            raise TypeError(f"xkernels.ops.{self.name}: arguments do not fit {self.signature()}")
-        return canon
-
-    def canonical(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        """``(args, kwargs)`` as one tuple in ``params`` order with defaults filled in, or ``None``
-        for a call that does not fit the signature (``check`` then raises the TypeError)."""
-        n = len(args)
-        if not kwargs:
-            if self._n_required <= n <= self._n_positional:
-                return args + self._defaults[n:]
-            return None
-        if n > self._n_positional:
-            return None
-        values = [*args, *self._defaults[n:]]
-        index = self._index
-        for name, v in kwargs.items():
-            i = index.get(name)
-            if i is None or i < n:
-                return None
-            values[i] = v
-        for i in range(n, self._n_required):
-            if values[i] is REQUIRED:
-                return None
-        return tuple(values)
-
-    def split(self, canon: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """``canon`` (arguments in ``params`` order) as a call's (args, kwargs)."""
-        n = self._n_positional
-        return canon[:n], {p.name: v for p, v in zip(self.params[n:], canon[n:])}
-
-    def signature(self) -> str:
-        pos = [p.name if p.default is REQUIRED else f"{p.name}={p.default!r}" for p in self.params if p.positional]
-        kw = [f"{p.name}={p.default!r}" for p in self.params if not p.positional]
-        return f"{self.name}({', '.join(pos + (['*', *kw] if kw else []))})"
 
     def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         """The call (arguments in ``params`` order) recorded by autograd; see ``ops/autograd.py``.
