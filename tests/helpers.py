@@ -127,6 +127,16 @@ def assert_model_close(got: torch.Tensor, torch_result: torch.Tensor, ref64: tor
         f"largest value {one_rounding:.3e}; allowed {ratio:g} x {max(torch_err, one_rounding):.3e} + atol {atol:.0e}")
 
 
+def require_interpreter(name: str = "interpreter") -> None:
+    """Skip, naming the reason, where Triton's interpreter cannot run here (e.g. a GPU machine
+    whose numpy is newer than its Triton's interpreter supports); CI's pinned set runs it."""
+    from xkernels.registry import registry
+
+    reason = registry.backend(name).unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"backend {name!r} is not available here: {reason}")
+
+
 def require_transformers(submodule: str = ""):
     """transformers (the ``models`` extra), or a skip naming it; a failure where
     ``XKERNELS_REQUIRE_MODELS=1`` (``tox -e cpu`` installs it, so its absence there is a defect)."""

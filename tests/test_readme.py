@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import require_interpreter
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -40,6 +42,7 @@ def _first_bash_block() -> list[str]:
 def test_python_blocks_run_as_pasted(readme_backend, tmp_path):
     """Every ```python block, concatenated in order, in a fresh interpreter with no GPU visible;
     ``XKERNELS_BACKEND=interpreter`` runs the same tour on the Triton kernels."""
+    require_interpreter()  # the tour runs a block under use_backend("interpreter")
     code = "\n".join(_blocks("python"))
     assert "device = " in code and "xkernels.patch(" in code and "torch.compile(" in code
     env = {k: v for k, v in os.environ.items() if k != "XKERNELS_BACKEND"}

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import xkernels
+from helpers import require_interpreter
 from xkernels import peaks
 from xkernels.backend import Backend
 from xkernels.cli import bench
@@ -183,6 +184,7 @@ def test_host_mode_on_cpu_times_every_form_with_the_launch_stubbed(capsys):
     stub is undone afterwards."""
     from xkernels.launch import Launcher
 
+    require_interpreter()
     real = Launcher.__call__
     assert bench.main(["--host", "--device", "cpu", "--rounds", "1", "--calls", "3"]) == 0
     out = capsys.readouterr().out
