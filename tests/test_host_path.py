@@ -79,15 +79,15 @@ def test_a_declining_route_in_the_autograd_forward_takes_the_full_path(backend, 
     request.addfinalizer(linear._forget)  # no route made here outlives the test
     x = rand((5, 8), torch.float32, device)
     w = rand((12, 8), torch.float32, device).requires_grad_()
-    linear(x, w, None, "relu", negative_slope=0.01)
-    route = linear.repeat_route(x, w, None, "relu", negative_slope=0.01)
+    linear(x, w, None, "leaky_relu", negative_slope=0.01)
+    route = linear.repeat_route(x, w, None, "leaky_relu", negative_slope=0.01)
     assert route is not None and not route.records_autograd
     declined = []
     monkeypatch.setattr(route, "run", lambda *a: declined.append(1))  # returns None
-    y = linear(x, w, None, "relu", negative_slope=0.01)
+    y = linear(x, w, None, "leaky_relu", negative_slope=0.01)
     assert declined, "the autograd forward did not run the route it was handed"
     y.sum().backward()
-    _, wd, _, ref = _linear_ref(x, w, torch.zeros(12, device=device), "relu", 0.01)
+    _, wd, _, ref = _linear_ref(x, w, torch.zeros(12, device=device), "leaky_relu", 0.01)
     ref.sum().backward()
     assert_close(y.detach(), ref.detach(), torch.float32, scale=10)
     assert_close(w.grad, wd.grad, torch.float32, scale=10)
