@@ -5,7 +5,10 @@ kernel is chosen only where measurement supports it; the wave model (``matmul_co
 ranks the kernel configs, but its estimate alone never overrides the BLAS. In order:
 
 1. **A measured rule** covering the call (``matmul_config.select``: a table rule with a
-   ``"measured"`` record, shipped or from the user's autotune cache). Nothing changes here.
+   ``"measured"`` record, shipped or from the user's autotune cache): its kernel runs where the
+   rule measured it at least as fast as the BLAS (``worst_ratio`` >= :data:`RULE_FLOOR`, 1.0);
+   a rule whose kernel measured slower (a near tie the tables kept, a pointer-kernel rule
+   behind its class's TMA rule) runs the BLAS.
 2. **A first-use verdict** for the call's *check key* (:func:`check_key`): remembered in this
    process, or in ``<cache dir>/first_use/<op>.json`` from an earlier process on the same device
    with the same versions.
@@ -61,6 +64,7 @@ NEIGHBOUR_MARGIN = 1.10
 CHECK_ROUNDS = 5
 CHECK_MARGIN = 1.05
 DEVICE_FLOOR = 0.95
+RULE_FLOOR = 1.0
 #: the verdict rule's version, part of every check key: verdicts cached under an older rule are not reused
 VERDICT_RULE = 2
 
@@ -272,6 +276,15 @@ def uncovered(sel: Selection, shape: Shape, backend: Backend, device: torch.devi
     return f"{ms}, where its tiles fill {best:.0%} of the launch; at M={shape.m} they fill {mine:.0%}"
 
 
+def rule_ratio(record: dict[str, Any]) -> float | None:
+    """A measured rule's BLAS time over its kernel's (its worst over the shapes it measured), or
+    ``None`` where the record holds neither."""
+    r = record.get("worst_ratio")
+    if r is None and record.get("ms") and record.get("torch_ms"):
+        r = record["torch_ms"] / record["ms"]
+    return None if r is None else float(r)
+
+
 def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], shape: Shape, tma: Any,
          sel: Selection, precision: str) -> Selection:
     """``sel`` where it needs no evidence (a measured rule, the BLAS, a backend without a BLAS
@@ -280,6 +293,11 @@ def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], s
             or tuning.forced_config() is not None):
         return sel  # a forced config (a sweep, a test) runs as forced: the caller is the evidence
     if sel.measured:
+        ratio = rule_ratio(sel.record)
+        if ratio is not None and ratio < RULE_FLOOR:
+            return Selection({"VENDOR": True}, sel.source,
+                             f"{sel.why}, where its kernel measured {ratio:.2f}x the BLAS: BLAS", True,
+                             sel.estimates_ms, record=sel.record)
         gap = uncovered(sel, shape, backend, device)
         if gap is None:
             return sel

@@ -294,3 +294,20 @@ def test_first_use_check_on_the_device(backend, device, tmp_path, monkeypatch):
         assert ev.checks_run == 1 and after.why.startswith("first-use check on this device")
     ev.forget()
     linear._forget()
+
+
+@interp
+@pytest.mark.parametrize("ratio,route", [(0.97, "vendor BLAS"), (1.02, "triton kernel")], ids=["lost", "won"])
+def test_a_measured_rule_runs_its_kernel_only_where_it_measured_no_slower(blas, monkeypatch, ratio, route):
+    """A rule that kept a kernel measured 3% slower than the BLAS (a near tie; on an H100 such a
+    rule's kernel later confirmed at 0.92x) sends the call to the BLAS and says why."""
+    monkeypatch.setattr(ev, "timer", _clock(1.0, 9.0))  # a check, were one made, would pick the kernel
+    autotune.write_rules("linear", "interpreter", "interpreter", [_rule(1, 64, 16, ratio)])
+    x, w, b = _inputs()
+    e = linear.explain(x, w, b)
+    with Unchanged(x, w, b):
+        _close(linear(x, w, b), _ref(x, w, b))
+    assert e.route == route, e.why
+    if route == "vendor BLAS":
+        assert e.why.endswith(f"where its kernel measured {ratio:.2f}x the BLAS: BLAS"), e.why
+    assert ev.checks_run == 0
