@@ -73,7 +73,13 @@ def test_a_declining_route_in_the_autograd_forward_takes_the_full_path(backend, 
     failed): the forward takes the op's own path and the result is still right."""
     if not backend.runs_triton:
         pytest.skip(f"backend {backend.name!r} runs PyTorch: no routes")
-    # the kernel without evidence (on cuda a shape with no measured rule would run the BLAS)
+    # a kernel route, as a measured rule gives it (on cuda this fp32 class's table rule is the BLAS)
+    from xkernels.ops.matmul import config as matmul_config
+
+    rule = matmul_config.Selection({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 8, "num_warps": 4,
+                                    "num_stages": 2}, "a test rule", "measured faster", True,
+                                   record={"worst_ratio": 1.2})
+    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: rule)
     monkeypatch.setattr(backend, "kernel_needs_evidence", False, raising=False)
     linear._forget()
     request.addfinalizer(linear._forget)  # no route made here outlives the test
