@@ -58,6 +58,17 @@ class CudaBackend(Backend):
     # hipBLASLt is another library, not measured
     vendor_epilogues = ("relu", "gelu_tanh") if torch.version.hip is None else ()
     priority = 20
+    #: Host ms per repeated call by route, H100 host (results/2026-11-23-h100-call-forms-host/
+    #: forms-host-probe.txt): a pointer kernel's launch record 9.2 us and ``F.linear`` 13.7 us per
+    #: back-to-back call. A TMA kernel's record also encodes its three tensor maps per call: 17.1-19.2
+    #: us where ``F.linear`` took 22.7-27.2 and pointer entries 15.4-17.4 on a slower host moment,
+    #: 10.4 at the call-forms run's scale. A split-K plan is two record launches and a workspace
+    #: (estimated: a pointer launch plus the record alone, 4.2 us). The vendor figure is
+    #: ``F.linear``'s own: through xkernels' front door the BLAS route costs a few us more, left out
+    #: on purpose, so that a near tie goes to the BLAS, whose device time is what the bench measures
+    #: (with it, Gemma's qkv at 77 tokens would take its 0.88x-device kernel again). Another host
+    #: scales all four alike; the ratios between routes are what the decisions use.
+    route_host_ms = {"pointer": 0.0092, "split": 0.0134, "tma": 0.0104, "vendor": 0.0137}  # noqa: RUF012
 
     @functools.cache  # noqa: B019 - one backend object per process
     def unavailable_reason(self) -> str | None:

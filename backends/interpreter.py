@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from xkernels.backend import Backend, DeviceProperties, Unit
+from xkernels.backends.cuda import CudaBackend
 from xkernels.hookspecs import hookimpl
 
 from . import npu
@@ -124,6 +125,7 @@ class InterpreterBackend(Backend):
     launch_options = ()  # the interpreter takes no num_warps/num_stages
     native_bf16_dot = False  # its tl.dot multiplies bfloat16's raw uint16 storage
     priority = -10
+    route_host_ms = CudaBackend.route_host_ms  # the selection of the cuda backend it emulates
 
     @functools.cache  # noqa: B019
     def unavailable_reason(self) -> str | None:

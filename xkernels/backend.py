@@ -173,6 +173,11 @@ class Backend:
     #: otherwise the BLAS runs, whatever the wave model predicts. True where the backend has a
     #: BLAS to fall back on (cuda); False keeps the wave model's choice (nothing to compare with).
     kernel_needs_evidence: bool = False
+    #: Host milliseconds one repeated matmul/linear call costs by each route (``"pointer"``,
+    #: ``"split"``, ``"tma"`` kernels, ``"vendor"``: the device's BLAS), measured on this
+    #: backend's host: the wave model and the first-use check compare routes by the longer of
+    #: device time and this (``ops/matmul/config.host_ms``). Empty: device time alone decides.
+    route_host_ms: dict[str, float] = {}  # noqa: RUF012 - read-only class data
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).

@@ -28,7 +28,8 @@ A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two step
    :func:`vendor_ms`), the best kernel must be estimated ``VENDOR_ADVANTAGE`` (1.1x) faster than
    it, or the call runs the BLAS: a shape nobody measured gets a kernel only on clear evidence.
    Routes are compared by their wall estimate per call, the longer of the device estimate and
-   the route's host cost (:data:`HOST_MS`): a launch-bound call is decided by host time.
+   the route's host cost (``Backend.route_host_ms``, :func:`host_ms`): a launch-bound call is
+   decided by host time.
 
 TMA candidates (``"TMA": true``) compete only where the call can load through tensor
 descriptors (:func:`tma_layout`); split-K candidates only for one 2-D product with K long enough.
@@ -82,33 +83,23 @@ DEFAULT_RIDGE_FLOP_PER_BYTE = 300.0
 #: BLAS's by this factor: both estimates come from other shapes, so a near tie is a coin toss
 #: that the BLAS, tuned for every shape, wins more often (docs/tuning.md).
 VENDOR_ADVANTAGE = 1.10
-#: Host milliseconds one repeated call costs by each route (its hot entry's launch, H100 host):
-#: a pointer kernel's launch record 9.2 us and ``F.linear`` 13.7 us per back-to-back call
-#: (results/2026-11-23-h100-call-forms-host/forms-host-probe.txt). A TMA kernel's record also
-#: encodes its three tensor maps per call: 17.1-19.2 us where ``F.linear`` took 22.7-27.2 and
-#: pointer entries 15.4-17.4 on a slower host moment, 10.4 at the call-forms run's scale (through
-#: Triton's own launcher it was 1.3x ``F.linear``, and still is for leaky_relu, whose slope varies
-#: per call; H100, 2026-11-23). A split-K plan is two record launches and a workspace (estimated:
-#: a pointer launch plus the record alone, 4.2 us). The wave model compares routes by their *wall* estimate per
-#: call, the longer of this and the device estimate: a launch-bound call (device time under its
-#: host cost) is decided by host time. (A single threshold used to keep any kernel estimated
-#: under 15 us: Gemma-2B's qkv at 77 tokens then ran a 12.9 us TMA kernel at 0.88x device time,
-#: where the BLAS's estimate is lower and its host cost not 1.1x higher.)
-#: The vendor figure is ``F.linear``'s own: through xkernels' front door the BLAS route costs a few
-#: us more (30.4 vs 23.1 us on a slow host moment), left out on purpose, so that a near tie
-#: goes to the BLAS, whose device time is what the bench measures (with it, Gemma's qkv at 77
-#: tokens would take its 0.88x kernel again: faster per call on a host-bound loop, slower on the
-#: device).
-HOST_MS = {"pointer": 0.0092, "split": 0.0134, "tma": 0.0104, "vendor": 0.0137}
 
 
-def host_ms(cfg: dict[str, Any], shape: Shape | None = None) -> float:
-    """:data:`HOST_MS` of a config's route (``shape`` decides whether a split-K config splits)."""
+def host_ms(backend: Backend, cfg: dict[str, Any], shape: Shape | None = None) -> float:
+    """The host ms per call of a config's route on ``backend`` (``Backend.route_host_ms``; 0 where
+    the backend gives none); ``shape`` decides whether a split-K config splits. A launch-bound
+    call (device time under its host cost) is decided by host time: a single threshold used to
+    keep any kernel estimated under 15 us, and Gemma-2B's qkv at 77 tokens then ran a 12.9 us TMA
+    kernel at 0.88x device time, where the BLAS's estimate is lower and its host cost not 1.1x
+    higher (H100, 2026-11-23)."""
+    costs = backend.route_host_ms
+    if not costs:
+        return 0.0
     if cfg.get("VENDOR"):
-        return HOST_MS["vendor"]
+        return costs["vendor"]
     if cfg.get("TMA"):
-        return HOST_MS["tma"]
-    return HOST_MS["split"] if shape is not None and split_of(cfg, shape) > 1 else HOST_MS["pointer"]
+        return costs["tma"]
+    return costs["split"] if shape is not None and split_of(cfg, shape) > 1 else costs["pointer"]
 
 
 @dataclass(frozen=True)
@@ -304,7 +295,7 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
             fit = ms = fitted_ms(cand["cost"], cfg, shape, units)
             if stream:  # no faster than streaming its operands (the fit has no shared-bandwidth term)
                 ms = max(ms, max(cand["cost"][2], STREAM_FIXED_MS) + operand_bytes(cfg, shape) / stream)
-            wall = max(ms, host_ms(cfg, shape))
+            wall = max(ms, host_ms(backend, cfg, shape))
         else:
             fit = ms = wall = analytic_ms(cfg, shape, units, ridge)  # relative units: no host term
         estimates[_label(cfg)] = ms
@@ -320,7 +311,7 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
            f"= {w} wave{'s' if w > 1 else ''}")
     if fitted and vendor is not None and "cost" in vendor:
         blas = vendor_ms(vendor["cost"], shape, key.get("activation", "none") != "none")
-        blas_wall = max(blas, HOST_MS["vendor"])
+        blas_wall = max(blas, host_ms(backend, {"VENDOR": True}))
         estimates["device BLAS"] = blas
         bound = " (launch-bound: host cost)" if wall > ms else ""
         if wall * VENDOR_ADVANTAGE > blas_wall:

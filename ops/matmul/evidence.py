@@ -27,7 +27,7 @@ ranks the kernel configs, but its estimate alone never overrides the BLAS. In or
    wave model's kernel and the BLAS route run on the call's own inputs (into fresh outputs),
    :data:`CHECK_ROUNDS` interleaved rounds behind cache flushes (``xkernels.interleave``); the
    kernel wins only if its cost per call (device time, or the route's measured host cost where
-   larger: ``HOST_MS``) beats the BLAS's by :data:`CHECK_MARGIN` (1.05x) *and* its device time
+   larger: ``Backend.route_host_ms``) beats the BLAS's by :data:`CHECK_MARGIN` (1.05x) *and* its device time
    is at least :data:`DEVICE_FLOOR` (0.95x) of the BLAS's: a launch-bound call may take the
    kernel for its lower host cost, but never at a device loss beyond 5%, which is all that is
    left of a call under CUDA-graph replay.
@@ -57,7 +57,7 @@ import torch
 
 from xkernels import interleave, tuning
 from xkernels.backend import Backend
-from xkernels.ops.matmul.config import HOST_MS, Selection, Shape, _label, effective_blocks, host_ms, waves
+from xkernels.ops.matmul.config import Selection, Shape, _label, effective_blocks, host_ms, waves
 
 NEIGHBOUR_M_FACTOR = 2.0
 NEIGHBOUR_MARGIN = 1.10
@@ -174,8 +174,9 @@ def describe(v: dict[str, Any]) -> str:
     bound = ""
     wall = v.get("wall_ratio", v["ratio"])
     if abs(wall - v["ratio"]) > 1e-9:
-        bound = (f"; per call with the routes' host costs ({HOST_MS['vendor'] * 1e3:.1f} us for the BLAS, "
-                 f"HOST_MS): {wall:.2f}x")
+        blas_host = v.get("blas_host_ms")
+        host = "" if blas_host is None else f"{blas_host * 1e3:.1f} us for the BLAS, "
+        bound = f"; per call with the routes' host costs ({host}route_host_ms): {wall:.2f}x"
     return (f"first-use check on this device (M={v['m']}, {v['rounds']} interleaved rounds): kernel "
             f"{v['kernel_ms'] * 1e3:.1f} us vs BLAS {v['blas_ms'] * 1e3:.1f} us, {v['ratio']:.2f}x{bound} "
             f"(needs {CHECK_MARGIN:g}x per call and {DEVICE_FLOOR:g}x on the device) -> {winner}")
@@ -395,13 +396,15 @@ def _check(ck: dict[str, Any], call: Any, backend: Backend, blas_plan: Any, kern
         return {**base, "winner": "blas", "error": err, "kernel_ms": math.nan, "blas_ms": math.nan, "ratio": 0.0}
     s = interleave.summary(times)
     # a call costs its device time or its route's host cost, whichever is larger (a launch-bound
-    # call is decided by the measured host costs, HOST_MS, as the wave model decides it)
-    kernel_wall = max(s["ms"][0], host_ms(kernel_sel.config))
-    blas_wall = max(s["ms"][1], HOST_MS["vendor"])
+    # call is decided by the measured host costs, route_host_ms, as the wave model decides it)
+    blas_host = host_ms(backend, {"VENDOR": True})
+    kernel_wall = max(s["ms"][0], host_ms(backend, kernel_sel.config))
+    blas_wall = max(s["ms"][1], blas_host)
     wall_ratio = blas_wall / kernel_wall if kernel_wall > 0 else 0.0
     wins = wall_ratio >= CHECK_MARGIN and s["ratio"] >= DEVICE_FLOOR
     v = {**base, "rounds": s["rounds"], "kernel_ms": s["ms"][0], "blas_ms": s["ms"][1], "ratio": s["ratio"],
-         "spread": s["spread"], "wall_ratio": wall_ratio, "winner": "kernel" if wins else "blas"}
+         "spread": s["spread"], "wall_ratio": wall_ratio, "blas_host_ms": blas_host,
+         "winner": "kernel" if wins else "blas"}
     with _lock:
         checks_run += 1
     try:

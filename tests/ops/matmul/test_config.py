@@ -104,7 +104,7 @@ def test_an_unmeasured_shape_takes_the_wave_model_over_fitted_candidates(monkeyp
 
 def test_a_launch_bound_call_is_decided_by_the_host_cost_of_each_route():
     """Routes compare by wall time per call, the longer of the device estimate and the route's
-    host cost (``HOST_MS``). A tiny layer's kernel (a few us of device time) runs its pointer
+    host cost (``Backend.route_host_ms``). A tiny layer's kernel (a few us of device time) runs its pointer
     kernel: one launch record, less host time than the BLAS route. Gemma-2B's qkv at 77 tokens
     (H100, 2026-11-23): its TMA kernel ran 12.9 us at 0.88x device time; by wall estimates (its device time
     over either host cost) no kernel is 1.1x faster than the BLAS, which it runs now."""
@@ -114,8 +114,22 @@ def test_a_launch_bound_call_is_decided_by_the_host_cost_of_each_route():
                                                                   False), _shape(77, 2560, 2048), "kmajor")
     assert gemma.config == {"VENDOR": True}
     tma_cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "TMA": True}
-    assert mc.HOST_MS["vendor"] > mc.host_ms(tma_cfg) > mc.host_ms({**tma_cfg, "TMA": False})
-    assert mc.host_ms({**tma_cfg, "TMA": False, "SPLIT_K": 4}, _shape(16, 4096, 4096)) == mc.HOST_MS["split"]
+    sm, costs = _Sm(), CudaBackend.route_host_ms
+    assert mc.host_ms(sm, {"VENDOR": True}) == costs["vendor"] > mc.host_ms(sm, tma_cfg) > mc.host_ms(
+        sm, {**tma_cfg, "TMA": False})
+    assert mc.host_ms(sm, {**tma_cfg, "TMA": False, "SPLIT_K": 4}, _shape(16, 4096, 4096)) == costs["split"]
+
+
+def test_a_backend_without_host_costs_decides_by_device_estimates():
+    """A backend that gives no ``route_host_ms`` (npu, a plugin's) compares routes by device
+    estimates alone: the tiny layer is no longer launch-bound by a host cost."""
+    class _NoHost(_Sm):
+        route_host_ms = {}  # noqa: RUF012
+
+    assert mc.host_ms(_NoHost(), {"VENDOR": True}) == 0.0
+    sel = mc.select("linear", _NoHost(), CPU, mc.bucket_key(torch.bfloat16, _shape(32, 512, 512), None, False),
+                    _shape(32, 512, 512), "kmajor")
+    assert "launch-bound" not in sel.why
 
 
 class _SmMeasured(_Sm):

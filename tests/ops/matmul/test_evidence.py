@@ -124,7 +124,7 @@ def test_a_measured_rule_speaks_only_for_calls_that_fill_its_tiles_alike(blas, m
 @pytest.mark.parametrize("kernel_ms,winner", [(0.00515, "kernel"), (0.006, "BLAS")], ids=["0.97x", "0.83x"])
 def test_a_launch_bound_check_compares_calls_with_their_host_costs(blas, monkeypatch, kernel_ms, winner):
     """Device times below both routes' host costs: the BLAS's faster device time is hidden under
-    its route's larger host cost (HOST_MS), so per call the kernel is faster; it wins only while
+    its route's larger host cost (route_host_ms), so per call the kernel is faster; it wins only while
     its device time stays within 0.95x of the BLAS's (under CUDA-graph replay the host cost is
     gone and the device time is all that is left)."""
     monkeypatch.setattr(ev, "timer", _clock(kernel_ms, 0.005))
