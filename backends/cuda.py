@@ -69,6 +69,14 @@ class CudaBackend(Backend):
     #: (with it, Gemma's qkv at 77 tokens would take its 0.88x-device kernel again). Another host
     #: scales all four alike; the ratios between routes are what the decisions use.
     route_host_ms = {"pointer": 0.0092, "split": 0.0134, "tma": 0.0104, "vendor": 0.0137}  # noqa: RUF012
+    #: The fitted costs promise more than the memory delivers at few rows, where a GEMM is a
+    #: stream of its weights (held-out 1-token GEMMs estimated 30-45% under their time; OPT-1.3B's
+    #: qkv at 77 tokens 16.7 us estimated, 22.6 measured; H100, 2026-11-23). The floor is the
+    #: envelope of the fastest GEMM, xkernels' or cuBLAS's, on each of the 61 bf16 shapes of 1-128
+    #: tokens in results/2026-11-23-h100-linear-corpus-bf16: 7.85 us + bytes / 2.42 TB/s fits every
+    #: one within -10%/+15% (0.81 of the 3.0 TB/s copy bandwidth); the fixed part is taken a
+    #: little lower, 7 us, the fastest 1.2 MB GEMM measured (7.5 us).
+    stream_floor = (0.007, 0.80)
 
     @functools.cache  # noqa: B019 - one backend object per process
     def unavailable_reason(self) -> str | None:

@@ -126,6 +126,7 @@ class InterpreterBackend(Backend):
     native_bf16_dot = False  # its tl.dot multiplies bfloat16's raw uint16 storage
     priority = -10
     route_host_ms = CudaBackend.route_host_ms  # the selection of the cuda backend it emulates
+    stream_floor = CudaBackend.stream_floor
 
     @functools.cache  # noqa: B019
     def unavailable_reason(self) -> str | None:

@@ -178,6 +178,10 @@ class Backend:
     #: backend's host: the wave model and the first-use check compare routes by the longer of
     #: device time and this (``ops/matmul/config.host_ms``). Empty: device time alone decides.
     route_host_ms: dict[str, float] = {}  # noqa: RUF012 - read-only class data
+    #: (fixed ms, fraction of the copy bandwidth): no GEMM estimate of the wave model's fitted
+    #: costs falls below the fixed part plus its operand bytes streamed at that fraction (the
+    #: fit knows waves, not the bandwidth they share). ``None``: the fit alone.
+    stream_floor: tuple[float, float] | None = None
     #: Whether the device is the default choice for tensors of ``device_type``.
     default_for_device: bool = True
     #: Preference when ``bench``/``check`` pick "the best device present" (higher wins).

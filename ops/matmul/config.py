@@ -16,9 +16,9 @@ A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two step
 
    A candidate with a fitted ``"cost": [a, b, c]`` (milliseconds; fitted by the tuner on measured
    times, see :func:`fit_cost`) is estimated as ``a * waves * K / SPLIT_K + b * waves + c``, and
-   never below ``c`` (at least ``STREAM_FIXED_MS``) plus its operand bytes streamed at
-   ``STREAM_FRACTION`` of the copy bandwidth (:func:`stream_bytes_per_ms`: the fit knows waves,
-   not the bandwidth they share). One
+   never below ``c`` (at least the backend's ``stream_floor`` fixed part) plus its operand bytes
+   streamed at the floor's fraction of the copy bandwidth (:func:`stream_bytes_per_ms`: the fit
+   knows waves, not the bandwidth they share). One
    without (an arch the tuner never ran on) is estimated from device properties alone: per wave,
    the larger of the tile's math at the unit's share of the matmul peak and the tile's operand
    bytes at its share of the copy bandwidth (:func:`analytic_ms`).
@@ -58,19 +58,6 @@ BUILTIN_CANDIDATES: list[dict[str, Any]] = [
                           (128, 64, 64, 4, 4), (128, 128, 32, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3)]
 ]
 
-#: The fitted costs (``a * waves * K + b * waves + c``) have no term for the bandwidth all tiles
-#: share, so at few rows, where a GEMM is a stream of its weights, they can promise more than the
-#: memory delivers (held-out 1-token GEMMs estimated 30-45% under their time; OPT-1.3B's qkv at
-#: 77 tokens 16.7 us estimated, 22.6 measured; H100, 2026-11-23). The wave model therefore never
-#: estimates a kernel below ``STREAM_FIXED_MS`` (or its own fitted fixed cost, if larger) plus its
-#: operand bytes at ``STREAM_FRACTION`` of the copy bandwidth. Both are the envelope of the
-#: fastest GEMM, xkernels' or cuBLAS's, on each of the 61 bf16 shapes of 1-128 tokens measured in
-#: results/2026-11-23-h100-linear-corpus-bf16 (corpus and held-out): time = 7.85 us + bytes /
-#: 2.42 TB/s fits every one within -10%/+15% (0.81 of the 3.0 TB/s copy bandwidth); the fixed
-#: part is taken a little lower, 7 us, the fastest 1.2 MB GEMM measured (7.5 us), so that the
-#: floor stays under what was measured.
-STREAM_FRACTION = 0.80
-STREAM_FIXED_MS = 0.007
 #: Copy bandwidth over datasheet memory bandwidth, for a device whose copy rate is not cached
 #: (3.0 measured against 3.35 TB/s on the H100).
 COPY_OF_DATASHEET = 0.9
@@ -223,13 +210,16 @@ def copy_gbps(props: Any) -> float | None:
 
 
 def stream_bytes_per_ms(backend: Backend, device: torch.device) -> float | None:
-    """The rate the wave model lets a GEMM stream its operands at (bytes per ms): ``STREAM_FRACTION``
-    of :func:`copy_gbps`; ``None`` where the device reports no bandwidth."""
+    """The rate the wave model lets a GEMM stream its operands at (bytes per ms): the fraction of
+    :func:`copy_gbps` in ``Backend.stream_floor``; ``None`` where the backend gives no floor or
+    the device reports no bandwidth."""
+    if backend.stream_floor is None:
+        return None
     try:
         gbps = copy_gbps(backend.properties(device))
     except Exception:  # noqa: BLE001 - properties of an odd device must not fail a call
         return None
-    return None if gbps is None else gbps * 1e6 * STREAM_FRACTION
+    return None if gbps is None else gbps * 1e6 * backend.stream_floor[1]
 
 
 def analytic_ms(cfg: dict[str, Any], shape: Shape, units: int, ridge: float) -> float:
@@ -294,7 +284,7 @@ def _model(op: str, backend: Backend, device: torch.device, arch: str, key: dict
         if fitted:
             fit = ms = fitted_ms(cand["cost"], cfg, shape, units)
             if stream:  # no faster than streaming its operands (the fit has no shared-bandwidth term)
-                ms = max(ms, max(cand["cost"][2], STREAM_FIXED_MS) + operand_bytes(cfg, shape) / stream)
+                ms = max(ms, max(cand["cost"][2], backend.stream_floor[0]) + operand_bytes(cfg, shape) / stream)
             wall = max(ms, host_ms(backend, cfg, shape))
         else:
             fit = ms = wall = analytic_ms(cfg, shape, units, ridge)  # relative units: no host term

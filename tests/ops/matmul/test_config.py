@@ -157,9 +157,9 @@ def test_no_kernel_estimate_beats_streaming_its_operands():
     fit_only = mc.select("linear", unknown, CPU, key, shape, "kmajor")
     floored = mc.select("linear", _SmMeasured(), CPU, key, shape, "kmajor")
     stream = mc.stream_bytes_per_ms(_SmMeasured(), CPU)
-    assert stream == pytest.approx(3000 * 1e6 * mc.STREAM_FRACTION)
+    assert stream == pytest.approx(3000 * 1e6 * CudaBackend.stream_floor[1])
     assert mc.stream_bytes_per_ms(_SmMeasured(None), CPU) == pytest.approx(3350 * mc.COPY_OF_DATASHEET * 1e6
-                                                                           * mc.STREAM_FRACTION)
+                                                                           * CudaBackend.stream_floor[1])
     assert mc.stream_bytes_per_ms(unknown, CPU) is None
     weight_ms = 3584 * 3584 * 2 / stream
     kernels = {k: v for k, v in floored.estimates_ms.items() if k != "device BLAS"}
@@ -273,13 +273,13 @@ def test_the_streaming_floor_has_a_fixed_part():
     """OPT-1.3B's qkv (2048 -> 6144, bias) at 77 tokens, a shape no rule covers: the fit promised
     16.7 us for 128x64x128 and the kernel ran 22.6 us against cuBLAS's 18.5
     (results/2026-11-23-h100-linear-corpus-bf16). The fastest GEMMs of 1-128 tokens take
-    ~7.85 us + bytes / 2.42 TB/s, so no kernel estimate is below ``STREAM_FIXED_MS`` + its bytes
+    ~7.85 us + bytes / 2.42 TB/s, so no kernel estimate is below the cuda backend's ``stream_floor`` + its bytes
     at the streaming rate, and this call runs the BLAS."""
     shape = _shape(77, 6144, 2048)
     key = mc.bucket_key(torch.bfloat16, shape, None, True)
     sel = mc.select("linear", _SmMeasured(), CPU, key, shape, "kmajor")
     stream = mc.stream_bytes_per_ms(_SmMeasured(), CPU)
-    floor = mc.STREAM_FIXED_MS + (77 + 6144) * 2048 * 2 / stream
+    floor = CudaBackend.stream_floor[0] + (77 + 6144) * 2048 * 2 / stream
     kernels = {k: v for k, v in sel.estimates_ms.items() if k != "device BLAS"}
     assert min(kernels.values()) >= floor > 0.017
     assert sel.config == {"VENDOR": True} and "not 1.1x faster than the device's BLAS" in sel.why
