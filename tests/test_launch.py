@@ -3,7 +3,7 @@ in the interpreter with its plan's grid and constexprs; its ``hot`` launch funct
 tensors and keep every other argument; a fast path that cannot be set up falls back for good;
 constexprs that are not the trailing parameters are refused; ``ByValue`` keys launch functions by
 value, zeros by their sign. (The direct C launch and Triton's compiled launcher need a GPU:
-tests/test_direct_launch.py.)"""
+tests/backends/test_cuda_launch.py.)"""
 
 from __future__ import annotations
 

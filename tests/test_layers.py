@@ -19,7 +19,7 @@ PACKAGES = {"xkernels": ROOT / "xkernels", "xkernels.ops": ROOT / "ops", "xkerne
 LAYERS = {
     "xkernels._torch_guard": 0, "xkernels.backend": 0, "xkernels.cache": 0, "xkernels.hookspecs": 0,
     "xkernels.registry": 0, "xkernels.tuning": 0, "xkernels.dispatch": 0, "xkernels.peaks": 0,
-    "xkernels.launch": 0, "xkernels.direct_launch": 0, "xkernels.interleave": 0, "xkernels.compile_cases": 0,
+    "xkernels.launch": 0, "xkernels.interleave": 0, "xkernels.compile_cases": 0,
     "xkernels.backends": 0,
     "xkernels.ops": 1,
     "xkernels.harness": 2, "xkernels.autotune": 2, "xkernels.sweep": 2, "xkernels.sweep_timing": 2,

@@ -16,7 +16,7 @@ between calls of one plan: each tensor's 16-byte alignment, each int scalar's va
 (== 1, divisible by 16, needs 64 bits). Everything else is fixed by the plan.
 
 ``Launcher.hot`` goes one step further for an op's repeated calls (see ``Op.__call__``): a
-launch function of the data pointers alone. Where it can, that is a ``direct_launch.Record``
+launch function of the data pointers alone. Where it can, that is a ``cuda_launch.Record``
 (everything but the pointers packed once; one C call per launch into ``cuLaunchKernel``);
 otherwise a closure calling the compiled kernel's own C launch function with integer pointers.
 Either skips, per call, Triton's Python launcher wrapper, the launch-metadata dict, a Python call
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from xkernels import direct_launch
+from xkernels.backends import cuda_launch
 
 FAST_TRITON = ("3.6.",)
 
@@ -160,8 +160,8 @@ class Launcher:
         return go
 
     def descriptor_record(self, args: tuple[Any, ...], ptrs: tuple[int, ...],
-                          descriptors: dict[int, direct_launch.Descriptor]) -> Callable[..., bool] | None:
-        """A ``direct_launch.Record`` of the compiled variant ``hot_run(args)`` launches, for a
+                          descriptors: dict[int, cuda_launch.Descriptor]) -> Callable[..., bool] | None:
+        """A ``cuda_launch.Record`` of the compiled variant ``hot_run(args)`` launches, for a
         kernel with tensor-descriptor arguments: it takes the tensors at positions ``ptrs`` (at a
         position in ``descriptors``, the descriptor's base tensor; its tensor map is encoded per
         call) and returns whether it launched; every other argument is fixed to ``args``'s.
@@ -172,7 +172,7 @@ class Launcher:
         (_, _, _, compiled), enter, leave = found
         if getattr(getattr(compiled.metadata, "target", None), "backend", None) != "cuda":
             return None
-        return direct_launch.record(compiled, self._g, (*args, *self._tail), ptrs, self._device, self._stream,
+        return cuda_launch.record(compiled, self._g, (*args, *self._tail), ptrs, self._device, self._stream,
                                     enter, leave, descriptors)
 
     def hot(self, args: tuple[Any, ...], ptrs: int | tuple[int, ...]) -> Callable[..., bool]:
@@ -205,7 +205,7 @@ class Launcher:
         return placed
 
     def _direct(self, args: tuple[Any, ...], pos: tuple[int, ...]) -> Callable[..., bool] | None:
-        """The C launch of ``hot``: a ``direct_launch.Record`` where one can be made (2 to 8
+        """The C launch of ``hot``: a ``cuda_launch.Record`` where one can be made (2 to 8
         tensors, the record's limit), else (for 3 or 4 leading tensors) a closure over Triton's C
         launch function; ``None`` where neither applies (see module doc)."""
         if not self.fast or self._tail is None or not 2 <= len(pos) <= 8:
@@ -222,7 +222,7 @@ class Launcher:
                 or not callable(launch) or not hasattr(enter, "calls") or not hasattr(leave, "calls")):
             return None
         if getattr(getattr(compiled.metadata, "target", None), "backend", None) == "cuda":
-            rec = direct_launch.record(compiled, self._g, (*args, *self._tail), pos, self._device,
+            rec = cuda_launch.record(compiled, self._g, (*args, *self._tail), pos, self._device,
                                        self._stream, enter, leave)
             if rec is not None:
                 return rec

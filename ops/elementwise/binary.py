@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from xkernels import direct_launch, tuning
+from xkernels import tuning
 from xkernels.backend import Backend
+from xkernels.backends import cuda_launch
 from xkernels.launch import ByValue, Launcher
 from xkernels.ops import checks
 from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
@@ -197,7 +198,7 @@ def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
     x_same = x.shape == out.shape and x.stride() == out.stride() and x.dtype == out.dtype
     y_same = y.shape == out.shape and y.stride() == out.stride() and y.dtype == out.dtype
     fns = per_value.fns if per_value is not None else {}
-    by_pointer = launch is not None and direct_launch.is_record(launch)  # a record takes the pointers read here
+    by_pointer = launch is not None and cuda_launch.is_record(launch)  # a record takes the pointers read here
 
     def hot(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, alpha: Any = 1) -> torch.Tensor | None:
         po, px, py = out.data_ptr(), x.data_ptr(), y.data_ptr()

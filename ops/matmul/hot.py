@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from xkernels.direct_launch import Descriptor
+from xkernels.backends.cuda_launch import Descriptor
 from xkernels.launch import ByValue
 from xkernels.ops.layout import contiguous_strides, prod
 from xkernels.ops.matmul.plan import MatmulPlan, precision
@@ -165,7 +165,7 @@ class _HostDescriptor(NamedTuple):
 
 def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: torch.Tensor) -> Any:
     """The hot entry of a TMA plan: a launch record that encodes the three tensor maps from the
-    call's base pointers (``direct_launch``), or else the three descriptors built from the call's
+    call's base pointers (``cuda_launch``), or else the three descriptors built from the call's
     tensors (the shapes, strides and block shapes are the first call's) launched through
     Triton's compiled launcher. Bases must stay 16-byte aligned and the bias's alignment class the same, or the
     full path runs (it copies misaligned bases). A read M-major (``a_mmajor``) is the call's

@@ -1,4 +1,4 @@
-"""Launch records (xkernels/direct_launch.py): the packing checked against what Triton compiles,
+"""Launch records (backends/cuda_launch.py): the packing checked against what Triton compiles,
 the C record's refusals checked without a GPU; on a GPU, the ops' hot path runs through records."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from xkernels import direct_launch
+from xkernels.backends import cuda_launch
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -31,7 +31,7 @@ VALUES = (None, None, None, 1000, 0.5, 2**40, True, 256)
 
 
 def test_slots_pack_each_type_little_endian_and_append_the_scratch_pointers():
-    slots, ptr_slots, _ = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
+    slots, ptr_slots, _ = cuda_launch.pack_slots(SIGNATURE, VALUES, 3)
     assert ptr_slots == (0, 1, 2)
     cells = [slots[i:i + 8] for i in range(0, len(slots), 8)]
     assert len(cells) == 7 + 2  # 7 runtime parameters (BLOCK is compiled in) + global/profile scratch
@@ -43,14 +43,14 @@ def test_slots_pack_each_type_little_endian_and_append_the_scratch_pointers():
 
 
 def test_bf16_is_the_top_half_of_fp32_and_fp16_is_ieee_half():
-    assert direct_launch.pack_slot("bf16", 1.5)[:2] == struct.pack("<f", 1.5)[2:]
-    assert direct_launch.pack_slot("fp16", 1.5)[:2] == struct.pack("<e", 1.5)
+    assert cuda_launch.pack_slot("bf16", 1.5)[:2] == struct.pack("<f", 1.5)[2:]
+    assert cuda_launch.pack_slot("fp16", 1.5)[:2] == struct.pack("<e", 1.5)
 
 
 def test_unpackable_signatures_are_refused():
-    assert direct_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), 0) is None
-    assert direct_launch.pack_slots({"p": "i32", "q": "*fp32"}, (1, None), 1) is None  # 1st must be a pointer
-    assert direct_launch.pack_slots({"p": "*fp32"}, (None, 1), 1) is None  # length mismatch
+    assert cuda_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), 0) is None
+    assert cuda_launch.pack_slots({"p": "i32", "q": "*fp32"}, (1, None), 1) is None  # 1st must be a pointer
+    assert cuda_launch.pack_slots({"p": "*fp32"}, (None, 1), 1) is None  # length mismatch
 
 
 def test_slot_count_matches_the_compiled_kernel_parameters():
@@ -65,7 +65,7 @@ def test_slot_count_matches_the_compiled_kernel_parameters():
     compiled = triton.compile(ASTSource(_probe_kernel, SIGNATURE, consts), target=GPUTarget("cuda", 90, 32))
     entry = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S)
     params = re.findall(r"\.param\s+\.(\w+)", entry.group(1))
-    slots, _, _ = direct_launch.pack_slots(dict(compiled.src.signature), VALUES, 3)
+    slots, _, _ = cuda_launch.pack_slots(dict(compiled.src.signature), VALUES, 3)
     assert len(slots) // 8 == len(params), params
     assert params[:3] == ["u64"] * 3 and params[-2:] == ["u64", "u64"]
 
@@ -73,8 +73,8 @@ def test_slot_count_matches_the_compiled_kernel_parameters():
 _TMA_CONSTS = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, HAS_BIAS=True, ACT=0, B_KMAJOR=True,
                   PERSISTENT=False, EPILOGUE_SUBTILE=False, A_MMAJOR=False, WARP_SPECIALIZE=False)
 #: linear's TMA kernel at Gemma-2B's qkv (77 tokens, 2048 -> 2560, bias): A (M, K), B the (N, K) weight, C (M, N)
-_TMA_DESCS = {0: direct_launch.Descriptor((77, 2048), (2048, 1)), 1: direct_launch.Descriptor((2560, 2048), (2048, 1)),
-              2: direct_launch.Descriptor((77, 2560), (2560, 1))}
+_TMA_DESCS = {0: cuda_launch.Descriptor((77, 2048), (2048, 1)), 1: cuda_launch.Descriptor((2560, 2048), (2048, 1)),
+              2: cuda_launch.Descriptor((77, 2560), (2560, 1))}
 
 
 def _tma_packed():
@@ -95,7 +95,7 @@ def _tma_packed():
     entry = re.search(r"\.entry\s+\w+\((.*?)\)", compiled.asm["ptx"], re.S)
     params = re.findall(r"\.param\s+([^,\n]*)", entry.group(1))
     values = (None, None, None, None, 77, 2560, 2048, 0.01, *_TMA_CONSTS.values())
-    packed = direct_launch.pack_slots(dict(compiled.src.signature), values, (0, 1, 2, 3), _TMA_DESCS,
+    packed = cuda_launch.pack_slots(dict(compiled.src.signature), values, (0, 1, 2, 3), _TMA_DESCS,
                                       list(compiled.metadata.tensordesc_meta))
     return params, packed, compiled.metadata.tensordesc_meta
 
@@ -115,16 +115,16 @@ def test_tensor_descriptor_kernels_pack_a_map_per_descriptor():
     for (_, dtype, swizzle, elem_size, shape, strides, block, padding), m, d in zip(
             packed.maps, meta, _TMA_DESCS.values()):
         assert (swizzle, elem_size, block, padding) == (m["swizzle"], 2, tuple(m["block_size"]), 0)
-        assert (shape, strides) == (d.shape, d.strides) and dtype == direct_launch._TMA_DTYPE_TO_DRIVER[m["elem_type"]]
+        assert (shape, strides) == (d.shape, d.strides) and dtype == cuda_launch._TMA_DTYPE_TO_DRIVER[m["elem_type"]]
     # a descriptor with no description, or passed as a fixed value, is not packable
-    assert direct_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), (0,), {}, meta) is None
+    assert cuda_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), (0,), {}, meta) is None
 
 
 def test_a_record_with_tensor_maps_refuses_before_the_driver():
     _, packed, _ = _tma_packed()
-    mod = direct_launch.module()
+    mod = cuda_launch.module()
     if mod is None:
-        pytest.skip(f"launch records cannot be built here: {direct_launch.unavailable_reason()}")
+        pytest.skip(f"launch records cannot be built here: {cuda_launch.unavailable_reason()}")
     if mod.driver_ok():
         pytest.skip("an NVIDIA driver is present: the refusal test would launch a fake function")
     rec = mod.Record(0x1234, 20, 1, 1, 128, 0, packed.slots, packed.ptr_slots, lambda: 0, lambda d: 0, _Chain(),
@@ -149,12 +149,12 @@ class _Chain:
 
 
 def _record(enter=(), leave=()):
-    mod = direct_launch.module()
+    mod = cuda_launch.module()
     if mod is None:
-        pytest.skip(f"launch records cannot be built here: {direct_launch.unavailable_reason()}")
+        pytest.skip(f"launch records cannot be built here: {cuda_launch.unavailable_reason()}")
     if mod.driver_ok():
         pytest.skip("an NVIDIA driver is present: the refusal tests would launch a fake function")
-    slots, ptr_slots, _ = direct_launch.pack_slots(SIGNATURE, VALUES, 3)
+    slots, ptr_slots, _ = cuda_launch.pack_slots(SIGNATURE, VALUES, 3)
     return mod.Record(0x1234, 4, 1, 1, 128, 0, slots, ptr_slots, lambda: 0, lambda d: 0,
                       _Chain(enter), _Chain(leave))
 
@@ -180,14 +180,14 @@ def test_record_takes_data_pointers_from_tensors():
 
 def test_is_record_names_records_only():
     rec = _record()
-    assert direct_launch.is_record(rec)
-    assert not direct_launch.is_record(lambda *tensors: True) and not direct_launch.is_record(None)
+    assert cuda_launch.is_record(rec)
+    assert not cuda_launch.is_record(lambda *tensors: True) and not cuda_launch.is_record(None)
 
 
 def test_bad_records_are_value_errors():
-    mod = direct_launch.module()
+    mod = cuda_launch.module()
     if mod is None:
-        pytest.skip(direct_launch.unavailable_reason())
+        pytest.skip(cuda_launch.unavailable_reason())
     with pytest.raises(ValueError, match="slots"):
         mod.Record(1, 1, 1, 1, 32, 0, b"1234567", (0,), int, int, _Chain(), _Chain())
     with pytest.raises(ValueError, match="out of range"):
@@ -259,7 +259,7 @@ def test_tma_hot_calls_on_cuda_encode_their_tensor_maps_per_call():
             pytest.skip(f"no TMA plan for this shape on {torch.cuda.get_device_name()}")
         linear(x, w, b)
         hot = linear.hot_entry(x, w, b)
-        records = [c.cell_contents for c in hot.__closure__ if direct_launch.is_record(c.cell_contents)]
+        records = [c.cell_contents for c in hot.__closure__ if cuda_launch.is_record(c.cell_contents)]
         assert records, "the TMA entry has no launch record"
         for _ in range(3):
             x, w2, b2 = torch.randn_like(x), torch.randn_like(w), torch.randn_like(b)  # new base pointers

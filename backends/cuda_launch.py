@@ -3,7 +3,7 @@
 Triton's own C launcher takes ~20 Python arguments per launch (grid, stream, function, metadata,
 hooks, then every kernel argument) and parses them with ``PyArg_ParseTuple``. For a hot entry
 (``Op.__call__``) all of that is fixed except the data pointers, so ``record`` packs it once into
-a ``Record`` (``direct_launch.c``): calling the record with the tensors reads their pointers,
+a ``Record`` (``cuda_launch.c``): calling the record with the tensors reads their pointers,
 fetches the current stream, and calls ``cuLaunchKernel``.
 
 The C source is compiled on first use with Triton's own builder (``compile_module_from_src``, the
@@ -29,7 +29,7 @@ import struct
 from pathlib import Path
 from typing import Any, NamedTuple
 
-_SOURCE = Path(__file__).with_name("direct_launch.c")
+_SOURCE = Path(__file__).with_name("cuda_launch.c")
 _module: Any = None
 _reason: str | None = None
 
@@ -50,7 +50,7 @@ def module() -> Any:
     try:
         from triton.runtime.build import compile_module_from_src
 
-        _module = compile_module_from_src(src=_SOURCE.read_text(), name="xkernels_direct_launch")
+        _module = compile_module_from_src(src=_SOURCE.read_text(), name="xkernels_cuda_launch")
     except Exception as exc:  # no compiler, no Python headers, another Triton: keep Triton's launcher
         _reason = f"could not build {_SOURCE.name}: {type(exc).__name__}: {exc}"[:300]
     return _module

@@ -1,6 +1,6 @@
 /* A launch record: one compiled Triton kernel, its grid and every argument but the data
  * pointers, packed once; calling it with the tensors launches the kernel through
- * cuLaunchKernel. See direct_launch.py for why and when it is used.
+ * cuLaunchKernel. See cuda_launch.py for why and when it is used.
  *
  *   record = Record(function, gx, gy, gz, threads, shared, slots, ptr_slots,
  *                   get_device, get_stream, enter_hook, exit_hook)
@@ -338,7 +338,7 @@ static PyMethodDef record_methods[] = {
 
 static PyTypeObject RecordType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "xkernels_direct_launch.Record",
+    .tp_name = "xkernels_cuda_launch.Record",
     .tp_basicsize = sizeof(Record),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_vectorcall_offset = offsetof(Record, vectorcall),
@@ -359,9 +359,9 @@ static PyMethodDef module_methods[] = {
     {"encode_available", encode_available, METH_NOARGS, "Whether the driver has cuTensorMapEncodeTiled."},
     {NULL, NULL, 0, NULL}};
 
-static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "xkernels_direct_launch", NULL, -1, module_methods};
+static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "xkernels_cuda_launch", NULL, -1, module_methods};
 
-PyMODINIT_FUNC PyInit_xkernels_direct_launch(void) {
+PyMODINIT_FUNC PyInit_xkernels_cuda_launch(void) {
   str_calls = PyUnicode_InternFromString("calls");
   str_data_ptr = PyUnicode_InternFromString("data_ptr");
   if (!str_calls || !str_data_ptr || PyType_Ready(&RecordType) < 0) return NULL;
