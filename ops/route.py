@@ -197,16 +197,20 @@ class RouteCache:
                 if result is not None:
                     return result
             else:
-                args, kwargs = op.split(canon)
-                result = op.call_no_grad(*args, **kwargs)
-                found = op.find_hot(args, kwargs)
-                if found is not None:
-                    if len(self.routes) >= self.LIMIT:
-                        self.routes.clear()
-                    self.routes[key] = found[1]
-                return result
+                return self._adopt(key, canon, op.call_no_grad)
         args, kwargs = op.split(canon)
         return op.call_no_grad(*args, **kwargs)
+
+    def _adopt(self, key: tuple[Any, ...], canon: tuple[Any, ...], call: Any) -> torch.Tensor:
+        """A miss: ``call`` (the op's front door) runs it, and the route it found or left is kept."""
+        args, kwargs = self.op.split(canon)
+        result = call(*args, **kwargs)
+        found = self.op.find_hot(args, kwargs)
+        if found is not None:
+            if len(self.routes) >= self.LIMIT:
+                self.routes.clear()
+            self.routes[key] = found[1]
+        return result
 
     def recorded(self, key: tuple[Any, ...], canon: tuple[Any, ...]) -> torch.Tensor:
         """``run`` for a call where a gradient is required (grad mode on, a tensor requires grad;
@@ -223,13 +227,6 @@ class RouteCache:
             route = self.routes.get(key)
             if route is not None:
                 return op.record(route, canon)
-            args, kwargs = op.split(canon)
-            result = op(*args, **kwargs)
-            found = op.find_hot(args, kwargs)
-            if found is not None:
-                if len(self.routes) >= self.LIMIT:
-                    self.routes.clear()
-                self.routes[key] = found[1]
-            return result
+            return self._adopt(key, canon, op)
         args, kwargs = op.split(canon)
         return op(*args, **kwargs)

@@ -127,6 +127,20 @@ def assert_model_close(got: torch.Tensor, torch_result: torch.Tensor, ref64: tor
         f"largest value {one_rounding:.3e}; allowed {ratio:g} x {max(torch_err, one_rounding):.3e} + atol {atol:.0e}")
 
 
+class CheckCounter:
+    """Counts calls of ``op.check`` (the full path's first step)."""
+
+    def __init__(self, op, monkeypatch):
+        self.n = 0
+        real = op.check
+
+        def counted(*args, **kwargs):
+            self.n += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(op, "check", counted)
+
+
 def require_interpreter(name: str = "interpreter") -> None:
     """Skip, naming the reason, where Triton's interpreter cannot run here (e.g. a GPU machine
     whose numpy is newer than its Triton's interpreter supports); CI's pinned set runs it."""

@@ -12,24 +12,10 @@ import pytest
 import torch
 
 import xkernels
-from helpers import Unchanged, assert_close, rand
+from helpers import CheckCounter, Unchanged, assert_close, rand
 from xkernels import tuning
 from xkernels.ops import add, broadcast, linear, matmul
 from xkernels.ops.matmul.vendor import reference_linear
-
-
-class CheckCounter:
-    """Counts calls of ``op.check`` (the full path's first step)."""
-
-    def __init__(self, op, monkeypatch):
-        self.n = 0
-        real = op.check
-
-        def counted(*args, **kwargs):
-            self.n += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(op, "check", counted)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import xkernels
-from helpers import TOL, Unchanged, assert_close, rand
+from helpers import TOL, CheckCounter, Unchanged, assert_close, rand
 from xkernels import tuning
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.fused import add_norm_plan
@@ -437,18 +437,6 @@ def test_backward_route_looked_up_once(backend, device, monkeypatch):
 
 
 # -- routes of repeated calls -------------------------------------------------------------------
-class CheckCounter:
-    def __init__(self, op, monkeypatch):
-        self.n = 0
-        real = op.check
-
-        def counted(*args, **kwargs):
-            self.n += 1
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(op, "check", counted)
-
-
 @pytest.fixture
 def fresh_routes():
     for op in (add_layer_norm, add_rms_norm):
