@@ -42,8 +42,9 @@ from xkernels.backend import Backend
 from xkernels.launch import Launcher
 from xkernels.ops.fused import add_norm_plan
 from xkernels.ops.fused.add_norm_plan import KERNEL_DTYPES, row_stride
-from xkernels.ops.layout import INT32_MAX, next_pow2, prod
+from xkernels.ops.layout import INT32_MAX, contiguous_strides, next_pow2, prod
 from xkernels.registry import registry
+from xkernels.tuning import _forced
 
 #: The backward's config when no table rule matches: the route, the tile, programs per compute unit.
 BWD_DEFAULT = {"backward": "kernel", "BLOCK_N": 4096, "BLOCK_M": 1, "num_warps": 4, "WAVES": 2}
@@ -102,6 +103,23 @@ class BwdPlan:
         self.source = source
         self.launcher = Launcher(backend.kernel(K.add_norm_bwd_kernel), self.grid, self.constexprs, self.options,
                                  backend.fast_launch)
+        self._filler: torch.Tensor | None = None
+
+    def filler(self, device: torch.device) -> torch.Tensor:
+        """The tensor passed for absent operands (never read or written: constexpr flags), one per
+        plan, so a launch record's fixed arguments stay valid."""
+        if self._filler is None:
+            self._filler = torch.empty(4, dtype=torch.float32, device=device)
+        return self._filler
+
+    def part(self, empty: Any, device: torch.device) -> torch.Tensor | None:
+        """The fp32 partial sums of d(w)/d(b), ``[programs, K, N]``: uninitialised where one chunk
+        stores every element, zeros where chunks add into it atomically; ``None`` without d(w)/d(b)."""
+        if not self.n_part:
+            return None
+        shape = (self.programs, self.n_part, self.n)
+        return empty(shape, torch.float32, device) if self.one_chunk else torch.zeros(shape, dtype=torch.float32,
+                                                                                     device=device)
 
 
 def _lookup(backend: Backend, device: torch.device, kind: str, s_dtype: torch.dtype, n: int,
@@ -140,10 +158,11 @@ def backward(backend: Backend, kind: str, offset: float, dy: torch.Tensor, ds: t
              mean: torch.Tensor | None, rstd: torch.Tensor, weight: torch.Tensor | None, bias_dtype: torch.dtype | None,
              shape: torch.Size, s_dtype: torch.dtype, x_dtype: torch.dtype,
              res: tuple[torch.Size, torch.dtype] | None,
-             needs: tuple[bool, bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+             needs: tuple[bool, bool, bool, bool], launched: list | None = None) -> tuple[torch.Tensor | None, ...]:
     """(d(x), d(residual), d(weight), d(bias)) by the kernel; ``needs``: which are required.
     ``s`` is the saved sum, or ``None``: recomputed from ``x`` and ``residual`` (which are then
-    given). The caller has checked :func:`route`."""
+    given). The caller has checked :func:`route`. ``launched``: where given, the plan and the
+    launch's arguments are appended to it (:class:`HotBackward` makes its record from them)."""
     dev = dy.device
     n, rows = int(shape[-1]), prod(shape[:-1])
     need_x, need_r = needs[0], needs[1] and res is not None
@@ -175,27 +194,126 @@ def backward(backend: Backend, kind: str, offset: float, dy: torch.Tensor, ds: t
         plan = _plans[key] = BwdPlan(backend, dev, kind, shape, s_dtype, strides, flags, config, source)
         while len(_plans) > PLAN_CACHE_SIZE:
             _plans.popitem(last=False)
-    part = None
-    if plan.n_part:
-        shape_p = (plan.programs, plan.n_part, n)  # one chunk: every element stored; chunks add atomically into zeros
-        part = empty(shape_p, torch.float32, dev) if plan.one_chunk else torch.zeros(shape_p, dtype=torch.float32,
-                                                                                     device=dev)
-    filler = dy  # any tensor: absent operands are never read or written (constexpr flags)
-    plan.launcher(s_rows if s_rows is not None else filler, x_rows if x_rows is not None else filler,
-                  r_rows if r_rows is not None else filler, dy, ds if ds is not None else filler,
-                  weight if weight is not None else filler, mean if mean is not None else rstd, rstd,
-                  dx if dx is not None else filler, dr if dr is not None else filler,
-                  part if part is not None else filler, *plan.tail, float(offset), plan.db_at, plan.n_part * n,
-                  plan.tiles, plan.programs)
+    part = plan.part(empty, dev)
+    f = plan.filler(dev)  # absent operands are never read or written (constexpr flags)
+    args = (f if s_rows is None else s_rows, f if x_rows is None else x_rows, f if r_rows is None else r_rows, dy,
+            f if ds is None else ds, f if weight is None else weight, f if mean is None else mean, rstd,
+            f if dx is None else dx, f if dr is None else dr, f if part is None else part,
+            *plan.tail, float(offset), plan.db_at, plan.n_part * n, plan.tiles, plan.programs)
+    plan.launcher(*args)
+    if launched is not None:
+        launched.append((plan, args))
+    return finish(plan, part, dx, dr, weight, bias_dtype, res, need_dw, need_db, need_r, shared, broadcast)
+
+
+def finish(plan: BwdPlan, part: torch.Tensor | None, dx: torch.Tensor | None, dr: torch.Tensor | None,
+           weight: torch.Tensor | None, bias_dtype: torch.dtype | None, res: tuple[torch.Size, torch.dtype] | None,
+           need_dw: bool, need_db: bool, need_r: bool, shared: bool,
+           broadcast: bool) -> tuple[torch.Tensor | None, ...]:
+    """The gradients from a launch's outputs: d(w) and d(b) reduced over programs (one cast for
+    both where their dtypes agree), d(residual) shared with d(x) or summed to its shape."""
     gw = gb = None
     if part is not None:
         red = part.sum(0)
+        if need_dw and need_db and weight.dtype == bias_dtype and red.dtype != bias_dtype:
+            red = red.to(bias_dtype)
         if need_dw:
-            gw = red[0].to(weight.dtype)
+            gw = red[0] if red.dtype == weight.dtype else red[0].to(weight.dtype)
         if need_db:
-            gb = red[plan.n_part - 1].to(bias_dtype)
-    gx = dx
+            last = red[plan.n_part - 1]
+            gb = last if last.dtype == bias_dtype else last.to(bias_dtype)
     gr = None
     if need_r:
         gr = dx if shared else dr.sum_to_size(res[0]).to(res[1]) if broadcast else dr
-    return gx, gr, gw, gb
+    return dx, gr, gw, gb
+
+
+#: tensor positions of ``add_norm_bwd_kernel``'s arguments (the launch's first 11)
+_TENSORS = 11
+
+
+class HotBackward:
+    """The backwards of one forward signature (``add_norm_route``: a route's ``autograd_run``
+    hands it to ``AddNormFunction``), launched without the generic path's per-call key and plan
+    lookup: by what can still differ between them (``dy``'s and ``ds``'s dtype and strides,
+    which gradients are required, the RMSNorm offset), the plan of the first such backward with
+    a launch record of its tensors (``Launcher.hot``; absent operands are the plan's fixed
+    filler). ``__call__`` returns ``None`` where the generic path must run: a forced config (a
+    sweep), a backward whose route is PyTorch's, a residual broadcast to
+    ``x``, gradients not in rows of one stride."""
+
+    LIMIT = 16
+
+    def __init__(self, backend: Backend, kind: str, shape: torch.Size, s_dtype: torch.dtype, x_dtype: torch.dtype,
+                 res: tuple[torch.Size, torch.dtype] | None, bias_dtype: torch.dtype | None,
+                 device: torch.device) -> None:
+        self.backend, self.kind, self.shape, self.s_dtype, self.x_dtype = backend, kind, shape, s_dtype, x_dtype
+        self.res, self.bias_dtype, self.device = res, bias_dtype, device
+        self.fns: dict[Any, Any] = {}
+
+    def __call__(self, offset: float, dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor,
+                 mean: torch.Tensor | None, rstd: torch.Tensor, weight: torch.Tensor | None,
+                 needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...] | None:
+        if _forced.get() is not None or torch.compiler.is_compiling():
+            return None
+        key = (dy.dtype, dy.stride(), None if ds is None else (ds.dtype, ds.stride()), needs, offset)
+        fn = self.fns.get(key)
+        if fn is not None:
+            return fn(dy, ds, s, mean, rstd, weight) if fn is not False else None
+        if len(self.fns) >= self.LIMIT:
+            self.fns.clear()
+        return self._first(key, offset, dy, ds, s, mean, rstd, weight, needs)
+
+    def _first(self, key: Any, offset: float, dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor,
+               mean: torch.Tensor | None, rstd: torch.Tensor, weight: torch.Tensor | None,
+               needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...] | None:
+        """The first backward of ``key``: the generic kernel path, then the entry for its repeats
+        (``False``: they take the generic path too)."""
+        shape, res, kind = self.shape, self.res, self.kind
+        dtypes = (self.x_dtype, None if res is None else res[1], None if weight is None else weight.dtype,
+                  self.bias_dtype, dy.dtype, None if ds is None else ds.dtype)
+        plain = ((res is None or tuple(res[0]) == tuple(shape))
+                 and row_stride(dy, shape) is not None and (ds is None or row_stride(ds, shape) is not None)
+                 and row_stride(s, shape) is not None
+                 and route(self.backend, dy.device, kind, self.s_dtype, shape, dtypes) == "kernel")
+        if not plain:
+            self.fns[key] = False
+            return None
+        launched: list = []
+        out = backward(self.backend, kind, offset, dy, ds, s, None, None, mean, rstd, weight, self.bias_dtype, shape,
+                       self.s_dtype, self.x_dtype, res, needs, launched)  # type: ignore[arg-type]
+        plan, args = launched[0]
+        self.fns[key] = self._entry(plan, args, needs, weight)
+        return out
+
+    def _entry(self, plan: BwdPlan, args: tuple[Any, ...], needs: tuple[bool, ...],
+               weight: torch.Tensor | None) -> Any:
+        """The repeat's launch: allocate d(x), d(residual) and the partial sums, launch by the
+        record (or the ordinary way where it declines), finish as the generic path does."""
+        filler = plan.filler(self.device)
+        pos = tuple(i for i in range(_TENSORS) if args[i] is not filler)
+        launch = plan.launcher.hot(args, pos)
+        shape, res, x_dtype, bias_dtype = self.shape, self.res, self.x_dtype, self.bias_dtype
+        need_x, need_r = needs[0], needs[1] and res is not None
+        need_dw, need_db = needs[2] and weight is not None, needs[3] and bias_dtype is not None
+        shared = need_x and need_r and res[1] == x_dtype  # type: ignore[index]
+        alloc = add_norm_plan.allocator(self.backend, self.device)
+        size, stride = tuple(shape), contiguous_strides(tuple(shape))
+        dr_dtype = None if not need_r or shared else res[1]  # type: ignore[index]
+        empty = add_norm_plan._empty
+        fixed = args[_TENSORS:]
+        f = filler
+
+        def run(dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor, mean: torch.Tensor | None,
+                rstd: torch.Tensor, w: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+            dx = alloc(size, stride, x_dtype) if need_x else None
+            dr = alloc(size, stride, dr_dtype) if dr_dtype is not None else None
+            part = plan.part(empty, dy.device)
+            full = (s, f, f, dy, f if ds is None else ds, f if w is None else w, f if mean is None else mean, rstd,
+                    f if dx is None else dx, f if dr is None else dr, f if part is None else part)
+            if not launch(*[full[i] for i in pos]):
+                plan.launcher(*full, *fixed)
+            return finish(plan, part, dx, dr, w, bias_dtype, res, need_dw, need_db, need_r, shared, False)
+
+        return run
+

@@ -164,8 +164,10 @@ def grads(backend: Any, kind: str, eps: float, offset: float, dy: torch.Tensor |
 class AddNormFunction(torch.autograd.Function):
     """A forward recorded by autograd: ``forward()`` returns (y, s, mean, rstd) with s always
     written (the backward needs it); ``meta`` = (kind, eps, offset, x's shape, x's dtype,
-    (residual's shape, dtype) or None, bias dtype or None, the backend the forward ran on).
-    The full path (``recorded``) and a signature's route (``add_norm_route``) both record it."""
+    (residual's shape, dtype) or None, bias dtype or None, the backend the forward ran on, and
+    from a signature's route its ``add_norm_bwd.HotBackward``, which launches the backward's
+    repeats). The full path (``recorded``) and a signature's route (``add_norm_route``) both
+    record it."""
 
     @staticmethod
     def forward(ctx: Any, forward: Any, meta: tuple[Any, ...], x: torch.Tensor, residual: torch.Tensor | None,
@@ -180,9 +182,14 @@ class AddNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor | None, ds: torch.Tensor | None) -> tuple[Any, ...]:
         s, mean, rstd, weight = ctx.saved_tensors
-        kind, eps, offset, shape, x_dtype, res, b_dtype, backend = ctx.meta
+        kind, eps, offset, shape, x_dtype, res, b_dtype, backend, *hot = ctx.meta
+        needs = ctx.needs_input_grad[2:6]
+        if hot and dy is not None and rstd is not None and (kind == "rms" or mean is not None) and not _traced(dy):
+            out = hot[0](offset, dy, ds, s, mean, rstd, weight, needs)  # a route's repeats (bwd.HotBackward)
+            if out is not None:
+                return None, None, *out
         gx, gr, gw, gb = grads(backend, kind, eps, offset, dy, ds, s, None, None, mean, rstd, weight, b_dtype,
-                               shape, s.dtype, x_dtype, res, ctx.needs_input_grad[2:6])
+                               shape, s.dtype, x_dtype, res, needs)
         return None, None, gx, gr, gw, gb
 
 

@@ -9,7 +9,8 @@ made on first use from the op's own cached plans:
 * ``run`` (no gradient required): the plan that writes ``s`` only when ``return_sum``;
 * ``autograd_run`` (a tensor requires grad; ``AddNormOp._recorded``): the plan that always writes
   ``s`` and the fp32 statistics, inside the op's ``autograd.Function`` (``add_norm_grad``), so the
-  fused backward follows as it does for the full path.
+  fused backward follows as it does for the full path; the route's ``add_norm_bwd.HotBackward``
+  launches the repeats of that backward without its per-call plan lookup.
 
 ``eps`` and ``offset`` are not in the key: they are passed with each call and the launch records
 (which pack every scalar) are kept per ``(eps, offset)`` value, at most ``LIMIT`` at a time. A zero
@@ -27,8 +28,8 @@ from typing import Any
 
 import torch
 
+from xkernels.ops.fused import add_norm_bwd, add_norm_plan
 from xkernels.ops.fused import add_norm_grad as grad
-from xkernels.ops.fused import add_norm_plan
 from xkernels.ops.fused.add_norm_plan import AddNormCall, AddNormPlan
 from xkernels.ops.layout import contiguous_strides
 from xkernels.ops.route import KernelRoute
@@ -75,8 +76,10 @@ def make_route(op: Any, plan: AddNormPlan, call: AddNormCall) -> KernelRoute | N
     stride, rows = contiguous_strides(size), call.rows
     alloc = add_norm_plan.allocator(backend, dev)
     f32 = torch.float32
-    meta = (call.x.shape, call.x.dtype, None if call.residual is None else (call.residual.shape, call.residual.dtype),
-            None if call.bias is None else call.bias.dtype, backend)
+    res = None if call.residual is None else (call.residual.shape, call.residual.dtype)
+    b_dtype = None if call.bias is None else call.bias.dtype
+    hot = add_norm_bwd.HotBackward(backend, kind, call.x.shape, dtype, call.x.dtype, res, b_dtype, dev)
+    meta = (call.x.shape, call.x.dtype, res, b_dtype, backend)
     has_w = call.weight is not None
 
     def forward(side: _Side, x: Any, r: Any, w: Any, b: Any, eps: Any, offset: Any) -> Any:
@@ -110,7 +113,7 @@ def make_route(op: Any, plan: AddNormPlan, call: AddNormCall) -> KernelRoute | N
             y, s, mean, rstd = out
             return y, s, mean if layer else None, rstd
 
-        y, s = grad.AddNormFunction.apply(fwd, (kind, eps, offset, *meta), x, r, w, b)
+        y, s = grad.AddNormFunction.apply(fwd, (kind, eps, offset, *meta, hot), x, r, w, b)
         return (y, s) if return_sum else y
 
     if layer:

@@ -506,3 +506,60 @@ def test_route_backward(backend, device, poison, poison_routes, fresh_routes, mo
         check_backward("layer", x, r, w, b, eps)
     if backend.runs_triton:
         assert counter.n == 1 and spy.n == 3
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_route_backward_repeats(backend, device, poison, poison_routes, fresh_routes, monkeypatch, kind):
+    """A signature's repeated backwards (``add_norm_bwd.HotBackward``): the generic backward runs
+    once per backward signature (the gradients' dtypes and strides, which inputs need one, the
+    offset), repeats launch by the route's record; each result against float64 autograd, with
+    every allocation poisoned: with and without the sum's gradient, a ``dy`` of rows 80 apart,
+    some inputs only, another offset; a ``dy`` with a column stride takes the generic path."""
+    spy = BackwardSpy(monkeypatch)
+    dtype = torch.bfloat16
+    w = rand((40,), dtype, device)
+    b = rand((40,), dtype, device) if kind == "layer" else None
+    eps = 1e-5 if kind == "layer" else 1e-6
+
+    def once(with_ds=True, strided=False, grad_x=True, offset=0.0):
+        x, r = rand((6, 40), dtype, device), rand((6, 40), dtype, device)
+        dy = rand((6, 80), dtype, device)[:, ::2] if strided == "columns" else \
+            rand((6, 80), dtype, device)[:, 8:48] if strided else rand((6, 40), dtype, device)  # rows 80 apart
+        ds = rand((6, 40), dtype, device) if with_ds else None
+        lx = x.clone().requires_grad_(grad_x)
+        lr, lw = r.clone().requires_grad_(), w.clone().requires_grad_()
+        lb = None if b is None else b.clone().requires_grad_()
+        with Unchanged(x, r, w, dy, ds):
+            if kind == "layer":
+                y, s = add_layer_norm(lx, lr, lw, lb, eps)
+            else:
+                y, s = add_rms_norm(lx, lr, lw, eps, offset=offset)
+            torch.autograd.backward((y, s) if with_ds else (y,), (dy, ds) if with_ds else (dy,))
+        want = reference_grads(kind, x, r, w, b, dy, ds, eps, offset)
+        for g, e, t, name in zip((lx.grad, lr.grad, lw.grad, None if lb is None else lb.grad), want,
+                                 (lx, lr, lw, lb), ("x", "residual", "weight", "bias")):
+            if t is None or not t.requires_grad:
+                assert t is None or g is None, name
+                continue
+            assert g is not None and g.shape == t.shape and g.dtype == t.dtype, name
+            gd = g.double().cpu()
+            assert not torch.isnan(gd).any(), f"{name}: NaN in the gradient (an element not written?)"
+            rtol = GRAD_RTOL[dtype]
+            torch.testing.assert_close(gd, e.cpu(), rtol=rtol, atol=rtol * e.abs().max().item(),
+                                       msg=lambda m, n=name: f"{n}: {m}")
+
+    signatures = [dict(), dict(with_ds=False), dict(strided=True), dict(grad_x=False)]
+    if kind == "rms":
+        signatures.append(dict(offset=1.0))
+    for sig in signatures:
+        for _ in range(3):
+            once(**sig)
+    if backend.runs_triton:
+        # the first call of the op takes the full path (its backward: the generic one), the first
+        # backward of each signature through the route too; every other repeat by its record
+        assert spy.n == 1 + len(signatures)
+    n = spy.n
+    for _ in range(2):
+        once(strided="columns")
+    if backend.runs_triton:
+        assert spy.n == n + 2
