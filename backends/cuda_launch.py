@@ -106,7 +106,8 @@ def pack_slots(signature: dict[str, str], values: tuple[Any, ...], ptrs: int | t
                descriptors: dict[int, Descriptor] | None = None,
                tensordesc_meta: list[dict[str, Any]] | None = None) -> Packed | None:
     """Slots of every non-constexpr parameter in order (the values at positions ``ptrs``, the
-    first ``ptrs`` when an int, are the call's tensors, packed as 0 for now) plus the two scratch
+    first ``ptrs`` when an int, are the call's tensors, packed as 0 for now; a tensor elsewhere is
+    fixed: its pointer is packed, and whoever keeps the record keeps it alive) plus the two scratch
     pointers Triton 3.6 appends. A ``tensordesc`` parameter at position ``i`` (one of ``ptrs``:
     the call passes its base) expands as Triton lowers it: the 128-byte tensor map (a
     placeholder slot here, encoded per call), its shape as i32s and strides as i64s; it needs
@@ -142,6 +143,8 @@ def pack_slots(signature: dict[str, str], values: tuple[Any, ...], ptrs: int | t
                 return None
             where[i] = len(slots)
             v = 0
+        elif ty.startswith("*") and hasattr(v, "data_ptr"):
+            v = v.data_ptr()  # a fixed tensor (e.g. a plan's filler for absent operands): its owner keeps it alive
         elif not ty.startswith("*") and ty not in _PACK and ty != "bf16":
             return None  # tuples
         slots.append(pack_slot(ty, v))

@@ -47,6 +47,18 @@ def test_bf16_is_the_top_half_of_fp32_and_fp16_is_ieee_half():
     assert cuda_launch.pack_slot("fp16", 1.5)[:2] == struct.pack("<e", 1.5)
 
 
+def test_a_fixed_tensor_packs_its_pointer():
+    """A tensor at a pointer position that is not one of the call's (a plan's filler for absent
+    operands) is fixed: its data pointer is packed; the call's own stay placeholders."""
+    import torch
+
+    fixed = torch.empty(4)
+    slots, ptr_slots, _ = cuda_launch.pack_slots(SIGNATURE, (None, fixed, None, *VALUES[3:]), (0, 2))
+    assert ptr_slots == (0, 2)
+    assert slots[8:16] == struct.pack("<Q", fixed.data_ptr())
+    assert slots[0:8] == slots[16:24] == bytes(8)
+
+
 def test_unpackable_signatures_are_refused():
     assert cuda_launch.pack_slots({"d": "tensordesc<bf16[64, 64]>", "n": "i32"}, (None, 1), 0) is None
     assert cuda_launch.pack_slots({"p": "i32", "q": "*fp32"}, (1, None), 1) is None  # 1st must be a pointer
