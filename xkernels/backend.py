@@ -176,7 +176,9 @@ class Backend:
     #: Host milliseconds one repeated matmul/linear call costs by each route (``"pointer"``,
     #: ``"split"``, ``"tma"`` kernels, ``"vendor"``: the device's BLAS), measured on this
     #: backend's host: the wave model and the first-use check compare routes by the longer of
-    #: device time and this (``ops/matmul/config.host_ms``). Empty: device time alone decides.
+    #: device time and this (``ops/matmul/config.host_ms``), and evidence whose measured BLAS
+    #: device time is under ``"vendor"`` (launch-bound) must show the kernel
+    #: ``evidence.LAUNCH_BOUND_MARGIN`` faster. Empty: device time alone decides.
     route_host_ms: dict[str, float] = {}  # noqa: RUF012 - read-only class data
     #: (fixed ms, fraction of the copy bandwidth): no GEMM estimate of the wave model's fitted
     #: costs falls below the fixed part plus its operand bytes streamed at that fraction (the
