@@ -10,18 +10,37 @@
   (PyTorch's recipe: gradients set to ``None`` before capture, so the backward allocates them in
   the graph's pool and each replay writes them again); a call is one ``replay()``. What is
   captured is the model as it is at capture time (patched or not, routed or not): replays
-  ignore later changes. Needs a cuda device (:func:`unavailable_reason` says why not).
+  ignore later changes. Needs a cuda device (:func:`unavailable_reason` says why not). The
+  captured loss is kept detached (:func:`captured_step`): a loss holding its autograd graph
+  keeps the parameters' AccumulateGrad nodes, with the capture's side stream, alive into the
+  next way's capture on another stream (torch's "AccumulateGrad node's stream does not match").
 * ``compile``: ``torch.compile(model)`` (default mode, inductor), compiled at the first call in
   the model's state then; dynamo guards on the modules' classes, so a patched model compiles a
   graph of its own (xkernels ops are one opaque node each) and a later call in the other state
   picks the graph of that state again. Routing (``enable()``) changes no guard: the compiled
   graph of the unrouted model runs, its aten calls made by inductor's own code.
+
+Captured and compiled calls run under :func:`eager_mask_decisions`, so that they compute what
+the eager call computes. transformers' SDPA mask helpers skip the attention mask (so that SDPA
+may run its flash kernel) only when they believe nothing is being traced, and their
+``is_tracing()`` is true during a CUDA-graph capture and while dynamo traces. In transformers
+5.17 (that of results/2026-11-24-h100-model-modes) this held even with no ``attention_mask`` at
+all, which is what the bench passes: eager BERT ran SDPA unmasked, its captured and compiled
+graphs built a dense (batch, 1, seq, seq) mask and ran masked SDPA in all 12 layers, forward and
+backward (BERT-base's replays measured 20 / 45 ms against 4 / 15 ms of eager device time, the
+same for torch and patch; compile 10 / 31 ms). Llama's causal mask took the same path, in 2
+layers where attention is a small share of the step, so its rows looked sane. transformers 5.23
+skips a missing mask under capture, but a causal model's packed-sequence check (which eager
+answers by reading the positions) still builds Llama's mask there, and under dynamo on
+torch < 2.14 ``is_torchdynamo_exporting()`` reads true (the causal mask again).
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -49,6 +68,75 @@ def unavailable_reason(mode: str, target: Target) -> str | None:
 
 def loss_of(out: Any) -> torch.Tensor:
     return output_of(out).float().square().mean()
+
+
+@contextlib.contextmanager
+def eager_mask_decisions(inputs: dict[str, Any]) -> Iterator[None]:
+    """While active, transformers' SDPA mask helpers decide as in an eager call of the model on
+    ``inputs``, where a capture or a trace would otherwise make them build a mask:
+
+    * "is tracing" asked about no tensor (``is_tracing()``, ``is_tracing(None)``: there is no
+      padding mask to read) answers ``False``, and so does ``is_torchdynamo_exporting()`` (the
+      bench never exports; dynamo on torch < 2.14 answers it ``True`` while it traces). Asked
+      about a tensor, ``is_tracing`` answers as before: no mask's values are read while a graph
+      is captured or traced.
+    * where ``inputs`` hold neither ``position_ids`` nor ``attention_mask`` (the bench's never
+      do), ``find_packed_sequence_indices`` answers ``None`` (one sequence per row), which eager
+      reads from the positions the model makes itself (0..seq-1 on every row, one host sync per
+      call) and a capture or trace cannot read: a causal model (Llama, GPT-2) would otherwise
+      build a packed-sequence causal mask.
+
+    A no-op where transformers' ``masking_utils`` is not loaded. The replacements are module
+    functions, the same objects on every call: dynamo guards on the helpers it inlined, and new
+    ones would retrace each compiled call."""
+    mu = sys.modules.get("transformers.masking_utils")
+    if mu is None or not callable(getattr(mu, "is_tracing", None)):
+        yield
+        return
+    patches: dict[str, Any] = {"is_tracing": _is_tracing_of_a_tensor, "is_torchdynamo_exporting": _not_exporting}
+    if "position_ids" not in inputs and "attention_mask" not in inputs:
+        patches["find_packed_sequence_indices"] = _one_sequence_per_row
+    saved = {name: getattr(mu, name) for name in patches if hasattr(mu, name) and getattr(mu, name) is not patches[name]}
+    _TRANSFORMERS.setdefault("is_tracing", saved.get("is_tracing", mu.is_tracing))
+    for name in saved:
+        setattr(mu, name, patches[name])
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(mu, name, value)
+
+
+#: transformers' own ``is_tracing``, called by :func:`_is_tracing_of_a_tensor`
+_TRANSFORMERS: dict[str, Callable[..., bool]] = {}
+
+
+def _is_tracing_of_a_tensor(tensor: Any = None) -> bool:
+    return False if tensor is None else _TRANSFORMERS["is_tracing"](tensor)
+
+
+def _not_exporting() -> bool:
+    return False
+
+
+def _one_sequence_per_row(position_ids: torch.Tensor) -> None:
+    return None
+
+
+def captured_forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What the ``cudagraph`` mode's forward graph captures (eval, no grad around it): the
+    output tensor, the model's masks decided as in eager (:func:`eager_mask_decisions`)."""
+    with eager_mask_decisions(inputs):
+        return output_of(model(**inputs))
+
+
+def captured_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """What the ``cudagraph`` mode's training-step graph captures: forward (masks as in eager),
+    loss, backward; the loss detached (its autograd graph released after the backward)."""
+    with eager_mask_decisions(inputs):
+        loss = loss_of(model(**inputs))
+    loss.backward()
+    return loss.detach()
 
 
 class Runner:
@@ -87,7 +175,15 @@ class Compiled(Runner):
 
     def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target) -> None:
         super().__init__(model, inputs)
-        self.call = torch.compile(model)
+        compiled = torch.compile(model)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            # every call, not only the tracing one: dynamo guards on the helpers it inlined, and
+            # a call without them would retrace the mask-materializing path inside the timing
+            with eager_mask_decisions(inputs):
+                return compiled(*args, **kwargs)
+
+        self.call = call
         t0 = time.perf_counter()
         self.forward()  # compiles (or picks the graph of this state) now, not in the timing
         self.train_step()
@@ -105,9 +201,9 @@ class Graphed(Runner):
         with torch.cuda.device(target.device):
             model.eval()
             with torch.no_grad():
-                self.fwd_graph, self.fwd_out = _capture(eager.forward, lambda: output_of(model(**inputs)))
+                self.fwd_graph, self.fwd_out = _capture(eager.forward, lambda: captured_forward(model, inputs))
             model.train()
-            self.train_graph, self.loss = _capture(eager.train_step, lambda: _backward(model, inputs),
+            self.train_graph, self.loss = _capture(eager.train_step, lambda: captured_step(model, inputs),
                                                    before=lambda: model.zero_grad(set_to_none=True))
         self._grads = {n: p.grad for n, p in model.named_parameters()}  # the graph's: each replay rewrites them
         target.backend.synchronize(target.device)
@@ -129,12 +225,6 @@ class Graphed(Runner):
             p.grad = None
         self.fwd_graph = self.train_graph = self.fwd_out = self.loss = None  # type: ignore[assignment]
         self._grads = {}
-
-
-def _backward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    loss = loss_of(model(**inputs))
-    loss.backward()
-    return loss
 
 
 def _capture(warm: Callable[[], Any], body: Callable[[], Any],
