@@ -33,6 +33,8 @@ A call's *bucket key* (dtype, M, N, K, batch, epilogue) is looked up in two step
 
 TMA candidates (``"TMA": true``) compete only where the call can load through tensor
 descriptors (:func:`tma_layout`); split-K candidates only for one 2-D product with K long enough.
+The wave model counts a persistent TMA config's waves as any other's (``PROGRAMS_PER_SM`` does
+not change them: the tiles are the same, only how many programs share an SM).
 ``explain()`` prints the selection's ``source`` and ``why``.
 """
 
@@ -49,6 +51,12 @@ from xkernels.backend import Backend
 from xkernels.ops.layout import next_pow2
 
 MATMUL_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+
+#: Config keys of the tensor-descriptor kernel alone (``plan._plan_tma``): ``PERSISTENT`` (a
+#: program walks several tiles), ``PROGRAMS_PER_SM`` (a persistent grid of compute units x this
+#: many programs, default 1), ``EPILOGUE_SUBTILE`` (C stored in two column halves),
+#: ``WARP_SPECIALIZE``. A forced config drops them where the call cannot take that kernel.
+TMA_ONLY = ("TMA", "PERSISTENT", "PROGRAMS_PER_SM", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
 
 #: Candidates for a backend/arch whose table has no ``"candidates"`` section: tile shapes that
 #: compile on every Triton target with a ``tl.dot`` (no TMA), from skinny to large.
@@ -246,8 +254,7 @@ def select(op: str, backend: Backend, device: torch.device, key: dict[str, Any],
     if forced is not None:
         cfg = {**MATMUL_DEFAULT, **forced}
         if cfg.get("TMA") and not tma:
-            cfg = {k: v for k, v in cfg.items() if k not in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE",
-                                                                  "WARP_SPECIALIZE")}
+            cfg = {k: v for k, v in cfg.items() if k not in TMA_ONLY}
         return Selection(cfg, "forced by xkernels.tuning.force()", "a sweep forces this config", False)
     # rules with "variant": "tma" match only calls that can take the TMA kernel; each is followed
     # by its class's pointer-kernel rule, which the others match
@@ -363,6 +370,8 @@ def _ridge(backend: Backend, device: torch.device) -> float:
 def _label(cfg: dict[str, Any]) -> str:
     flags = "".join(f"+{f.lower()}" for f in ("TMA", "PERSISTENT", "EPILOGUE_SUBTILE", "WARP_SPECIALIZE")
                     if cfg.get(f))
+    if cfg.get("PERSISTENT") and int(cfg.get("PROGRAMS_PER_SM") or 1) > 1:
+        flags += f"+x{int(cfg['PROGRAMS_PER_SM'])}_per_sm"
     split = f"/split{cfg['SPLIT_K']}" if int(cfg.get("SPLIT_K") or 1) > 1 else ""
     return (f"{cfg['BLOCK_M']}x{cfg['BLOCK_N']}x{cfg['BLOCK_K']} w{cfg.get('num_warps')} "
             f"s{cfg.get('num_stages')}{split}{flags}")

@@ -11,8 +11,13 @@ tiles ``pid, pid + nprog, ...``), the block sizes from the op's tuning table, ``
 rows are 16-byte aligned: tiles are loaded through tensor descriptors (TMA). On an H100 it
 measured 1.03-1.05x torch at 4096^3 against 0.91-0.99x for the pointer kernel, and it removes the
 30% the pointer kernel loses on linear's K-contiguous weight (H100, 2026-11-22).
-Its table config may make it persistent (one program per SM, the next tile's loads overlapping
-this tile's epilogue) and store C in two column halves (``PERSISTENT``, ``EPILOGUE_SUBTILE``).
+Its table config may make it persistent (programs walking tiles in one flattened loop, the next
+tile's loads overlapping this tile's epilogue; ``PROGRAMS_PER_SM`` of them per SM, a host-side
+grid choice) and store C in two column halves (``PERSISTENT``, ``EPILOGUE_SUBTILE``). With
+128x128x64 tiles, 3 stages and C in halves, a program's shared memory (112 KiB for sm90) lets two
+reside on an SM, so one's epilogue runs while the other's wgmma run: BERT's FFN up-projection with gelu
+(8192 x 768 -> 3072, bf16) took 90.6 us against 99.3 us for one program per tile, 1.135x torch's
+F.linear + F.gelu (H100, 2026-11-24, ``tools/probes/ffn_fast_gemm.py``).
 
 Few rows (M <= 64) can split K (``SPLIT_K``): more programs stream B at once, and a second
 kernel, ``splitk_reduce_kernel``, adds the fp32 partials in a fixed order (deterministic).
@@ -23,8 +28,23 @@ added in fp32, one rounding to C's dtype. The entry points without a residual ar
 (their dummy residual arguments are constants and ``RES=0`` removes the code).
 
 Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu,
-5 gelu_tanh (``F.gelu(approximate="tanh")``, GPT-2's). Every epilogue (pointer, TMA, split-K
-reduction) applies them through ``_activation``.
+5 gelu_tanh (``F.gelu(approximate="tanh")``, GPT-2's), 6 the same erf GELU with erf by
+Abramowitz & Stegun 7.1.26 (below). Every epilogue (pointer, TMA, split-K reduction) applies them
+through ``_activation``.
+
+The fast erf (``ACT`` 6): ``erfc(z) ~= t * poly5(t) * exp(-z^2)``, ``t = 1 / (1 + 0.3275911 z)``,
+one exp and one approximate reciprocal instead of libdevice's ``erff``; its absolute error is at
+most 1.5e-7, and GELU is formed from ``0.5 erfc(|x| / sqrt 2)`` directly (no cancellation for
+negative x). Against a float64 reference over x in [-12, 12] the fp32 GELU's absolute error is
+4.2e-7 (libdevice's form: 4.4e-7), but its relative error is 4x libdevice's (5.6e-7 against
+1.3e-7 for x in [0, 3]): measurable in an fp32 result, below the rounding of an fp16/bf16 one
+(rounded, it is the reference's rounding or one unit off for |GELU| > 1e-8; libdevice's
+``1 + erf`` form cancels in the negative tail and is off by more from x ~ -4.5). Plans therefore
+use it only where C is fp16/bf16 (``plan.gelu_code``), today the TMA plan's; the pointer kernel,
+the split-K reduction and the gated kernels keep libdevice's erf. On an H100
+it took BERT's FFN up-projection (8192 x 768 -> 3072, bf16) from 98.0 to 97.4 us with one tile
+per program and is part of the persistent two-programs-per-SM config measured at 90.6 us
+(``tools/probes/ffn_fast_gemm.py``, 2026-11-24).
 """
 
 import triton
@@ -44,6 +64,12 @@ def _activation(x, slope, ACT: tl.constexpr):
     elif ACT == 5:  # 0.5 x (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         x = x / (1.0 + tl.exp(-2.0 * u))
+    elif ACT == 6:  # gelu, erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7; see the module doc)
+        z = tl.abs(x) * 0.7071067811865476
+        t = tl.fdiv(tl.full(z.shape, 1.0, tl.float32), 1.0 + 0.3275911 * z, ieee_rounding=False)
+        p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        q = 0.5 * p * tl.exp(-z * z)  # 0.5 erfc(|x| / sqrt 2)
+        x = x * tl.where(x >= 0, 1.0 - q, q)
     return x
 
 
@@ -344,10 +370,12 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
     weight of ``linear``: tiles move through tensor descriptors (the TMA engine on sm90+), which
     zero-fill reads past the edges and clip writes, so no masks are needed.
 
-    One program per output tile, grouped for L2 reuse; ``PERSISTENT``: one program per SM walking
-    tiles ``pid, pid + nprog, ...`` in one flattened loop, so the next tile's loads overlap this
-    tile's epilogue. ``EPILOGUE_SUBTILE``: C is written in two column halves (``c_desc``'s block
-    is (BLOCK_M, BLOCK_N // 2)). ``WARP_SPECIALIZE``: Triton's automatic warp specialization
+    One program per output tile, grouped for L2 reuse; ``PERSISTENT``: the grid's programs (one per
+    SM, or the config's ``PROGRAMS_PER_SM``: the plan's choice, not the kernel's) walk tiles
+    ``pid, pid + nprog, ...`` in one flattened loop, so the next tile's loads overlap this tile's
+    epilogue. ``EPILOGUE_SUBTILE``: C is written in two column halves (``c_desc``'s block is
+    (BLOCK_M, BLOCK_N // 2)). ``ACT`` 6 (gelu with the fast erf, see the module doc) is what the
+    plan passes for gelu when C is fp16/bf16. ``WARP_SPECIALIZE``: Triton's automatic warp specialization
     (TMA-load warps apart from MMA/epilogue warps; sm90 and sm100 passes) on the tile loop when
     persistent (then not flattened), on the K loop otherwise."""
     _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, bias_ptr, 1, 0, 0, 0, BLOCK_M, BLOCK_N, BLOCK_K,

@@ -34,6 +34,17 @@ if TYPE_CHECKING:
 
 #: Epilogue activation codes of the kernels (``ACT`` constexpr).
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4, "gelu_tanh": 5}
+#: ``ACT`` of gelu with erf by Abramowitz & Stegun 7.1.26 (``ops/matmul/kernels.py``'s module doc).
+GELU_FAST_ERF = 6
+
+
+def gelu_code(activation: str | None, out_dtype: torch.dtype) -> int:
+    """``ACT`` for ``activation`` written to a C of ``out_dtype``: gelu takes the fast erf where C
+    is fp16/bf16 (its error is below their rounding); an fp32 C keeps libdevice's erf, whose
+    relative error is 4x lower (kernels.py's module doc)."""
+    if activation == "gelu" and out_dtype in (torch.float16, torch.bfloat16):
+        return GELU_FAST_ERF
+    return ACTIVATIONS[activation]
 
 
 def precision(backend: Backend, dtype: torch.dtype) -> str:
@@ -217,14 +228,18 @@ class MatmulPlan(Plan):
                   layout: matmul_config.TmaLayout) -> None:
         """``matmul_tma_kernel``: C row-major, A row-major or M-contiguous (``a_mmajor``), B
         row-major or K-contiguous (``b_kmajor``), tiles loaded through tensor descriptors.
-        ``"PERSISTENT": true`` runs one program per compute unit walking tiles pid, pid + nprog,
-        ...; ``"EPILOGUE_SUBTILE": true`` stores C in two halves of BLOCK_N // 2 columns."""
+        ``"PERSISTENT": true`` runs ``min(tiles, compute units x PROGRAMS_PER_SM)`` programs (the
+        backend's ``compute_units``; ``"PROGRAMS_PER_SM"`` defaults to 1: two let one program's
+        epilogue overlap the other's main loop where both fit an SM's shared memory) walking tiles
+        pid, pid + nprog, ...; ``"EPILOGUE_SUBTILE": true`` stores C in two halves of BLOCK_N // 2
+        columns. gelu into an fp16/bf16 C uses the fast erf (:func:`gelu_code`)."""
         from xkernels.ops.matmul import kernels as K
 
         bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
         units = backend.compute_units(call.device) if cfg.get("PERSISTENT") else None
-        programs = max(1, min(tiles, units)) if units else tiles
+        per_sm = max(1, int(cfg.get("PROGRAMS_PER_SM") or 1)) if units else 1
+        programs = max(1, min(tiles, units * per_sm)) if units else tiles
         subtile, ws = bool(cfg.get("EPILOGUE_SUBTILE")), bool(cfg.get("WARP_SPECIALIZE"))
         c_block = [bm, bn // 2] if subtile else [bm, bn]
         a_mmajor, b_kmajor = layout.a_mmajor, layout.b_kmajor
@@ -234,7 +249,8 @@ class MatmulPlan(Plan):
         self.grid = (programs,)
         self.dims = (M, N, Kd)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
-                               HAS_BIAS=call.bias is not None, ACT=ACTIVATIONS[call.activation], B_KMAJOR=b_kmajor,
+                               HAS_BIAS=call.bias is not None, ACT=gelu_code(call.activation, call.result_dtype),
+                               B_KMAJOR=b_kmajor,
                                PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile, A_MMAJOR=a_mmajor,
                                WARP_SPECIALIZE=ws)
         if self.res is not None:
@@ -246,9 +262,14 @@ class MatmulPlan(Plan):
                         + (", A read as its (K, M) transpose" if a_mmajor else ""))
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
                        **self.options, "TMA": True}
+        if self.constexprs["ACT"] == GELU_FAST_ERF:
+            self.variant = self.variant.replace(" + gelu", " + gelu (fast erf)", 1)
         if units:
-            self.variant += ", persistent (a program per SM)"
+            self.variant += (", persistent (a program per SM)" if per_sm == 1 else
+                             f", persistent ({per_sm} programs per SM)")
             self.config["PERSISTENT"] = True
+            if per_sm > 1:
+                self.config["PROGRAMS_PER_SM"] = per_sm
         if subtile:
             self.variant += ", C stored in two column halves"
             self.config["EPILOGUE_SUBTILE"] = True

@@ -33,6 +33,9 @@ if "nvidia" not in _triton_backends:  # triton-ascend replaces the package and h
 _TL = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 SMS = 132  # the fake H100's SMs: the grid of a persistent kernel
 SMEM = 232448  # shared memory one block may use on an H100 (227 KiB)
+SM_SMEM = 233472  # shared memory of one H100 SM (228 KiB), shared by its resident blocks
+BLOCK_RESERVED = 1024  # shared memory the driver reserves per resident block (sm80+)
+SM_REGS = 65536  # 32-bit registers of one SM
 
 
 class _H100(CudaBackend):
@@ -343,3 +346,105 @@ def test_pointer_kernel_with_a_residual_keeps_vector_copies():
     assert plan.jit_fn is K.matmul_residual_kernel and plan.constexprs["RES"] == 1
     wide, _ = _copies(kernel.asm["ptx"])
     assert wide > 0 and "wgmma.mma_async" in kernel.asm["ptx"]
+
+
+def _resources(kernel) -> dict[str, int] | None:
+    """ptxas's resource usage of a compiled kernel (``REG``, ``STACK``, ``LOCAL``, ``SHARED``), from
+    the ``cuobjdump`` Triton ships; ``None`` where it has none."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([str(tool), "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = dict(re.findall(r"\b(REG|STACK|LOCAL|SHARED):(\d+)", out))
+    return {k: int(v) for k, v in found.items()} or None
+
+
+def _ffn_call(m: int):
+    """BERT/ViT's FFN up-projection: (m, 768) -> 3072 with bias and gelu, bf16."""
+    return (_meta(m, 768), _meta(3072, 768), _meta(3072), "gelu")
+
+
+@pytest.mark.parametrize("m", [4097, 8192, 12608])
+def test_ffn_gelu_rule_runs_two_persistent_programs_per_sm(m):
+    """The sm90 rules for gelu at 768 -> 3072 from 4097 rows (measured at 8192 and 12608 tokens:
+    1.135x and 1.143x torch's F.linear + F.gelu, H100) run the persistent TMA kernel with
+    ``PROGRAMS_PER_SM`` 2: a grid of twice the SMs, C stored in halves, the fast erf. Compiled for
+    sm90, a program's shared memory and registers let two reside on an SM, and nothing spills."""
+    from xkernels.ops.matmul.plan import GELU_FAST_ERF
+
+    plan = linear.make_plan(linear.check(*_ffn_call(m)), _H100())
+    tiles = (m + 127) // 128 * 24
+    assert "linear.json [sm90] rule" in plan.source and plan.measured, (plan.source, plan.why)
+    assert plan.config.get("PROGRAMS_PER_SM") == 2 and plan.config.get("PERSISTENT") is True, plan.config
+    assert plan.tiles == tiles and plan.grid == (2 * SMS,) and plan.programs == 2 * SMS < tiles
+    assert plan.constexprs["PERSISTENT"] and plan.constexprs["EPILOGUE_SUBTILE"]
+    assert plan.constexprs["ACT"] == GELU_FAST_ERF and "gelu (fast erf)" in plan.variant
+    assert "2 programs per SM" in plan.variant and plan.tma["c"] == [128, 64]
+    with tuning.force(plan.config):
+        forced, kernel = _compile(linear, *_ffn_call(m), backend=_H100())
+    assert forced.grid == plan.grid and forced.constexprs == plan.constexprs
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx and "%nctaid.x" in ptx
+    assert "erf" not in ptx  # libdevice's erff is gone from the epilogue
+    # two resident programs per SM: each one's shared memory plus the driver's reserve, twice
+    assert 2 * (kernel.metadata.shared + BLOCK_RESERVED) <= SM_SMEM, kernel.metadata.shared
+    assert not re.search(r"\b(ld|st)\.local\b", ptx)  # no local-memory arrays in the PTX
+    res = _resources(kernel)
+    if res is not None:  # ptxas's verdict: no spills, registers for two programs of 8 warps
+        assert res.get("LOCAL", 0) == 0 and res.get("STACK", 0) == 0, res
+        assert 2 * res["REG"] * 32 * kernel.metadata.num_warps <= SM_REGS, res
+
+
+def test_ffn_gelu_rule_with_more_stages_would_not_fit_two_programs():
+    """The contrast that makes the shared-memory check above meaningful: a fourth stage (another
+    32 KiB of A and B tiles) leaves room for one program per SM only."""
+    plan = linear.make_plan(linear.check(*_ffn_call(8192)), _H100())
+    with tuning.force({**plan.config, "num_stages": 4}):
+        _, kernel = _compile(linear, *_ffn_call(8192), backend=_H100())
+    assert 2 * (kernel.metadata.shared + BLOCK_RESERVED) > SM_SMEM, kernel.metadata.shared
+
+
+@pytest.mark.parametrize("units", [132, 114, 78, 16])
+@pytest.mark.parametrize("per_sm", [None, 1, 2, 3])
+def test_persistent_programs_follow_the_backends_compute_units(units, per_sm):
+    """A persistent TMA plan launches ``min(tiles, compute units x PROGRAMS_PER_SM)`` programs, the
+    units from the backend (an H100 SXM's 132 SMs, a PCIe card's 114, ...), never a fixed count;
+    explain() names the knob where it is above 1."""
+
+    class _Part(_H100):
+        def compute_units(self, device=None):
+            return units
+
+    cfg = {**_TMA, "BLOCK_N": 128, "PERSISTENT": True, **({"PROGRAMS_PER_SM": per_sm} if per_sm else {})}
+    n = per_sm or 1
+    for m, tiles in ((8192, 64 * 24), (512, 4 * 24)):
+        with tuning.force(cfg):
+            plan = linear.make_plan(linear.check(*_ffn_call(m)), _Part())
+        assert plan.tiles == tiles and plan.grid == (min(tiles, units * n),) and plan.programs == plan.grid[0]
+        assert plan.constexprs["PERSISTENT"] is True
+        assert plan.config.get("PROGRAMS_PER_SM") == (n if n > 1 else None), plan.config
+        assert (f"{n} programs per SM" in plan.variant) == (n > 1), plan.variant
+    with tuning.force({**cfg, "PERSISTENT": False}):  # the knob means nothing without a persistent loop
+        plan = linear.make_plan(linear.check(*_ffn_call(8192)), _Part())
+    assert plan.grid == (64 * 24,) and "PROGRAMS_PER_SM" not in plan.config
+
+
+def test_programs_per_sm_is_dropped_with_tma_and_named_in_labels():
+    """A forced TMA config on a call that cannot load through tensor descriptors runs the pointer
+    kernel without the TMA-only keys; the wave model's labels name the knob."""
+    from xkernels.ops.matmul import config as mc
+
+    cfg = {**_TMA, "BLOCK_N": 128, "PERSISTENT": True, "PROGRAMS_PER_SM": 2, "EPILOGUE_SUBTILE": True}
+    odd_rows = _meta(4096, 4095)[:, :4094]  # 8190-byte rows: not 16-byte aligned
+    with tuning.force(cfg):
+        plan = matmul.make_plan(matmul.check(odd_rows, _meta(4094, 4096)), _H100())
+    assert plan.tma is None and not set(mc.TMA_ONLY) & set(plan.config), plan.config
+    assert mc._label(cfg).endswith("+tma+persistent+epilogue_subtile+x2_per_sm")
+    assert "per_sm" not in mc._label({**cfg, "PROGRAMS_PER_SM": 1})

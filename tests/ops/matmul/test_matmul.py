@@ -285,7 +285,9 @@ _TMA_SMALL = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_w
     _TMA_BIG, {**_TMA_BIG, "EPILOGUE_SUBTILE": True}, {**_TMA_BIG, "PERSISTENT": True},
     {**_TMA_BIG, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
     {**_TMA_SMALL, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
-], ids=["one tile each", "subtile", "persistent", "persistent + subtile", "64x128 persistent + subtile"])
+    {**_TMA_BIG, "BLOCK_N": 128, "PERSISTENT": True, "PROGRAMS_PER_SM": 2, "EPILOGUE_SUBTILE": True},
+], ids=["one tile each", "subtile", "persistent", "persistent + subtile", "64x128 persistent + subtile",
+        "128x128 persistent x2 + subtile"])
 def test_tma_kernel_variants_match_torch(backend, device, cfg):
     """The tensor-descriptor kernel's tunable forms (``xkernels.cli.tune`` candidates) against torch:
     several tiles per program when persistent (more tiles than SMs), edge tiles in M, N and K,
@@ -304,7 +306,8 @@ def test_tma_kernel_variants_match_torch(backend, device, cfg):
         assert exp.config.get("TMA") and exp.config.get("PERSISTENT", False) == cfg.get("PERSISTENT", False)
         assert exp.config.get("EPILOGUE_SUBTILE", False) == cfg.get("EPILOGUE_SUBTILE", False)
         if cfg.get("PERSISTENT"):
-            assert exp.programs == min(exp.tiles, backend.compute_units(device)) < exp.tiles
+            per_sm = cfg.get("PROGRAMS_PER_SM", 1)
+            assert exp.programs == min(exp.tiles, per_sm * backend.compute_units(device)) < exp.tiles
         assert_close(matmul(x, w.t()), x.double() @ w.double().t(), dtype, scale=K / 16)
         assert_close(matmul(x, bt), x.double() @ bt.double(), dtype, scale=K / 16)
         for act in ("gelu", "relu", "gelu_tanh"):
@@ -329,10 +332,12 @@ _TMA_TINY = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2, "TMA": T
 @pytest.mark.parametrize("cfg", [
     _TMA_TINY, {**_TMA_TINY, "EPILOGUE_SUBTILE": True}, {**_TMA_TINY, "PERSISTENT": True},
     {**_TMA_TINY, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
-], ids=["one tile each", "subtile", "persistent", "persistent + subtile"])
+    {**_TMA_TINY, "PERSISTENT": True, "PROGRAMS_PER_SM": 2, "EPILOGUE_SUBTILE": True},
+], ids=["one tile each", "subtile", "persistent", "persistent + subtile", "persistent x2 + subtile"])
 def test_tma_kernel_variants_in_the_interpreter(cfg):
     """The same forms on CPU, through Triton's interpreter: 5 x 5 edge tiles, over 3 programs when
-    persistent. float16 only: the interpreter's dot reads bfloat16 as raw bits (``UPCAST``)."""
+    persistent (6 with two per SM). float16 only: the interpreter's dot reads bfloat16 as raw bits
+    (``UPCAST``). gelu here is the fast erf's (a float16 C)."""
     be = _InterpretedTma()
     if be.unavailable_reason():
         pytest.skip(be.unavailable_reason())
@@ -348,8 +353,9 @@ def test_tma_kernel_variants_in_the_interpreter(cfg):
         call = op.check(*args)
         with tuning.force(cfg):
             plan = op.make_plan(call, be)
-        assert plan.tma is not None and plan.grid == (3 if cfg.get("PERSISTENT") else 25,)
+        assert plan.tma is not None and plan.grid == (3 * cfg.get("PROGRAMS_PER_SM", 1) if cfg.get("PERSISTENT") else 25,)
         assert plan.tma["a_mmajor"] == (args[0] is xt)
+        assert (plan.constexprs["ACT"] == 6) == (args[-1] == "gelu")  # the fast erf (a float16 C)
         c = poisoned((M, N), dtype, "cpu")
         plan.launch(call.a, call.b, c, call.bias, call.slope, ())
         assert_close(c, ref, dtype, scale=K / 16)
