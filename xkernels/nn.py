@@ -6,7 +6,8 @@
     fused = xkernels.nn.Linear.from_linear(torch_linear, "relu")    # shares torch_linear's parameters
 
 ``forward`` is ``xkernels.ops.linear(x, weight, bias, activation)``: the backend of the tensors'
-device runs it, and its autograd is the op's. A repeated inference call (no gradient required)
+device runs it, and its autograd is the op's. While ``torch.compile`` traces, it is PyTorch's
+``F.linear`` and the activation (Inductor fuses them itself; see ``_linear``). A repeated inference call (no gradient required)
 runs the route of its signature from the module's own :class:`~xkernels.ops.route.RouteCache`,
 keyed by the input's and the parameters' shape, strides, dtype and device, the activation and
 the slope (read at each call: a new input, a replaced or converted parameter, another
@@ -48,7 +49,11 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
     """``linear(x, weight, bias, activation, negative_slope=...)``; repeats without a gradient by
     ``routes`` (the key: every argument's layout or value, ``RouteCache.run``)."""
     if _is_compiling():
-        return linear(x, weight, bias, activation, negative_slope=negative_slope)
+        # PyTorch's own F.linear + activation, which Inductor fuses itself: as xkernels::linear
+        # nodes, each call into the custom op's Python kernel cost the host ~50 us at runtime
+        # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
+        # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
+        return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
     key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
     canon = (x, weight, bias, activation, negative_slope, None, None)
