@@ -162,6 +162,17 @@ def test_confirm_interleaves_the_two_routes_and_reports_per_round_ratios():
     assert backend.held == [perf.HOLD_US] * 8
 
 
+def test_short_calls_confirm_in_more_rounds():
+    """A loss is confirmed in ``confirm_rounds`` rounds, more for a call too short for each side
+    to time ``confirm_ms`` in them (a few-µs call's single timing jitters ~10%), at most 5x."""
+    full = perf.FULL
+    assert perf.confirm_rounds(full, 0.5) == full.confirm_rounds  # 9 x 0.5 ms > 1 ms
+    assert perf.confirm_rounds(full, 0.05) == 20
+    assert perf.confirm_rounds(full, 0.005) == 5 * full.confirm_rounds
+    assert perf.confirm_rounds(full, 0.0) == full.confirm_rounds
+    assert perf.confirm_rounds(perf.FAST, 0.001) == 5 * perf.FAST.confirm_rounds
+
+
 def test_confirmed_summary_takes_the_re_measured_ratio_where_there_is_one():
     rows = [{"op": "linear", "dtype": "bfloat16", "shape": "a", "layout": "x", "speedup": 0.6, "confirmed": 0.98},
             {"op": "linear", "dtype": "bfloat16", "shape": "b", "layout": "y", "speedup": 1.5, "confirmed": None},
