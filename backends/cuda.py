@@ -77,6 +77,11 @@ class CudaBackend(Backend):
     #: one within -10%/+15% (0.81 of the 3.0 TB/s copy bandwidth); the fixed part is taken a
     #: little lower, 7 us, the fastest 1.2 MB GEMM measured (7.5 us).
     stream_floor = (0.007, 0.80)
+    #: add_layer_norm forward + backward 470.9 us against PyTorch's x + r, F.layer_norm and their
+    #: backward 265.8 us per call, medians with the device held busy (H100 host, 2026-11-24,
+    #: results/2026-11-24-h100-training-host): BERT-base's 24 such blocks cost its training step
+    #: ~4.9 ms of host time, its whole wall-time deficit (results/2026-11-24-h100-models-eager-host-path).
+    fused_norm_training_host_ms = 0.205
 
     @functools.cache  # noqa: B019 - one backend object per process
     def unavailable_reason(self) -> str | None:

@@ -113,6 +113,87 @@ def test_bert_output_blocks_and_training(backend, device):
         assert_model_close(g, w, r)
 
 
+@pytest.mark.parametrize("pays", [False, True])
+def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backend, device, monkeypatch, pays):
+    """In eager training a LayerNorm block takes the fused op only where the bytes it saves
+    outweigh its host cost (``Backend.fused_norm_training_host_ms``, measured on cuda); else
+    PyTorch's add and LayerNorm. Inference keeps the fused op. Outputs and gradients match the
+    unpatched model either way."""
+
+    tf = require_transformers()
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, **ATTN)
+    torch.manual_seed(0)
+    model = tf.BertModel(cfg).to(device)
+    ref64 = copy.deepcopy(model).double()
+    ids = torch.randint(0, 64, (2, 6), device=device)
+    monkeypatch.setattr(type(backend), "fused_norm_training_host_ms", 0.0 if pays else 1.0)
+    from xkernels.ops.route import RouteCache
+
+    fused = []  # every way a block reaches the fused op: the op itself, its routes with and without grad
+    op = xkernels.ops.add_layer_norm
+    for cls, name in ((type(op), "__call__"), (RouteCache, "run"), (RouteCache, "recorded")):
+        real = getattr(cls, name)
+
+        def spy(self, *a, _real=real, **k):
+            if self is op or getattr(self, "op", None) is op:
+                fused.append(1)
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(cls, name, spy)
+
+    def run(m):
+        m.zero_grad(set_to_none=True)
+        out = m(ids).last_hidden_state
+        out.sum().backward()
+        return out, [p.grad for p in m.parameters() if p.grad is not None]
+
+    want, want_grads = run(model)
+    ref, ref_grads = run(ref64)
+    xkernels.patch(model)
+    for _ in range(2):  # the first call and a repeat (its route)
+        fused.clear()
+        got, got_grads = run(model)
+        assert bool(fused) == pays, fused
+        assert_model_close(got, want.detach(), ref.detach())
+        for g, w, r in zip(got_grads, want_grads, ref_grads):
+            assert_model_close(g, w, r)
+    fused.clear()
+    with torch.no_grad():
+        model(ids)
+    assert fused, "inference keeps the fused op"
+
+
+def test_training_fusion_pays_weighs_saved_bytes_against_host_time():
+    """``training_fusion_pays``: saved bytes (5 passes) at the copy bandwidth, measured or else
+    the datasheet's, against the backend's host premium; no premium: always; no bandwidth: never."""
+    from xkernels.backend import Figure
+    from xkernels.ops.fused.add_norm_plan import TRAINING_PASSES_SAVED, training_fusion_pays
+
+    class Props:
+        def __init__(self, bw=None, sheet=None):
+            self.copy_bandwidth = None if bw is None else Figure(bw, "GB/s", "measured", "")
+            self.datasheet = {} if sheet is None else {"hbm_bandwidth": Figure(sheet, "GB/s", "datasheet", "")}
+
+    class Fake:
+        def __init__(self, premium, props):
+            self.fused_norm_training_host_ms, self._props = premium, props
+
+        def properties(self, device):
+            return self._props
+
+    cpu = torch.device("cpu")
+    bert = 8192 * 768  # BERT-base at 16 x 512: 63 MB saved, ~21 us at 3 TB/s
+    assert not training_fusion_pays(Fake(0.205, Props(3000)), cpu, bert, 2)
+    assert training_fusion_pays(Fake(0.0, Props()), cpu, bert, 2)
+    edge = int(0.205 * 3000e6 / (2 * TRAINING_PASSES_SAVED)) + 1  # the size where the bytes take 0.205 ms
+    assert training_fusion_pays(Fake(0.205, Props(3000)), cpu, edge, 2)
+    assert not training_fusion_pays(Fake(0.205, Props(3000)), cpu, edge - 2, 2)
+    assert training_fusion_pays(Fake(0.205, Props(sheet=3000)), cpu, edge, 2)  # the datasheet's figure
+    assert not training_fusion_pays(Fake(0.205, Props()), cpu, 10 * edge, 2)  # no bandwidth known
+
+
 def test_gpt2_and_vit_blocks(backend, device):
     tf = require_transformers()
     torch.manual_seed(0)

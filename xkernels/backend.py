@@ -180,6 +180,12 @@ class Backend:
     #: device time is under ``"vendor"`` (launch-bound) must show the kernel
     #: ``evidence.LAUNCH_BOUND_MARGIN`` faster. Empty: device time alone decides.
     route_host_ms: dict[str, float] = {}  # noqa: RUF012 - read-only class data
+    #: Host milliseconds a fused add + LayerNorm costs per training call (forward + backward,
+    #: a Python autograd Function) beyond PyTorch's ``x + r`` and ``F.layer_norm``, measured on
+    #: this backend's host. ``xkernels.patch``'s LayerNorm blocks train through the fused op in
+    #: eager mode only where the bytes it saves take the device longer than this
+    #: (``ops/fused/add_norm_plan.training_fusion_pays``). 0: always.
+    fused_norm_training_host_ms: float = 0.0
     #: (fixed ms, fraction of the copy bandwidth): no GEMM estimate of the wave model's fitted
     #: costs falls below the fixed part plus its operand bytes streamed at that fraction (the
     #: fit knows waves, not the bandwidth they share). ``None``: the fit alone.

@@ -35,7 +35,9 @@ from typing import Any
 
 import torch
 
+from xkernels import dispatch
 from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
+from xkernels.ops.fused.add_norm_plan import training_fusion_pays
 from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
@@ -59,6 +61,19 @@ class NormStep:
     return_sum: bool
     general: Any  # (norm, x, residual, return_sum) -> result: the per-call lookup (xkernels.blocks.add_norm)
     routes: RouteCache = field(compare=False)
+    paying: dict = field(default_factory=dict, compare=False)  # training_pays' answers
+
+    def training_pays(self, x: torch.Tensor) -> bool:
+        """Whether a LayerNorm block's training call takes the fused op here
+        (``add_norm_plan.training_fusion_pays``), per size, dtype, device and backend override."""
+        key = (x.numel(), x.dtype, x.device, dispatch.override_name())
+        pays = self.paying.get(key)
+        if pays is None:
+            if len(self.paying) > 64:
+                self.paying.clear()
+            pays = self.paying[key] = training_fusion_pays(dispatch.select(x.device), x.device, x.numel(),
+                                                           x.element_size())
+        return pays
 
     def __call__(self, block: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
         norm = block if self.norm is None else block._modules[self.norm]
@@ -70,8 +85,10 @@ class NormStep:
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
-            if _is_compiling():
-                # under torch.compile: PyTorch's add and LayerNorm, which the compiler fuses itself
+            if _is_compiling() or (_grad_enabled() and _any_requires_grad(x, residual, w, b)
+                                   and not self.training_pays(x)):
+                # under torch.compile: PyTorch's add and LayerNorm, which the compiler fuses itself;
+                # in eager training where the fused op's host cost outweighs the bytes it saves
                 s = x if residual is None else x + residual
                 y = torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps)
                 return (y, s) if rs else y

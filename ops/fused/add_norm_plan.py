@@ -204,3 +204,33 @@ class AddNormPlan(Plan):
         return (x, r if r is not None else x, w if w is not None else y, b if b is not None else y,
                 s if s is not None else y, y, mean if mean is not None else y, rstd if rstd is not None else y,
                 *self.tail, float(call.eps), float(call.offset) or -0.0, self.n_tiles, self.grid[0])
+
+
+#: Passes over the (rows, N) activations a fused add + LayerNorm saves in a training step: torch
+#: moves 13 (forward: the add 3, the norm 2; backward: the norm's 3, its d(w)/d(b) kernel 2, the
+#: accumulation of the sum's gradient 3), the fused op 8 (forward: x, r in, y, s out; backward:
+#: s, dy, ds in, d(x) out); see ``add_norm_bwd``'s module doc.
+TRAINING_PASSES_SAVED = 5
+
+
+def training_fusion_pays(backend: Backend, device: torch.device, numel: int, elem_size: int) -> bool:
+    """Whether a LayerNorm block's fused training call pays in eager mode on ``backend``: the
+    device time of the bytes it saves (``TRAINING_PASSES_SAVED`` passes of ``numel`` elements at
+    the device's copy bandwidth, measured, else its datasheet's) is at least the host time it
+    costs beyond PyTorch's ops (``Backend.fused_norm_training_host_ms``). A host-bound model
+    loses that host time on every block, a device-bound one gains the saved bytes' time; where
+    the bytes' time is the smaller, fusing can only lose (BERT-base's blocks: ~21 us of
+    traffic saved against ~205 us of host on an H100). No premium: always; no bandwidth known:
+    never."""
+    premium = backend.fused_norm_training_host_ms
+    if premium <= 0:
+        return True
+    try:
+        props = backend.properties(device)
+    except Exception:  # noqa: BLE001 - an odd device's properties must not fail a training step
+        return False
+    fig = props.copy_bandwidth or props.datasheet.get("hbm_bandwidth")
+    if fig is None or not fig.value:
+        return False
+    saved_ms = numel * elem_size * TRAINING_PASSES_SAVED / (float(fig.value) * 1e6)  # GB/s = 1e6 B/ms
+    return saved_ms >= premium
