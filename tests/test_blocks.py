@@ -84,14 +84,15 @@ def test_decoder_families(backend, device, family):
     assert_model_close(again, want.detach(), ref.detach())
 
 
-def test_bert_output_blocks_and_training(backend, device):
+def _tiny_bert(device, layers: int):
+    """A tiny BertModel (no dropout), its float64 copy, token ids, and a training step of a model:
+    (last hidden state, every gradient)."""
     tf = require_transformers()
-    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
                         vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0, **ATTN)
     torch.manual_seed(0)
     model = tf.BertModel(cfg).to(device)
-    ref64 = copy.deepcopy(model).double()
     ids = torch.randint(0, 64, (2, 6), device=device)
 
     def run(m):
@@ -100,6 +101,11 @@ def test_bert_output_blocks_and_training(backend, device):
         out.sum().backward()
         return out, [p.grad for p in m.parameters() if p.grad is not None]
 
+    return model, copy.deepcopy(model).double(), ids, run
+
+
+def test_bert_output_blocks_and_training(backend, device):
+    model, ref64, ids, run = _tiny_bert(device, 2)
     want, want_grads = run(model)
     ref, ref_grads = run(ref64)
     report = xkernels.patch(model)
@@ -120,14 +126,7 @@ def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backe
     PyTorch's add and LayerNorm. Inference keeps the fused op. Outputs and gradients match the
     unpatched model either way."""
 
-    tf = require_transformers()
-    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                        vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
-                        attention_probs_dropout_prob=0.0, **ATTN)
-    torch.manual_seed(0)
-    model = tf.BertModel(cfg).to(device)
-    ref64 = copy.deepcopy(model).double()
-    ids = torch.randint(0, 64, (2, 6), device=device)
+    model, ref64, ids, run = _tiny_bert(device, 1)
     monkeypatch.setattr(type(backend), "fused_norm_training_host_ms", 0.0 if pays else 1.0)
     from xkernels.ops.route import RouteCache
 
@@ -142,12 +141,6 @@ def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backe
             return _real(self, *a, **k)
 
         monkeypatch.setattr(cls, name, spy)
-
-    def run(m):
-        m.zero_grad(set_to_none=True)
-        out = m(ids).last_hidden_state
-        out.sum().backward()
-        return out, [p.grad for p in m.parameters() if p.grad is not None]
 
     want, want_grads = run(model)
     ref, ref_grads = run(ref64)
