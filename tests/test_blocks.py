@@ -71,6 +71,7 @@ def test_decoder_families(backend, device, family):
     ref, ref_grads = _run(ref64, ids, train)
     report = xkernels.patch(model)
     assert _counts(report) == EXPECTED[family], str(report)
+    assert not [b.note for b in report.blocks if b.note], "RMSNorm blocks always train fused"
     assert list(model.state_dict()) == keys
     got, got_grads = _run(model, ids, train)
     assert_model_close(got, want.detach(), ref.detach())
@@ -144,7 +145,9 @@ def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backe
 
     want, want_grads = run(model)
     ref, ref_grads = run(ref64)
-    xkernels.patch(model)
+    report = xkernels.patch(model)
+    assert report.blocks and all("PyTorch's add + LayerNorm" in b.note for b in report.blocks)
+    assert "in eager training, PyTorch's add + LayerNorm" in str(report)  # the report says so
     for _ in range(2):  # the first call and a repeat (its route)
         fused.clear()
         got, got_grads = run(model)

@@ -57,6 +57,12 @@ class FusedBlock:
     name: str  # qualified name of the module whose forward now runs fused ops
     kind: str  # its class
     fusion: str  # what is fused (``xkernels.blocks.FUSIONS``)
+    note: str = ""  # where the block runs PyTorch's ops instead, if anywhere
+
+
+#: a FusedBlock's note for a LayerNorm block (``block_steps.NormStep.training_pays``)
+LAYER_NORM_TRAINING = ("in eager training, PyTorch's add + LayerNorm where the fused op's host cost outweighs "
+                       "the bytes it saves (docs/fused-ops.md)")
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,7 @@ class PatchReport:
         lines = [f"xkernels.patch: {len(self.blocks)} blocks fused, {len(self.replaced)} layers replaced "
                  f"({len(self.fused)} with a fused activation), {len(self.left)} left"]
         for b in self.blocks:
-            lines.append(f"  fused {b.name} ({b.kind}): {b.fusion}")
+            lines.append(f"  fused {b.name} ({b.kind}): {b.fusion}" + (f"; {b.note}" if b.note else ""))
         for r in self.replaced:
             fused = f" + {r.activation_module} fused as {r.activation!r}" if r.activation else ""
             lines.append(f"  replaced {r.name} ({r.old}){fused} -> {r.new}")
@@ -168,7 +174,9 @@ def patch(model: torch.nn.Module) -> PatchReport:
             continue
         blocks.apply(module, fusion)
         report._forwards.append(module)
-        report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name))
+        step = module.__dict__.get("_xkernels_block")
+        note = LAYER_NORM_TRAINING if getattr(step, "layer", False) else ""
+        report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, note))
         done.update((id(module), attr) for attr in fusion.consumed)
 
     # 1. fusions: (parent, layer slot, activation slot)
