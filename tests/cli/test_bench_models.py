@@ -18,7 +18,8 @@ pytestmark = pytest.mark.uses_interpreter
 ROW_FIELDS = {"model", "class", "layers", "mode", "way", "pass", "batch", "seq", "tokens", "dtype", "device", "backend",
               "torch", "triton", "transformers", "wall_ms", "wall_p20_ms", "wall_p80_ms", "device_ms", "device_p20_ms",
               "device_p80_ms", "torch_wall_ms", "torch_device_ms", "speedup", "device_speedup", "tokens_per_s",
-              "rounds", "wall_round_ms", "device_round_ms", "setup_s", "max_abs_dev"}
+              "rounds", "wall_round_ms", "device_round_ms", "setup_s", "max_abs_dev", "host_ms", "host_p20_ms",
+              "host_p80_ms", "torch_host_ms", "host_speedup", "host_round_ms"}
 #: float32 models of 2 layers, hidden 64: every way computes torch's function up to rounding
 TOL = 1e-4
 
@@ -36,10 +37,11 @@ def _check_timed(rows: list[dict], tokens: int) -> None:
         assert r["tokens"] == tokens and r["tokens_per_s"] == tokens / (r["wall_ms"] * 1e-3)
         assert 0 < r["wall_p20_ms"] <= r["wall_ms"] <= r["wall_p80_ms"]
         assert 0 < r["device_p20_ms"] <= r["device_ms"] <= r["device_p80_ms"]
+        assert 0 < r["host_p20_ms"] <= r["host_ms"] <= r["host_p80_ms"]
         assert r["max_abs_dev"] < TOL and r.get("grad_rel_dev", 0.0) < TOL, r
         assert ("grad_rel_dev" in r) == (r["pass"] == "forward+backward")
         if r["way"] == "torch":
-            assert r["max_abs_dev"] == 0 and r["speedup"] == 1 and r["device_speedup"] == 1
+            assert r["max_abs_dev"] == 0 and r["speedup"] == 1 and r["device_speedup"] == 1 and r["host_speedup"] == 1
 
 
 def test_tiny_llama_patched_on_the_interpreter(tmp_path, capsys):
@@ -163,7 +165,7 @@ def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
     def fake_time(runner, target, settings):
         patched = any(isinstance(m, xkernels.nn.Linear | xkernels.nn.Conv1D) for m in runner.model.modules())
         seen.append(("patch" if patched else "torch") + ("+enable" if xkernels.routing._selected else ""))
-        return {p: (float(len(seen)), 1.0) for p in ("forward", "forward+backward")}
+        return {p: (float(len(seen)), 1.0, 2.0 * len(seen)) for p in ("forward", "forward+backward")}
 
     monkeypatch.setattr(bench_models, "_time", fake_time)
     rows = bench_models.run(bench_models.zoo_spec("gpt2", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
@@ -174,6 +176,7 @@ def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
     assert fwd["wall_round_ms"] == [2.0, 5.0, 8.0] and fwd["wall_ms"] == 5.0
     assert fwd["wall_p20_ms"] == pytest.approx(3.2) and fwd["wall_p80_ms"] == pytest.approx(6.8)
     assert fwd["speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1] and fwd["device_speedup"] == 1.0
+    assert fwd["host_round_ms"] == [4.0, 10.0, 16.0] and fwd["host_speedup"] == fwd["speedup"]
 
 
 def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
@@ -184,7 +187,7 @@ def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
     def failing_time(runner, target, settings):
         if any(isinstance(m, xkernels.nn.Linear) for m in runner.model.modules()):
             raise RuntimeError("replay failed\nsecond line")
-        return {p: (1.0, 1.0) for p in ("forward", "forward+backward")}
+        return {p: (1.0, 1.0, 1.0) for p in ("forward", "forward+backward")}
 
     monkeypatch.setattr(bench_models, "_time", failing_time)
     rows = bench_models.run(bench_models.zoo_spec("llama", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,

@@ -151,7 +151,7 @@ def _run_mode(mode: str, built: model_zoo.Built, base: dict[str, Any], target: T
             if way == "torch":  # nothing to compare the others with
                 return errors
     timed = [w for w in order if w in checked]
-    times: dict[tuple[str, str], list[tuple[float, float]]] = {(w, p): [] for w in timed for p in PASSES}
+    times: dict[tuple[str, str], list[tuple[float, float, float]]] = {(w, p): [] for w in timed for p in PASSES}
     try:
         for r in range(rounds):
             for way in timed if r % 2 == 0 else timed[::-1]:
@@ -174,18 +174,21 @@ def _run_mode(mode: str, built: model_zoo.Built, base: dict[str, Any], target: T
     return rows + errors
 
 
-def _row(head: dict[str, Any], mine: list[tuple[float, float]], theirs: list[tuple[float, float]],
+def _row(head: dict[str, Any], mine: list[tuple[float, float, float]], theirs: list[tuple[float, float, float]],
          checked: dict[str, Any], setup_s: float, tokens: int) -> dict[str, Any]:
-    wall, dev = [w for w, _ in mine], [d for _, d in mine]
+    wall, dev, host = [w for w, _, _ in mine], [d for _, d, _ in mine], [h for _, _, h in mine]
     row = {**head, "wall_ms": _quantile(wall, 0.5), "wall_p20_ms": _quantile(wall, 0.2),
            "wall_p80_ms": _quantile(wall, 0.8), "device_ms": _quantile(dev, 0.5),
            "device_p20_ms": _quantile(dev, 0.2), "device_p80_ms": _quantile(dev, 0.8),
-           "torch_wall_ms": _quantile([w for w, _ in theirs], 0.5),
-           "torch_device_ms": _quantile([d for _, d in theirs], 0.5),
-           "speedup": _quantile([t / m for (t, _), (m, _) in zip(theirs, mine)], 0.5),
-           "device_speedup": _quantile([t / m for (_, t), (_, m) in zip(theirs, mine)], 0.5),
+           "host_ms": _quantile(host, 0.5), "host_p20_ms": _quantile(host, 0.2), "host_p80_ms": _quantile(host, 0.8),
+           "torch_wall_ms": _quantile([w for w, _, _ in theirs], 0.5),
+           "torch_device_ms": _quantile([d for _, d, _ in theirs], 0.5),
+           "torch_host_ms": _quantile([h for _, _, h in theirs], 0.5),
+           "speedup": _quantile([t[0] / m[0] for t, m in zip(theirs, mine)], 0.5),
+           "device_speedup": _quantile([t[1] / m[1] for t, m in zip(theirs, mine)], 0.5),
+           "host_speedup": _quantile([t[2] / m[2] for t, m in zip(theirs, mine)], 0.5),
            "tokens_per_s": tokens / (_quantile(wall, 0.5) * 1e-3), "rounds": len(mine),
-           "wall_round_ms": wall, "device_round_ms": dev, "setup_s": setup_s, "max_abs_dev": checked["dev"]}
+           "wall_round_ms": wall, "device_round_ms": dev, "host_round_ms": host, "setup_s": setup_s, "max_abs_dev": checked["dev"]}
     if head["pass"] == "forward+backward":
         row["grad_rel_dev"] = checked["gdev"]
     if head["way"].endswith("enable"):
@@ -233,11 +236,14 @@ def _outputs(runner: Any, ref: dict[str, Any]) -> dict[str, Any]:
     return {"dev": (out.double() - ref["out"].double()).abs().max().item(), "gdev": _grad_deviation(grads, ref["grads"])}
 
 
-def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tuple[float, float]]:
-    """Per pass: (wall, device) ms. *Wall*: the device is held only ``perf.HOLD_US`` ahead, so where
-    the host is slower than the kernels (a whole model's eager forward usually is) the host's time
-    shows. *Device*: the device is held for twice the host's time per call first, so the kernels
-    run back to back: their own speed, without the host's."""
+def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tuple[float, float, float]]:
+    """Per pass: (wall, device, host) ms. *Wall*: the device is held only ``perf.HOLD_US`` ahead, so
+    where the host is slower than the kernels (a whole model's eager forward usually is) the host's
+    time shows. *Device*: the device is held for twice the host's time per call first, so the
+    kernels run back to back: their own speed, without the host's. *Host*: the host's own time to
+    queue one pass with the device held busy that long (``perf_counter`` around the call; median
+    of ``settings.min_reps`` calls): what a host-bound model's wall time is made of, without the
+    wait for the device that a wall time includes."""
     result = {}
     for p, fn in zip(PASSES, (runner.forward, runner.train_step)):
         call = lambda _: fn()
@@ -245,10 +251,25 @@ def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tup
         t0 = time.perf_counter()
         fn()
         host_us = (time.perf_counter() - t0) * 1e6  # queueing one call, at most (it may wait on the device)
-        d = perf.time_calls(call, [None], target, settings, hold_us=max(perf.HOLD_US, 2 * host_us))
-        result[p] = (t.median_ms, d.median_ms)
+        hold = max(perf.HOLD_US, 2 * host_us)
+        d = perf.time_calls(call, [None], target, settings, hold_us=hold)
+        result[p] = (t.median_ms, d.median_ms, host_ms(fn, target, max(settings.min_reps, 1), hold))
     runner.model.zero_grad(set_to_none=True)
     return result
+
+
+def host_ms(fn: Callable[[], Any], target: Target, reps: int, hold_us: float) -> float:
+    """Median host milliseconds of ``fn()`` over ``reps`` calls, each queued while the device is
+    held busy for ``hold_us`` (where the backend can hold it): the host never waits for the device."""
+    times = []
+    for _ in range(reps):
+        target.backend.synchronize(target.device)
+        target.backend.hold(hold_us)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    target.backend.synchronize(target.device)
+    return _quantile(times, 0.5)
 
 
 def versions() -> dict[str, str | None]:
@@ -265,7 +286,8 @@ def format_row(r: dict[str, Any]) -> str:
     grad = f"  grad {r['grad_rel_dev']:.1e}" if "grad_rel_dev" in r else ""
     return (f"{head} wall {r['wall_ms']:>8.4g} ms [{r['wall_p20_ms']:.4g}-{r['wall_p80_ms']:.4g}] {r['speedup']:5.2f}x"
             f"  device {r['device_ms']:>8.4g} ms [{r['device_p20_ms']:.4g}-{r['device_p80_ms']:.4g}] "
-            f"{r['device_speedup']:5.2f}x  {r['tokens_per_s']:>9.0f} tok/s  max|dev| {r['max_abs_dev']:.1e}{grad}")
+            f"{r['device_speedup']:5.2f}x  host {r['host_ms']:>8.4g} ms {r['host_speedup']:5.2f}x  "
+            f"{r['tokens_per_s']:>9.0f} tok/s  max|dev| {r['max_abs_dev']:.1e}{grad}")
 
 
 def header(target: Target, args: dict[str, Any]) -> dict[str, Any]:
