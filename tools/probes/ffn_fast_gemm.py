@@ -41,7 +41,6 @@ if "--tiny" in sys.argv:  # must precede the first import of triton: jit functio
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402

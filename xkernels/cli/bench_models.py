@@ -188,7 +188,8 @@ def _row(head: dict[str, Any], mine: list[tuple[float, float, float]], theirs: l
            "device_speedup": _quantile([t[1] / m[1] for t, m in zip(theirs, mine)], 0.5),
            "host_speedup": _quantile([t[2] / m[2] for t, m in zip(theirs, mine)], 0.5),
            "tokens_per_s": tokens / (_quantile(wall, 0.5) * 1e-3), "rounds": len(mine),
-           "wall_round_ms": wall, "device_round_ms": dev, "host_round_ms": host, "setup_s": setup_s, "max_abs_dev": checked["dev"]}
+           "wall_round_ms": wall, "device_round_ms": dev, "host_round_ms": host, "setup_s": setup_s,
+           "max_abs_dev": checked["dev"]}
     if head["pass"] == "forward+backward":
         row["grad_rel_dev"] = checked["gdev"]
     if head["way"].endswith("enable"):
