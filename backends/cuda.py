@@ -114,6 +114,24 @@ class CudaBackend(Backend):
         sleep(int(microseconds * 2000))  # cycles at 2 GHz, about the top boost clock of current parts
         return True
 
+    def replayable(self, fn: Any) -> Any:
+        """A CUDA graph of one ``fn()`` (run once on a side stream first, as capture requires),
+        its ``replay``; ``None`` where capture fails (``fn`` synchronises or touches another
+        stream). Capture errors are thread-local: other threads' calls are not affected."""
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                fn()
+        except Exception:  # noqa: BLE001 - not capturable: the caller times it eagerly
+            torch.cuda.synchronize()
+            return None
+        return graph.replay
+
     def _props(self, index: int) -> DeviceProperties:
         from xkernels import peaks
 

@@ -34,3 +34,23 @@ def test_percentile_interpolates_and_flush_is_zero_on_cpu():
     assert interleave.percentile([4, 1, 3, 2], 0.5) == pytest.approx(2.5)
     assert interleave.percentile([1, 2, 3, 4, 5], 0.2) == pytest.approx(1.8)
     assert interleave.flush_bytes(registry.backend("cpu"), torch.device("cpu")) == 0
+
+
+def test_replayed_records_every_route_or_none():
+    """Routes compared are timed the same way: all recorded, or (one refusing) none; a backend
+    that cannot record (the base contract, cpu) refuses."""
+    class Recording(type(registry.backend("cpu"))):
+        def __init__(self, refuse_index: int | None = None) -> None:
+            self.refuse_index, self.seen = refuse_index, []
+
+        def replayable(self, fn):
+            i = len(self.seen)
+            self.seen.append(fn)
+            return None if i == self.refuse_index else (lambda: ("replay", i))
+
+    fns = [lambda: 0, lambda: 1]
+    backend = Recording()
+    replays = interleave.replayed(fns, backend)
+    assert [r() for r in replays] == [("replay", 0), ("replay", 1)] and backend.seen == fns
+    assert interleave.replayed(fns, Recording(refuse_index=1)) is None
+    assert interleave.replayed(fns, registry.backend("cpu")) is None

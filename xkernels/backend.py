@@ -222,6 +222,15 @@ class Backend:
         backend has no way to (the timing then includes any host time the flush does not hide)."""
         return False
 
+    def replayable(self, fn: Callable[[], Any]) -> Callable[[], Any] | None:
+        """``fn`` recorded once so that calling the result re-runs its device work with no host
+        work in between (a CUDA graph's replay), or ``None`` where the backend cannot record
+        (the default) or ``fn`` cannot be recorded (it synchronises, or runs host code whose
+        effect a replay would not repeat). For timing calls of a few microseconds, whose eager
+        timings carry a launch-path bias of several percent (``xkernels.interleave``); ``fn``
+        must be warm (compiled, its first-use checks settled) and its result is thrown away."""
+        return None
+
     # -- memory alignment -----------------------------------------------------------------------
     def alignment_for(self, unit: Unit = "vector") -> int:
         if unit == "cube":

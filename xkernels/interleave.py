@@ -7,7 +7,9 @@ held-out layers that re-measured 0.98-1.35x. Interleaving puts the routes side b
 first), each behind a cache-flushing write where the device has a cache to flush and behind
 ``Backend.hold`` where the backend can hold the device busy (host dispatch then never counts as
 device time). Every comparison is made per round (:func:`ratios`), so a drift between rounds
-meets both sides.
+meets both sides. Calls of a few microseconds carry a bias of their own when timed eagerly (the
+same call read up to 10% apart as routes 0 and 1, consistently): callers time them as replays
+of recorded calls where the backend can record them (:func:`replayed`, ``REPLAY_BELOW_MS``).
 
 Used by the matmul/linear first-use check (``ops/matmul/evidence.py``) and by ``bench`` and
 ``tune`` to confirm a loss before reporting or acting on it (``xkernels.harness.perf.confirm``).
@@ -28,6 +30,12 @@ from xkernels.backend import Backend
 DEFAULT_FLUSH_BYTES = 64 << 20
 #: Device time queued before each timed call (``Backend.hold``), microseconds.
 HOLD_US = 100.0
+#: Calls shorter than this (milliseconds of device time) are timed as replays where the backend
+#: can record them (``Backend.replayable``). Eagerly, identical ``torch.matmul`` calls of 5-8 us
+#: timed in interleaved rounds as the routes 0 and 1 read 0.96x to 1.10x of each other, the same
+#: way in five repeats of 45 rounds; replayed as CUDA graphs, 1.00x to 1.02x; at 29 us, 0.98x
+#: and 1.00x (H100, results/2026-11-25-h100-timing-bias).
+REPLAY_BELOW_MS = 0.05
 
 
 def flush_bytes(backend: Backend, device: torch.device) -> int:
@@ -70,6 +78,18 @@ def time_rounds(fns: Sequence[Callable[[], Any]], backend: Backend, device: torc
             end.record()
     backend.synchronize(device)
     return [[s.elapsed_time(e) for s, e in row] for row in events]
+
+
+def replayed(fns: Sequence[Callable[[], Any]], backend: Backend) -> list[Callable[[], Any]] | None:
+    """Every one of ``fns`` recorded for replay (``Backend.replayable``), or ``None`` if any one
+    cannot be: routes that are compared are timed the same way."""
+    out = []
+    for fn in fns:
+        replay = backend.replayable(fn)
+        if replay is None:
+            return None
+        out.append(replay)
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -285,3 +285,23 @@ def test_tma_hot_calls_on_cuda_encode_their_tensor_maps_per_call():
             got = linear(x, w2, b2)
             torch.testing.assert_close(got.float(), F.linear(x.float(), w2.float(), b2.float()), rtol=2e-2, atol=2e-1)
         assert records[0].map(0) != bytes(128)  # A's tensor map was encoded by the record
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_replayable_records_an_op_call_and_refuses_a_synchronising_one():
+    """``Backend.replayable`` on cuda: a CUDA graph of the call (its replay rewrites the recorded
+    output with the inputs' current values); a call that synchronises is refused (None) and the
+    device stays usable."""
+    import xkernels
+
+    backend = xkernels.get_backend("cuda")
+    x = torch.randn(64, 64, device="cuda")
+    outs = []
+    replay = backend.replayable(lambda: outs.append(xkernels.ops.add(x, 1.0)))
+    assert replay is not None
+    x.fill_(2.0)
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outs[-1], torch.full_like(x, 3.0))
+    assert backend.replayable(lambda: (x + 1).sum().item()) is None
+    assert torch.equal(xkernels.ops.add(x, 1.0), torch.full_like(x, 3.0))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import xkernels
-from xkernels import peaks
+from xkernels import interleave, peaks
 from xkernels.backend import Backend, Figure, HostEvent
 from xkernels.harness import Target, perf
 from xkernels.harness.cases import Case, T, cases
@@ -219,3 +219,46 @@ def test_norm_forward_backward_rows(monkeypatch):
     row = perf.bench_case(small, target, ceil, seed=0, settings=perf.FAST)
     forward_only = perf.work("add_layer_norm", small.make_inputs("cpu", 0)).bytes
     assert row["bytes"] == forward_only + 4 * 6 * 40 * 4 + 2 * 40 * 4 and row["time_ms"] > 0
+
+
+class ReplayingBackend(CountingBackend):
+    """Records a call by wrapping it: a replay appends ("replay", tag) instead of running host code."""
+
+    name = "replaying-test"
+
+    def __init__(self, refuse: bool = False) -> None:
+        super().__init__()
+        self.refuse, self.recorded = refuse, 0
+
+    def replayable(self, fn):
+        if self.refuse:
+            return None
+        self.recorded += 1
+        fn()  # recording runs it once
+        return lambda: fn()
+
+
+def test_short_calls_are_confirmed_as_replays_where_the_backend_records_them():
+    """Below interleave.REPLAY_BELOW_MS both sides are recorded and their replays timed; a backend
+    that cannot record one side leaves both eager; a long call and a cpu target stay eager."""
+    order = []
+    xk, th = (lambda: order.append("xk")), (lambda: order.append("torch"))
+    meta = torch.device("meta")  # an accelerator's device type; the backend runs nothing on it
+    backend = ReplayingBackend()
+    c = perf.confirm(xk, th, Target(backend, meta), rounds=2, call_ms=interleave.REPLAY_BELOW_MS / 2)
+    assert c["replayed"] is True and backend.recorded == 2 and c["rounds"] == 2
+    assert perf.confirm(xk, th, Target(ReplayingBackend(refuse=True), meta), rounds=2, call_ms=0.001)["replayed"] is False
+    for target, ms in ((Target(ReplayingBackend(), meta), 10 * interleave.REPLAY_BELOW_MS),
+                       (Target(ReplayingBackend(), torch.device("cpu")), 0.001), (Target(ReplayingBackend(), meta), None)):
+        assert perf.confirm(xk, th, target, rounds=2, call_ms=ms)["replayed"] is False
+        assert target.backend.recorded == 0
+
+
+def test_time_calls_replays_each_input_set_of_a_short_call():
+    backend, seen = ReplayingBackend(), []
+    t = perf.time_calls(seen.append, ["a", "b", "c"], Target(backend, torch.device("meta")), perf.FAST, replay=True)
+    assert t.replayed and backend.recorded == 3 and {"a", "b", "c"} <= set(seen)
+    t = perf.time_calls(seen.append, ["a"], Target(ReplayingBackend(refuse=True), torch.device("meta")), perf.FAST,
+                        replay=True)
+    assert not t.replayed
+    assert not perf.time_calls(seen.append, ["a"], Target(backend, torch.device("meta")), perf.FAST).replayed

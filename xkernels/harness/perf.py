@@ -41,6 +41,9 @@ FLUSH_BYTES = 256 << 20
 #: queue one call of an op's full path (~50-130 us measured on an H100 host), so that host time
 #: does not show up as device time.
 HOLD_US = 200
+#: ``time_calls(replay=True)``: a call whose first timed run (host, sync and device) took less than
+#: this many milliseconds is timed as replays where the backend can record it.
+REPLAY_ESTIMATE_MS = 1.0
 #: Cache size assumed when the backend reports none (a generous last-level cache).
 DEFAULT_CACHE_BYTES = 64 << 20
 #: On a cpu, a memory-bound case is held to the copy bandwidth (a 256 MiB copy, from DRAM) only
@@ -81,6 +84,7 @@ class Timing:
     p20_ms: float
     p80_ms: float
     reps: int
+    replayed: bool = False  # timed as replays (``Backend.replayable``)
 
 
 def package_version(dist: str) -> str | None:
@@ -98,12 +102,14 @@ def _percentile(sorted_ms: Sequence[float], q: float) -> float:
 
 
 def time_calls(fn: Callable[[Any], Any], sets: Sequence[Any], target: Target, settings: Settings = FULL,
-               hold_us: float = HOLD_US) -> Timing:
+               hold_us: float = HOLD_US, replay: bool = False) -> Timing:
     """Device time of ``fn(sets[i % len(sets)])`` per call, from the backend's events. Before
     each call the device is held busy for ``hold_us`` (where the backend can): a call that
     takes the host less than that to queue is timed as its kernels alone; a longer one (a
     whole model's forward) includes the host time the device waits for, unless ``hold_us``
-    covers it too."""
+    covers it too. ``replay``: a call whose first timed run (host and sync included) took less
+    than ``REPLAY_ESTIMATE_MS`` is timed as replays of each set's recorded call, where the backend
+    can record them (``interleave.REPLAY_BELOW_MS`` says why)."""
     backend, device = target.backend, target.device
     flush = None
     if settings.flush and device.type != "cpu":
@@ -118,6 +124,10 @@ def time_calls(fn: Callable[[Any], Any], sets: Sequence[Any], target: Target, se
     backend.synchronize(device)
     estimate = max(time.perf_counter() - t0, 1e-7)
     reps = int(min(settings.max_reps, max(settings.min_reps, settings.budget_s / estimate)))
+    calls: Sequence[Callable[[], Any]] = [lambda s=s: fn(s) for s in sets]
+    replays = (interleave.replayed(calls, backend) if replay and estimate * 1e3 < REPLAY_ESTIMATE_MS
+               and device.type != "cpu" else None)
+    calls = replays or calls
     starts = [backend.Event(enable_timing=True) for _ in range(reps)]
     ends = [backend.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
@@ -125,24 +135,29 @@ def time_calls(fn: Callable[[Any], Any], sets: Sequence[Any], target: Target, se
             flush.zero_()
         backend.hold(hold_us)  # the host queues the call while the device is still busy
         starts[i].record()
-        fn(sets[i % len(sets)])
+        calls[i % len(calls)]()
         ends[i].record()
     backend.synchronize(device)
     ms = sorted(s.elapsed_time(e) for s, e in zip(starts, ends))
-    return Timing(_percentile(ms, 0.5), _percentile(ms, 0.2), _percentile(ms, 0.8), reps)
+    return Timing(_percentile(ms, 0.5), _percentile(ms, 0.2), _percentile(ms, 0.8), reps, replays is not None)
 
 
 def confirm(fn: Callable[[], Any], torch_fn: Callable[[], Any], target: Target, rounds: int,
-            flush: bool = True) -> dict[str, Any]:
+            flush: bool = True, call_ms: float | None = None) -> dict[str, Any]:
     """Re-measure a loss: ``rounds`` interleaved rounds of (``fn``, ``torch_fn``), each call alone
     behind a cache flush (on an accelerator) and the device hold, timed by the backend's events
     (``xkernels.interleave``). ``{"ms": [xkernels, torch] medians, "ratio": median of the
-    per-round torch / xkernels, "spread": its [p20, p80], "rounds"}``. One timing pass per side
-    is exposed to drift between them: single passes gave 0.49-0.64x on four H100 layers that
-    re-measured 0.98-1.35x."""
-    times = interleave.time_rounds([fn, torch_fn], target.backend, target.device, rounds,
+    per-round torch / xkernels, "spread": its [p20, p80], "rounds", "replayed"}``. One timing
+    pass per side is exposed to drift between them: single passes gave 0.49-0.64x on four H100
+    layers that re-measured 0.98-1.35x. Calls shorter than ``interleave.REPLAY_BELOW_MS``
+    (``call_ms``) are timed as replays where the backend can record both sides (``replayed``)."""
+    fns = [fn, torch_fn]
+    replays = None
+    if call_ms is not None and call_ms < interleave.REPLAY_BELOW_MS and target.device.type != "cpu":
+        replays = interleave.replayed(fns, target.backend)
+    times = interleave.time_rounds(replays or fns, target.backend, target.device, rounds,
                                    flush=None if flush else 0, hold_us=HOLD_US)
-    return interleave.summary(times)
+    return {**interleave.summary(times), "replayed": replays is not None}
 
 
 def confirm_rounds(settings: Settings, call_ms: float) -> int:
@@ -370,12 +385,12 @@ def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: 
         first = sets[0]
         run_xk, run_torch = backward_call(fn), backward_call(torch_fn)
     with use_backend(target.backend.name):
-        xk = time_calls(run_xk, sets, target, settings)
+        xk = time_calls(run_xk, sets, target, settings, replay=True)
         # after the calls: a first-use check (ops/matmul/evidence.py) may have settled the route
         shown = first[0] if case.backward else first
         expl = fn.explain(*shown.args, **shown.kwargs)
         host = host_time(run_xk, first, target, settings, xk.median_ms) if "small" in case.sizes else None
-    th = time_calls(run_torch, sets, target, settings)
+    th = time_calls(run_torch, sets, target, settings, replay=True)
     conf = None
     if th.median_ms < xk.median_ms and settings.confirm_rounds:  # a loss is confirmed before it is reported
 
@@ -384,7 +399,8 @@ def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: 
                 return run_xk(first)
 
         rounds = confirm_rounds(settings, min(xk.median_ms, th.median_ms))
-        conf = confirm(run_xk_here, lambda: run_torch(first), target, rounds, settings.flush)
+        conf = confirm(run_xk_here, lambda: run_torch(first), target, rounds, settings.flush,
+                       call_ms=min(xk.median_ms, th.median_ms))
     torch_host = host_time(run_torch, first, target, settings, th.median_ms) if "small" in case.sizes else None
     gbps = w.bytes / (xk.median_ms * 1e-3) / 1e9
     tflops = w.flops / (xk.median_ms * 1e-3) / 1e12
@@ -407,6 +423,7 @@ def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: 
         "speedup": speedup, "band": band(speedup),
         "confirmed": None if conf is None else conf["ratio"], "spread": None if conf is None else conf["spread"],
         "confirm_ms": None if conf is None else conf["ms"], "confirm_rounds": None if conf is None else conf["rounds"],
+        "replayed": xk.replayed and th.replayed, "confirm_replayed": None if conf is None else conf["replayed"],
         "explain": expl.why,
         "host_ms": host, "torch_host_ms": torch_host,
         "bytes": w.bytes, "flops": w.flops, "intensity": intensity,
