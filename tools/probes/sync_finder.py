@@ -29,10 +29,10 @@ def sites(fn) -> collections.Counter:
     found: collections.Counter = collections.Counter()
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
+    stacks: list = []
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
-            stacks = []
             orig = warnings.showwarning
 
             def keep(message, category, filename, lineno, file=None, line=None):
@@ -45,8 +45,6 @@ def sites(fn) -> collections.Counter:
                 warnings.showwarning = orig
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    for w in caught:
-        stacks.append((str(w.message).splitlines()[0], None))
     for msg, stack in stacks:
         keys = ("xkernels", "transformers", "ops/", "backends/")
         frames = [f for f in (stack or []) if any(k in f.filename for k in keys)]
