@@ -82,6 +82,11 @@ class CudaBackend(Backend):
     #: results/2026-11-24-h100-training-host): BERT-base's 24 such blocks cost its training step
     #: ~4.9 ms of host time, its whole wall-time deficit (results/2026-11-24-h100-models-eager-host-path).
     fused_norm_training_host_ms = 0.205
+    #: xkernels.nn.Linear forward + backward 300.5 us against torch.nn.Linear's 256.0 us per call,
+    #: medians with the device held busy (H100 host, 2026-11-24, results/2026-11-24-h100-training-host);
+    #: BERT-base's 72 linears: its patched training step took ~4 ms more host than torch's (35.4 vs
+    #: 31.3 ms, results/2026-11-25-h100-models-eager-host-column).
+    linear_training_host_ms = 0.045
 
     @functools.cache  # noqa: B019 - one backend object per process
     def unavailable_reason(self) -> str | None:

@@ -135,3 +135,67 @@ def test_one_module_reused_never_runs_a_stale_route(backend, device, monkeypatch
             x = torch.randn(3, 24)
             with torch.no_grad():
                 assert_close(layer(x), _ref(x, layer.weight, None, "relu"), torch.float32, scale=10)
+
+
+@pytest.mark.parametrize("pays", [False, True])
+def test_linear_trains_through_pytorch_where_kernels_cannot_repay_the_host_cost(backend, device, monkeypatch, pays):
+    """In eager training a patched linear runs xkernels only where the GEMM time a kernel could
+    save outweighs its host premium (``Backend.linear_training_host_ms``, measured on cuda); else
+    ``F.linear`` and the activation (PyTorch's autograd). Inference keeps xkernels. Outputs and
+    gradients match torch's either way."""
+    monkeypatch.setattr(type(backend), "linear_training_host_ms", 0.0 if pays else 1e9)
+    monkeypatch.setattr(xkernels.nn, "_paying", {})
+    torch_layer = torch.nn.Linear(24, 40, device=device)
+    layer = xkernels.nn.Linear.from_linear(torch_layer, "gelu")
+    calls = []
+    real = xkernels.nn.RouteCache.recorded
+    monkeypatch.setattr(xkernels.nn.RouteCache, "recorded", lambda self, *a: calls.append(1) or real(self, *a))
+    x = torch.randn(3, 5, 24, device=device, requires_grad=True)
+    for _ in range(2):  # the first call and a repeat
+        calls.clear()
+        y = layer(x)
+        assert bool(calls) == pays
+        gx, gw, gb = torch.autograd.grad(y.square().sum(), (x, layer.weight, layer.bias))
+        x64 = x.detach().double().requires_grad_()
+        w64, b64 = (p.detach().double().requires_grad_() for p in (layer.weight, layer.bias))
+        want = torch.nn.functional.gelu(torch.nn.functional.linear(x64, w64, b64))
+        assert_close(y, want, scale=10)
+        for got, ref in zip((gx, gw, gb), torch.autograd.grad(want.square().sum(), (x64, w64, b64))):
+            assert_close(got, ref, scale=100)
+    calls.clear()
+    with torch.no_grad():
+        layer(x)
+    assert not calls  # inference: the route cache's run, not a training record
+
+
+def test_training_pays_weighs_gemm_time_against_host_time():
+    """``training_pays``: three GEMMs at the matmul peak (measured, else the datasheet's bf16
+    figure), GEMM_SAVING of their time, against the premium; no premium: always; no peak: never."""
+    from xkernels.backend import Figure
+
+    class Props:
+        def __init__(self, peak=None, sheet=None):
+            self.matmul_peak = None if peak is None else Figure(peak, "TFLOP/s", "measured", "")
+            self.datasheet = {} if sheet is None else {"bf16_tflops": Figure(sheet, "TFLOP/s", "datasheet", "")}
+
+    class Fake:
+        name = "fake"
+
+        def __init__(self, premium, props):
+            self.linear_training_host_ms, self._props = premium, props
+
+        def properties(self, device):
+            return self._props
+
+    xkernels.nn._paying.clear()
+    cpu, pays = torch.device("cpu"), xkernels.nn.training_pays
+    assert not pays(Fake(0.045, Props(800)), cpu, 8192, 768, 768)  # BERT-base's attention: ~12 us per GEMM
+    assert pays(Fake(0.045, Props(800)), cpu, 2048, 14336, 4096)  # a Llama-3-8B MLP GEMM: ~300 us
+    assert pays(Fake(0.0, Props()), cpu, 1, 1, 1)
+    edge = 0.045 / (xkernels.nn.TRAINING_GEMMS * xkernels.nn.GEMM_SAVING) * 800e9 / 2  # flops where it pays
+    rows = int(edge / (1024 * 1024)) + 1
+    xkernels.nn._paying.clear()
+    assert pays(Fake(0.045, Props(800)), cpu, rows, 1024, 1024)
+    assert not pays(Fake(0.045, Props(800)), cpu, rows - 2, 1024, 1024)
+    assert pays(Fake(0.045, Props(sheet=800)), cpu, rows + 1, 1024, 1024)  # the datasheet's figure
+    assert not pays(Fake(0.045, Props()), cpu, 100 * rows, 1024, 1024)  # no peak known

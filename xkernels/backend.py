@@ -186,6 +186,12 @@ class Backend:
     #: eager mode only where the bytes it saves take the device longer than this
     #: (``ops/fused/add_norm_plan.training_fusion_pays``). 0: always.
     fused_norm_training_host_ms: float = 0.0
+    #: Host milliseconds an ``xkernels.nn.Linear`` costs per training call (forward + backward:
+    #: a Python autograd Function, its backward GEMMs through ``xkernels.ops.matmul``) beyond
+    #: ``torch.nn.Linear``'s, measured on this backend's host. Patched linears train through
+    #: xkernels in eager mode only where the GEMM time a kernel could save is at least this
+    #: (``xkernels.nn.training_pays``), else through ``F.linear``. 0: always.
+    linear_training_host_ms: float = 0.0
     #: (fixed ms, fraction of the copy bandwidth): no GEMM estimate of the wave model's fitted
     #: costs falls below the fixed part plus its operand bytes streamed at that fraction (the
     #: fit knows waves, not the bandwidth they share). ``None``: the fit alone.

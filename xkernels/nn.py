@@ -21,12 +21,49 @@ from typing import Any
 
 import torch
 
+from xkernels import dispatch
 from xkernels.ops.matmul import linear
 from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
-__all__ = ["Conv1D", "Linear", "linear_activations"]
+__all__ = ["Conv1D", "Linear", "linear_activations", "training_pays"]
+
+#: GEMMs of a linear layer's training call: the forward's and the backward's two (d(x), d(weight)).
+TRAINING_GEMMS = 3
+#: The fraction of a GEMM's BLAS time a kernel saves at best, for the training policy: the public
+#: corpus's linear layers ran 1.18x cuBLAS (bf16 geomean, H100, results/2026-11-24-h100-gemm-corpus-launch-margin),
+#: 1 - 1/1.18 = 0.15.
+GEMM_SAVING = 0.15
+_paying: dict[Any, bool] = {}  # training_pays' answers
+
+
+def training_pays(backend: Any, device: torch.device, rows: int, n: int, k: int) -> bool:
+    """Whether a patched linear layer's training call (``rows`` x ``k`` -> ``n``) runs through
+    xkernels in eager mode on ``backend``: the GEMM time a kernel could save on its three GEMMs
+    (``GEMM_SAVING`` of their time at the device's matmul peak, measured, else its datasheet's
+    bf16 figure) is at least the host time the xkernels path costs beyond ``torch.nn.Linear``'s
+    (``Backend.linear_training_host_ms``). Otherwise it runs ``F.linear`` and the activation,
+    PyTorch's own autograd: a host-bound step loses that premium on every layer (BERT-base:
+    72 layers, ~4 ms of a 31 ms step on an H100 host) while a kernel saves ~6 us on a 768 x 768
+    GEMM at 8192 tokens. No premium: always; no peak known: never."""
+    premium = backend.linear_training_host_ms
+    if premium <= 0:
+        return True
+    key = (backend.name, device, rows, n, k)
+    pays = _paying.get(key)
+    if pays is None:
+        try:
+            props = backend.properties(device)
+            fig = props.matmul_peak or props.datasheet.get("bf16_tflops")
+        except Exception:  # noqa: BLE001 - an odd device's properties must not fail a training step
+            fig = None
+        gemm_ms = 2.0 * rows * n * k / (float(fig.value) * 1e9) if fig is not None and fig.value else 0.0
+        pays = TRAINING_GEMMS * gemm_ms * GEMM_SAVING >= premium if gemm_ms else False
+        if len(_paying) > 256:
+            _paying.clear()
+        _paying[key] = pays
+    return pays
 
 
 def linear_activations() -> tuple[str, ...]:
@@ -58,6 +95,10 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
     canon = (x, weight, bias, activation, negative_slope, None, None)
     if _grad_enabled() and _any_requires_grad(x, weight, bias):
+        n, k = weight.shape
+        if not training_pays(dispatch.select(x.device), x.device, x.numel() // max(k, 1), n, k):
+            # PyTorch's F.linear and activation, its own autograd: see training_pays
+            return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
         if linear.splits(activation, negative_slope):  # as linear's own autograd: unfused + PyTorch's activation
             plain = routes.recorded((*key[:-2], None, 0.01), (x, weight, bias, None, 0.01, None, None))
             return activate(plain, activation, negative_slope)

@@ -63,6 +63,9 @@ class FusedBlock:
 #: a FusedBlock's note for a LayerNorm block (``block_steps.NormStep.training_pays``)
 LAYER_NORM_TRAINING = ("in eager training, PyTorch's add + LayerNorm where the fused op's host cost outweighs "
                        "the bytes it saves (docs/fused-ops.md)")
+#: the report's note on the replaced linear layers (``xkernels.nn.training_pays``)
+LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host cost outweighs the GEMM time a kernel "
+                   "could save (docs/fused-ops.md)")
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class PatchReport:
     def __str__(self) -> str:
         lines = [f"xkernels.patch: {len(self.blocks)} blocks fused, {len(self.replaced)} layers replaced "
                  f"({len(self.fused)} with a fused activation), {len(self.left)} left"]
+        if self.replaced:
+            lines.append(f"  linear layers: {LINEAR_TRAINING}")
         for b in self.blocks:
             lines.append(f"  fused {b.name} ({b.kind}): {b.fusion}" + (f"; {b.note}" if b.note else ""))
         for r in self.replaced:

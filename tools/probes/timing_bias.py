@@ -17,12 +17,18 @@ and ``graph``: each side captured alone into a CUDA graph and replayed in the sa
 host at all). Per pair: median ratio (side 1 / side 0, >1: side 0 faster) and its p20-p80 over
 ``--repeat`` runs of ``--rounds`` rounds.
 
-    python tools/probes/timing_bias.py [--rounds 45] [--repeat 5] [--json OUT]
+    python tools/probes/timing_bias.py [--rounds 45] [--repeat 5] [--shapes 1500x4608@4608x18432,...]
+        [--holds 100,400] [--per-round] [--json OUT]
+
+``--per-round`` prints each round's two times of the first repeat (a loss that comes from a few
+rounds, not from the median call). Every pair is also timed with Python's garbage collector off
+(``gc-off`` rows), as ``timeit`` times.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 
@@ -58,12 +64,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=45)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--shapes", help="comma-separated AxB@CxD (batched: BxMxK@BxKxN); default: the four built in")
+    ap.add_argument("--holds", default="100,400", help="device hold before each timed call, us (comma-separated)")
+    ap.add_argument("--per-round", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
+    shapes = SHAPES if not args.shapes else tuple(
+        tuple(tuple(int(d) for d in side.split("x")) for side in item.split("@")) for item in args.shapes.split(","))
     backend = xkernels.dispatch.backend_for_device_type("cuda")
     dev = torch.device("cuda", 0)
     rows = []
-    for sa, sb in SHAPES:
+    for sa, sb in shapes:
         gen = torch.Generator(device="cpu").manual_seed(0)
         a = torch.randn(sa, generator=gen).to(dev, torch.bfloat16)
         b = torch.randn(sb, generator=gen).to(dev, torch.bfloat16)
@@ -83,14 +94,24 @@ def main() -> None:
                  "xk+ctx/torch": (in_ctx, lambda: torch.matmul(a, b)),
                  "slow-host/torch": (slow, lambda: torch.matmul(a, b)),
                  "out/torch": (lambda: torch.matmul(a, b, out=out), lambda: torch.matmul(a, b))}
-        for hold in (100.0, 400.0):
-            for name, (f0, f1) in pairs.items():
+        for hold in (float(h) for h in args.holds.split(",")):
+            for name, (f0, f1), gc_off in [(n, p, False) for n, p in pairs.items()] + [
+                    ("gc-off " + n, p, True) for n, p in pairs.items() if n in ("A/A", "xk/torch")]:
                 rs, ms = [], []
-                for _ in range(args.repeat):
-                    t = interleave.time_rounds([f0, f1], backend, dev, args.rounds, hold_us=hold)
+                for k in range(args.repeat):
+                    if gc_off:
+                        gc.collect()
+                        gc.disable()
+                    try:
+                        t = interleave.time_rounds([f0, f1], backend, dev, args.rounds, hold_us=hold)
+                    finally:
+                        gc.enable()
                     s = interleave.summary(t)
                     rs.append(s["ratio"])
                     ms.append(s["ms"])
+                    if args.per_round and k == 0:
+                        print(f"    {name} hold {hold:.0f} rounds (us): "
+                              + " ".join(f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in t), flush=True)
                 rows.append({"shape": f"{list(sa)}@{list(sb)}", "pair": name, "hold_us": hold, "ratios": rs,
                              "ms": ms, "route": route})
                 print(f"{str(list(sa)) + '@' + str(list(sb)):<28} {name:<16} hold {hold:>4.0f}  ratio median "
