@@ -12,7 +12,9 @@ inference call (no gradient required) runs the route of its signature from the m
 :class:`~xkernels.ops.route.RouteCache`, keyed by the input's and the parameters' shape,
 strides, dtype and device, the activation and the slope (read at each call: a new input, a
 replaced or converted parameter, another ``use_backend`` is another key), without the op's front
-door (``python -m xkernels.bench --host`` times it against ``torch.nn.Linear``).
+door (``python -m xkernels.bench --host`` times it against ``torch.nn.Linear``). A training call
+(a gradient required) runs ``F.linear`` and the activation where the GEMM time a kernel could
+save does not repay xkernels' host premium on this backend (:func:`training_pays`).
 """
 
 from __future__ import annotations
@@ -91,14 +93,16 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
-    key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
-           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
-    canon = (x, weight, bias, activation, negative_slope, None, None)
-    if _grad_enabled() and _any_requires_grad(x, weight, bias):
+    training = _grad_enabled() and _any_requires_grad(x, weight, bias)
+    if training:
         n, k = weight.shape
         if not training_pays(dispatch.select(x.device), x.device, x.numel() // max(k, 1), n, k):
             # PyTorch's F.linear and activation, its own autograd: see training_pays
             return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
+    key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
+           None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
+    canon = (x, weight, bias, activation, negative_slope, None, None)
+    if training:
         if linear.splits(activation, negative_slope):  # as linear's own autograd: unfused + PyTorch's activation
             plain = routes.recorded((*key[:-2], None, 0.01), (x, weight, bias, None, 0.01, None, None))
             return activate(plain, activation, negative_slope)
