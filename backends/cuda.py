@@ -44,6 +44,17 @@ def _device_properties(index: int) -> Any:
     return torch.cuda.get_device_properties(index)
 
 
+def _restore_generator() -> None:
+    """After a failed capture: one trivial capture that completes, so the default CUDA
+    generator's capture state is closed again (a failed one leaves it open)."""
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            torch.empty(1, device="cuda").zero_()
+    except Exception:  # noqa: BLE001 - best effort: nothing more can be done here
+        pass
+
+
 class CudaBackend(Backend):
     name = "cuda"
     device_type = "cuda"
@@ -120,20 +131,33 @@ class CudaBackend(Backend):
         return True
 
     def replayable(self, fn: Any) -> Any:
-        """A CUDA graph of one ``fn()`` (run once on a side stream first, as capture requires),
-        its ``replay``; ``None`` where capture fails (``fn`` synchronises or touches another
-        stream). Capture errors are thread-local: other threads' calls are not affected."""
+        """A CUDA graph of one ``fn()``, its ``replay``; ``None`` where ``fn`` cannot be captured.
+        ``fn`` first runs once on a side stream (as capture requires) under
+        ``torch.cuda.set_sync_debug_mode("error")``, so that a call that synchronises is refused
+        before any capture starts: a capture that fails midway leaves the CUDA generator in
+        capture mode, and every later random op of the process fails ("Offset increment outside
+        graph capture"). The debug mode is process-wide for that one call: a timing utility of
+        the harness, not for concurrent use. Capture errors are thread-local."""
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
+        before = torch.cuda.get_sync_debug_mode()
         try:
+            torch.cuda.set_sync_debug_mode("error")
             with torch.cuda.stream(side):
                 fn()
-            torch.cuda.current_stream().wait_stream(side)
+        except Exception:  # noqa: BLE001 - it synchronises (or fails): the caller times it eagerly
+            torch.cuda.synchronize()
+            return None
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+        torch.cuda.current_stream().wait_stream(side)
+        try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 fn()
         except Exception:  # noqa: BLE001 - not capturable: the caller times it eagerly
             torch.cuda.synchronize()
+            _restore_generator()
             return None
         return graph.replay
 

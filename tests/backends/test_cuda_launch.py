@@ -290,8 +290,10 @@ def test_tma_hot_calls_on_cuda_encode_their_tensor_maps_per_call():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_replayable_records_an_op_call_and_refuses_a_synchronising_one():
     """``Backend.replayable`` on cuda: a CUDA graph of the call (its replay rewrites the recorded
-    output with the inputs' current values); a call that synchronises is refused (None) and the
-    device stays usable."""
+    output with the inputs' current values); a call that synchronises is refused (None) before
+    any capture, one that fails only while captured (another stream's work) is refused too, and
+    the process stays usable: random ops (whose generator a failed capture can leave in capture
+    mode) and ordinary calls still run."""
     import xkernels
 
     backend = xkernels.get_backend("cuda")
@@ -304,4 +306,16 @@ def test_cuda_replayable_records_an_op_call_and_refuses_a_synchronising_one():
     torch.cuda.synchronize()
     assert torch.equal(outs[-1], torch.full_like(x, 3.0))
     assert backend.replayable(lambda: (x + 1).sum().item()) is None
+    other = torch.cuda.Stream()
+    event = torch.cuda.Event()
+
+    def waits_on_an_uncaptured_event():
+        with torch.cuda.stream(other):
+            event.record()
+        torch.cuda.current_stream().wait_event(event)  # joins an uncaptured stream: capture fails
+        return x + 1
+
+    assert backend.replayable(waits_on_an_uncaptured_event) is None
+    assert torch.randn(8, device="cuda").isfinite().all()
+    torch.nn.functional.dropout(torch.ones(8, device="cuda"), 0.5, training=True)
     assert torch.equal(xkernels.ops.add(x, 1.0), torch.full_like(x, 3.0))
