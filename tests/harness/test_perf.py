@@ -262,3 +262,21 @@ def test_time_calls_replays_each_input_set_of_a_short_call():
                         replay=True)
     assert not t.replayed
     assert not perf.time_calls(seen.append, ["a"], Target(backend, torch.device("meta")), perf.FAST).replayed
+
+
+def test_bench_times_both_sides_the_same_way(monkeypatch):
+    """Where xkernels' call is recorded but torch's cannot be, xkernels' is re-timed eagerly: a
+    row never compares a replay with an eager timing."""
+    calls = []
+
+    def fake_time_calls(fn, sets, target, settings=perf.FULL, hold_us=perf.HOLD_US, replay=False):
+        calls.append(replay)
+        replayed = replay and len(calls) == 1  # xkernels' side records, torch's does not
+        return perf.Timing(1.0, 1.0, 1.0, 3, replayed)
+
+    case = next(c for c in cases(ops=["add"], sizes=["small"], dtypes=[torch.float32]))
+    target = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    ceil = perf.ceilings(target)
+    monkeypatch.setattr(perf, "time_calls", fake_time_calls)
+    row = perf.bench_case(case, target, ceil, 0, perf.FAST)
+    assert calls == [True, True, False] and row["replayed"] is False
