@@ -52,8 +52,9 @@ SWEEP = Settings(warmup=3, warmup_s=0.05, min_reps=10, max_reps=60, budget_s=0.1
 #: (``{"case": id, "who": "torch" | "xkernels", "cfg": config}``). Tests inject a fixed one.
 Timer = Callable[[Callable[[], Any], dict[str, Any]], float]
 #: ``confirm(kernel_fn, torch_fn, label) -> {"ms": [kernel, torch], "ratio": torch / kernel per round,
-#: median, "spread": [p20, p80], "rounds"}``: re-measures a case whose best config would lose
-#: to PyTorch, in interleaved rounds, before the tables act on it (``harness.perf.confirm``).
+#: median, "spread": [p20, p80], "rounds"}`` (label: case, cfg, and "ms", torch's time): re-measures a
+#: case whose best config would lose to PyTorch, in interleaved rounds, before the tables act on it
+#: (``harness.perf.confirm``).
 Confirm = Callable[[Callable[[], Any], Callable[[], Any], dict[str, Any]], dict[str, Any]]
 #: Interleaved (kernel, torch) rounds that confirm a loss.
 CONFIRM_ROUNDS = 7
@@ -63,7 +64,8 @@ def confirm_for(target: Target, timer: Timer | None = None, rounds: int = CONFIR
     """The device's interleaved rounds (``harness.perf.confirm``); with an injected ``timer``
     (tests), rounds of (``timer(kernel)``, ``timer(torch)``) in turn."""
     if timer is None:
-        return lambda fn, torch_fn, label: confirm(fn, torch_fn, target, rounds)
+        # a short call (label's "ms": torch's time) is confirmed as replays (interleave.REPLAY_BELOW_MS)
+        return lambda fn, torch_fn, label: confirm(fn, torch_fn, target, rounds, call_ms=label.get("ms"))
 
     def by_timer(fn: Callable[[], Any], torch_fn: Callable[[], Any], label: dict[str, Any]) -> dict[str, Any]:
         times = [[timer(fn, {**label, "who": "xkernels"}), timer(torch_fn, {**label, "who": "torch"})]
@@ -374,9 +376,10 @@ def measure_case(sc: SweepCase, target: Target, timer: Timer, done: dict[str, di
                 with use_backend(backend.name), tuning.force(best):
                     return fn(*args, **kwargs)
 
-            c = confirm_loss(run_best, lambda: torch_fn(*args, **kwargs), {"case": sc.id, "cfg": best})
+            c = confirm_loss(run_best, lambda: torch_fn(*args, **kwargs),
+                             {"case": sc.id, "cfg": best, "ms": torch_rec.get("torch_ms")})
             out.append(record({"key": confirm_key, "case": sc.id, "cfg": best, "ms": c["ms"], "ratio": c["ratio"],
-                               "spread": c["spread"], "rounds": c["rounds"]}))
+                               "spread": c["spread"], "rounds": c["rounds"], "replayed": c.get("replayed", False)}))
     return out
 
 
