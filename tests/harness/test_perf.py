@@ -280,3 +280,30 @@ def test_bench_times_both_sides_the_same_way(monkeypatch):
     monkeypatch.setattr(perf, "time_calls", fake_time_calls)
     row = perf.bench_case(case, target, ceil, 0, perf.FAST)
     assert calls == [True, True, False] and row["replayed"] is False
+
+
+def test_an_inconclusive_confirmation_is_extended_and_judged_on_all_its_rounds(monkeypatch):
+    """A loss whose rounds disagree widely (p20 < 0.95, p80 >= 1.0) gets 2x its rounds more and
+    the verdict is the median of all rounds, none dropped; a consistent loss is not extended."""
+    scripts = []
+
+    def fake_confirm(fn, torch_fn, target, rounds, flush=True, call_ms=None):
+        times = scripts.pop(0)
+        assert len(times) == rounds
+        return {**interleave.summary(times), "replayed": False, "times": times}
+
+    monkeypatch.setattr(perf, "confirm", fake_confirm)
+    target = Target(CountingBackend(), torch.device("cpu"))
+    settings = perf.Settings(confirm_rounds=9, confirm_ms=0.0)
+    slow_rounds = [[1.0, 0.6]] * 5 + [[1.0, 1.0]] * 4  # xkernels' side slow in 5 of 9 rounds
+    assert perf.inconclusive(interleave.summary(slow_rounds))
+    scripts[:] = [slow_rounds, [[1.0, 1.0]] * 18]
+    c = perf.confirm_loss(lambda: None, lambda: None, target, settings, 0.3)
+    assert c["extended"] and c["rounds"] == 27 and c["ratio"] == 1.0 and "times" not in c and not scripts
+    scripts[:] = [slow_rounds, [[1.0, 0.6]] * 18]  # the loss shows again: it stands
+    c = perf.confirm_loss(lambda: None, lambda: None, target, settings, 0.3)
+    assert c["extended"] and c["ratio"] == pytest.approx(0.6)
+    scripts[:] = [[[1.0, 0.9]] * 9]  # a consistent 0.9x: confirmed as it is
+    c = perf.confirm_loss(lambda: None, lambda: None, target, settings, 0.3)
+    assert not c["extended"] and c["rounds"] == 9 and c["ratio"] == pytest.approx(0.9) and not scripts
+    assert not perf.inconclusive({"ratio": 1.02, "spread": [0.9, 1.1]})  # no loss to confirm
