@@ -37,7 +37,7 @@ TRAINING_GEMMS = 3
 #: corpus's linear layers ran 1.18x cuBLAS (bf16 geomean, H100, results/2026-11-24-h100-gemm-corpus-launch-margin),
 #: 1 - 1/1.18 = 0.15.
 GEMM_SAVING = 0.15
-_paying: dict[Any, bool] = {}  # training_pays' answers
+_paying: dict[Any, bool] = {}  # (x's shape and device, backend override, weight's shape) -> training_pays
 
 
 def training_pays(backend: Any, device: torch.device, rows: int, n: int, k: int) -> bool:
@@ -52,16 +52,23 @@ def training_pays(backend: Any, device: torch.device, rows: int, n: int, k: int)
     premium = backend.linear_training_host_ms
     if premium <= 0:
         return True
-    key = (backend.name, device, rows, n, k)
+    try:
+        props = backend.properties(device)
+        fig = props.matmul_peak or props.datasheet.get("bf16_tflops")
+    except Exception:  # noqa: BLE001 - an odd device's properties must not fail a training step
+        fig = None
+    gemm_ms = 2.0 * rows * n * k / (float(fig.value) * 1e9) if fig is not None and fig.value else 0.0
+    return TRAINING_GEMMS * gemm_ms * GEMM_SAVING >= premium if gemm_ms else False
+
+
+def _trains_through_xkernels(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """:func:`training_pays` for this call, remembered per input shape and device, backend
+    override and weight shape (everything it reads of the call)."""
+    key = (x.shape, x.device, dispatch.override_name(), weight.shape)
     pays = _paying.get(key)
     if pays is None:
-        try:
-            props = backend.properties(device)
-            fig = props.matmul_peak or props.datasheet.get("bf16_tflops")
-        except Exception:  # noqa: BLE001 - an odd device's properties must not fail a training step
-            fig = None
-        gemm_ms = 2.0 * rows * n * k / (float(fig.value) * 1e9) if fig is not None and fig.value else 0.0
-        pays = TRAINING_GEMMS * gemm_ms * GEMM_SAVING >= premium if gemm_ms else False
+        n, k = weight.shape
+        pays = training_pays(dispatch.select(x.device), x.device, x.numel() // max(k, 1), n, k)
         if len(_paying) > 256:
             _paying.clear()
         _paying[key] = pays
@@ -94,11 +101,10 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
     training = _grad_enabled() and _any_requires_grad(x, weight, bias)
-    if training:
-        n, k = weight.shape
-        if not training_pays(dispatch.select(x.device), x.device, x.numel() // max(k, 1), n, k):
-            # PyTorch's F.linear and activation, its own autograd: see training_pays
-            return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
+    if training and not _trains_through_xkernels(x, weight):
+        # PyTorch's F.linear and activation, its own autograd: see training_pays
+        y = torch.nn.functional.linear(x, weight, bias)
+        return y if activation is None else activate(y, activation, negative_slope)
     key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
     canon = (x, weight, bias, activation, negative_slope, None, None)
