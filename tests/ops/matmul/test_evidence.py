@@ -299,17 +299,24 @@ def test_first_use_check_on_the_device(backend, device, tmp_path, monkeypatch):
     linear._forget()
 
 
+def _run_under_rule(rule: dict) -> object:
+    """``linear``'s explanation with ``rule`` the only interpreter rule, after a call that is
+    checked against the reference with its inputs unchanged."""
+    autotune.write_rules("linear", "interpreter", "interpreter", [rule])
+    x, w, b = _inputs()
+    e = linear.explain(x, w, b)
+    with Unchanged(x, w, b):
+        _close(linear(x, w, b), _ref(x, w, b))
+    return e
+
+
 @interp
 @pytest.mark.parametrize("ratio,route", [(0.97, "vendor BLAS"), (1.02, "triton kernel")], ids=["lost", "won"])
 def test_a_measured_rule_runs_its_kernel_only_where_it_measured_no_slower(blas, monkeypatch, ratio, route):
     """A rule that kept a kernel measured 3% slower than the BLAS (a near tie; on an H100 such a
     rule's kernel later confirmed at 0.92x) sends the call to the BLAS and says why."""
     monkeypatch.setattr(ev, "timer", _clock(1.0, 9.0))  # a check, were one made, would pick the kernel
-    autotune.write_rules("linear", "interpreter", "interpreter", [_rule(1, 64, 16, ratio)])
-    x, w, b = _inputs()
-    e = linear.explain(x, w, b)
-    with Unchanged(x, w, b):
-        _close(linear(x, w, b), _ref(x, w, b))
+    e = _run_under_rule(_rule(1, 64, 16, ratio))
     assert e.route == route, e.why
     if route == "vendor BLAS":
         assert e.why.endswith(f"where its kernel measured {ratio:.2f}x the BLAS: BLAS"), e.why
@@ -332,11 +339,7 @@ def test_a_launch_bound_rule_needs_the_launch_bound_margin(blas, monkeypatch, ke
     monkeypatch.setattr(ev, "timer", _clock(1.0, 9.0))  # a check, were one made, would pick the kernel
     rule = _rule(1, 64, 16, round(blas_ms / kernel_ms, 3))
     rule["measured"].update(ms=kernel_ms, torch_ms=blas_ms)
-    autotune.write_rules("linear", "interpreter", "interpreter", [rule])
-    x, w, b = _inputs()
-    e = linear.explain(x, w, b)
-    with Unchanged(x, w, b):
-        _close(linear(x, w, b), _ref(x, w, b))
+    e = _run_under_rule(rule)
     assert e.route == route, e.why
     if route == "vendor BLAS":
         assert e.why == ("a measured rule for this shape class, where its kernel measured 1.02x the BLAS in a "
