@@ -282,6 +282,15 @@ def agreeing(points: list[dict[str, Any]], m: int) -> dict[str, Any] | None:
 #: how much of a measured shape's tile-and-wave fill a call may lose before the rule's measurement
 #: no longer speaks for it (a 256-row tile measured at M = 512 fills 65% at M = 333: 0.58x there)
 FILL_MARGIN = 0.9
+#: how far in M a rule's measurement speaks for a call that runs another number of waves of the
+#: rule's tiles: as M grows the BLAS fills the device better and a kernel's margin can turn (H100,
+#: bf16, 768 -> 3072 + gelu: a 128x64 tile measured 1.13x at M = 512 ran 0.91x at M = 1024)
+MEASURED_M_FACTOR = 1.5
+#: from this many waves on, a kernel's ratio to the BLAS hardly moves with M (quantization has
+#: washed out): a rule measured there speaks for any M that runs as many (H100 public corpus,
+#: 2026-11-25: gpt2.lm_head's rule measured at 2048 tokens held 4.4-4.9x at 8192 and 12608,
+#: llama3-8b.qkv's measured at 8192 held 1.05x at 12608; results/2026-11-25-h100-selection-m-range)
+STEADY_WAVES = 8
 
 
 def fill(cfg: dict[str, Any], shape: Shape, units: int) -> float:
@@ -293,19 +302,28 @@ def fill(cfg: dict[str, Any], shape: Shape, units: int) -> float:
 
 
 def uncovered(sel: Selection, shape: Shape, backend: Backend, device: torch.device) -> str | None:
-    """Why a measured rule's measurement does not cover this call (its tile and wave fill is
-    below ``FILL_MARGIN`` of every measured shape's of the same N and K), or ``None``."""
+    """Why a measured rule's measurement does not cover this call, or ``None``: of the measured
+    shapes with the call's N and K, none fills its tiles alike (the call's tile and wave fill is
+    below ``FILL_MARGIN`` of the best measured shape's), or none lies within ``MEASURED_M_FACTOR``
+    of the call's M, runs the same number of waves as the call, or runs ``STEADY_WAVES`` or more
+    as the call does."""
     shapes = [s for s in sel.record.get("shapes") or () if len(s) == 3 and s[1] == shape.n and s[2] == shape.k]
     if not shapes:
         return None  # a class rule measured on other N/K (or with no shapes recorded): the table's word
     units = backend.compute_units(device) or 1
+    measured = [Shape(m, n, k, shape.batch, shape.element_size, shape.split_ok) for m, n, k in shapes]
+    ms = ", ".join(f"M={s.m}" for s in measured)
     mine = fill(sel.config, shape, units)
-    best = max(fill(sel.config, Shape(m, n, k, shape.batch, shape.element_size, shape.split_ok), units)
-               for m, n, k in shapes)
-    if mine >= FILL_MARGIN * best:
+    best = max(fill(sel.config, s, units) for s in measured)
+    if mine < FILL_MARGIN * best:
+        return f"{ms}, where its tiles fill {best:.0%} of the launch; at M={shape.m} they fill {mine:.0%}"
+    my_waves = waves(sel.config, shape, units)[1]
+    if any(max(s.m, shape.m) <= MEASURED_M_FACTOR * min(s.m, shape.m) or waves(sel.config, s, units)[1] == my_waves
+           or min(waves(sel.config, s, units)[1], my_waves) >= STEADY_WAVES for s in measured):
         return None
-    ms = ", ".join(f"M={s[0]}" for s in shapes)
-    return f"{ms}, where its tiles fill {best:.0%} of the launch; at M={shape.m} they fill {mine:.0%}"
+    runs = ", ".join(str(waves(sel.config, s, units)[1]) for s in measured)
+    return (f"{ms} ({runs} waves of its tiles); M={shape.m} runs {my_waves}, more than "
+            f"{MEASURED_M_FACTOR:g}x from a measured M")
 
 
 def rule_ratio(record: dict[str, Any]) -> float | None:

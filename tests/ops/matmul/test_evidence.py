@@ -121,6 +121,31 @@ def test_a_measured_rule_speaks_only_for_calls_that_fill_its_tiles_alike(blas, m
 
 
 @interp
+@pytest.mark.parametrize("m,measured_m,covered", [(96, 64, True), (128, 64, False), (32, 64, False), (1024, 256, True)],
+                         ids=["1.5x, more waves", "2x, more waves", "half, fewer waves", "4x, both steady"])
+def test_a_measured_rule_speaks_for_an_m_within_its_factor_or_its_waves(blas, monkeypatch, m, measured_m, covered):
+    """A rule measured at one M speaks for another M (tiles filled alike) only within 1.5x of it, at
+    the same number of waves of its tiles, or where both run STEADY_WAVES or more: as M grows the
+    BLAS fills the device better (an H100's 128x64 tile measured 1.13x at M = 512, 0.91x at 1024).
+    Two units: 16-row tiles on N = 24 make M/32 waves."""
+    monkeypatch.setattr(ev, "timer", _clock(9.0, 1.0))
+    monkeypatch.setattr(xkernels.get_backend("interpreter"), "compute_units", lambda device=None: 2)
+    rule = _rule(1, 4096, measured_m, 1.2)
+    rule["measured"]["shapes"] = [[measured_m, 24, 32]]
+    autotune.write_rules("linear", "interpreter", "interpreter", [rule])
+    x, w, b = _inputs(m)
+    with tuning.first_use_check(False):
+        e = linear.explain(x, w, b)
+        _close(linear(x, w, b), _ref(x, w, b))
+    if covered:
+        assert e.route == "triton kernel" and e.why == "a measured rule for this shape class", e.why
+    else:
+        assert e.route == "vendor BLAS", e.why
+        assert (f"measured at M={measured_m} ({measured_m // 32} waves of its tiles); M={m} runs {m // 32}, "
+                f"more than {ev.MEASURED_M_FACTOR:g}x from a measured M") in e.why, e.why
+
+
+@interp
 @pytest.mark.parametrize("kernel_ms,winner", [(0.0045, "kernel"), (0.00515, "BLAS"), (0.006, "BLAS")],
                          ids=["1.11x", "0.97x", "0.83x"])
 def test_a_launch_bound_check_needs_the_launch_bound_margin_on_the_device(blas, monkeypatch, kernel_ms, winner):
