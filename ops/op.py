@@ -65,6 +65,14 @@ from xkernels.tuning import _forced
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _grad_enabled = torch.is_grad_enabled
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the current stream while ``t`` is on a CUDA
+    device: the call's host cost is then paid once, at capture, not at each replay."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 Tensor = torch.Tensor
 #: whether any tensor among the arguments requires grad (PyTorch's C helper where it has one)
 _any_requires_grad = getattr(torch._C, "_any_requires_grad", None) or (lambda *values: needs_grad(values))

@@ -120,15 +120,19 @@ def test_bert_output_blocks_and_training(backend, device):
         assert_model_close(g, w, r)
 
 
-@pytest.mark.parametrize("pays", [False, True])
-def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backend, device, monkeypatch, pays):
+@pytest.mark.parametrize("pays,captured", [(False, False), (True, False), (False, True)],
+                         ids=["does not pay", "pays", "does not pay, graph captured"])
+def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backend, device, monkeypatch, pays,
+                                                                           captured):
     """In eager training a LayerNorm block takes the fused op only where the bytes it saves
     outweigh its host cost (``Backend.fused_norm_training_host_ms``, measured on cuda); else
-    PyTorch's add and LayerNorm. Inference keeps the fused op. Outputs and gradients match the
+    PyTorch's add and LayerNorm. Inference keeps the fused op, and so does a CUDA-graph capture
+    (``_capturing``, faked here: replays cost no host time). Outputs and gradients match the
     unpatched model either way."""
 
     model, ref64, ids, run = _tiny_bert(device, 1)
     monkeypatch.setattr(type(backend), "fused_norm_training_host_ms", 0.0 if pays else 1.0)
+    monkeypatch.setattr(xkernels.block_steps, "_capturing", lambda t: captured)
     from xkernels.ops.route import RouteCache
 
     fused = []  # every way a block reaches the fused op: the op itself, its routes with and without grad
@@ -151,7 +155,7 @@ def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backe
     for _ in range(2):  # the first call and a repeat (its route)
         fused.clear()
         got, got_grads = run(model)
-        assert bool(fused) == pays, fused
+        assert bool(fused) == (pays or captured), fused
         assert_model_close(got, want.detach(), ref.detach())
         for g, w, r in zip(got_grads, want_grads, ref_grads):
             assert_model_close(g, w, r)

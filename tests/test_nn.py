@@ -137,14 +137,19 @@ def test_one_module_reused_never_runs_a_stale_route(backend, device, monkeypatch
                 assert_close(layer(x), _ref(x, layer.weight, None, "relu"), torch.float32, scale=10)
 
 
-@pytest.mark.parametrize("pays", [False, True])
-def test_linear_trains_through_pytorch_where_kernels_cannot_repay_the_host_cost(backend, device, monkeypatch, pays):
+@pytest.mark.parametrize("pays,captured", [(False, False), (True, False), (False, True)],
+                         ids=["does not pay", "pays", "does not pay, graph captured"])
+def test_linear_trains_through_pytorch_where_kernels_cannot_repay_the_host_cost(backend, device, monkeypatch, pays,
+                                                                               captured):
     """In eager training a patched linear runs xkernels only where the GEMM time a kernel could
     save outweighs its host premium (``Backend.linear_training_host_ms``, measured on cuda); else
-    ``F.linear`` and the activation (PyTorch's autograd). Inference keeps xkernels. Outputs and
+    ``F.linear`` and the activation (PyTorch's autograd). Inference keeps xkernels, and so does a
+    CUDA-graph capture (``_capturing``, faked here: replays cost no host time). Outputs and
     gradients match torch's either way."""
     monkeypatch.setattr(type(backend), "linear_training_host_ms", 0.0 if pays else 1e9)
     monkeypatch.setattr(xkernels.nn, "_paying", {})
+    monkeypatch.setattr(xkernels.nn, "_capturing", lambda t: captured)
+    pays = pays or captured
     torch_layer = torch.nn.Linear(24, 40, device=device)
     layer = xkernels.nn.Linear.from_linear(torch_layer, "gelu")
     calls = []

@@ -38,7 +38,7 @@ import torch
 from xkernels import dispatch
 from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
 from xkernels.ops.fused.add_norm_plan import training_fusion_pays
-from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
+from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
 _Linear = torch.nn.Linear
@@ -86,9 +86,10 @@ class NormStep:
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
             training = _grad_enabled() and _any_requires_grad(x, residual, w, b)
-            if _is_compiling() or (training and not self.training_pays(x)):
+            if _is_compiling() or (training and not self.training_pays(x) and not _capturing(x)):
                 # under torch.compile: PyTorch's add and LayerNorm, which the compiler fuses itself;
                 # in eager training where the fused op's host cost outweighs the bytes it saves
+                # (not while a CUDA graph is captured: its replays cost no host time)
                 s = x if residual is None else x + residual
                 y = torch.nn.functional.layer_norm(s, (s.shape[-1],), w, b, eps)
                 return (y, s) if rs else y

@@ -26,7 +26,7 @@ import torch
 from xkernels import dispatch
 from xkernels.ops.matmul import linear
 from xkernels.ops.matmul.vendor import activate
-from xkernels.ops.op import _any_requires_grad, _grad_enabled, _is_compiling
+from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
 __all__ = ["Conv1D", "Linear", "linear_activations", "training_pays"]
@@ -101,8 +101,9 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
     training = _grad_enabled() and _any_requires_grad(x, weight, bias)
-    if training and not _trains_through_xkernels(x, weight):
-        # PyTorch's F.linear and activation, its own autograd: see training_pays
+    if training and not _trains_through_xkernels(x, weight) and not _capturing(x):
+        # PyTorch's F.linear and activation, its own autograd: see training_pays (not while a CUDA
+        # graph is captured: its replays cost no host time)
         y = torch.nn.functional.linear(x, weight, bias)
         return y if activation is None else activate(y, activation, negative_slope)
     key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
