@@ -6,7 +6,8 @@ training step, against the same with the check off and against torch's own first
 
 A model is a zoo name or a transformers config file with its batch and tokens per sequence (e.g.
 ``tools/probes/data/qwen2-7b-2-layers.json:1:333``: Qwen2-7B's widths, 2 layers, a family and a
-tokens count outside the tables' corpus, so its GEMMs meet first-use checks).
+tokens count outside the tables' corpus; ``data/bert-medium.json``: BERT at hidden 512, whose
+GEMMs no table rule covers, so they meet first-use checks).
 
 Each run is a fresh process (``--child``) with a fresh ``XKERNELS_CACHE_DIR`` (no verdicts on
 disk), in the order torch, check off, check on, check off, check on per model. Triton's own cache
