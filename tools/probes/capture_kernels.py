@@ -9,7 +9,7 @@ plain capture holds a materialized attention mask and a masked SDPA kernel (no f
 every layer, plus the mask's construction, and those kernels make up the difference; the
 bench's capture holds the eager call's kernels, its total within a few percent of eager's.
 
-    python tools/probes/capture_kernels.py [--model bert-base] [--pass forward|step] [--plain] [--top 15]
+    python tools/probes/capture_kernels.py [--model bert-base] [--pass forward|step] [--plain] [--patch] [--top 15]
 
 Prints, per variant (eager, graph; plain graph with ``--plain``): the total device time of the
 call's kernels, the kernel count, and the top kernels by device time (torch.profiler); then
@@ -32,6 +32,7 @@ def main() -> int:
     ap.add_argument("--pass", dest="which", choices=["forward", "step"], default="forward")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--plain", action="store_true", help="also the capture of the bare model call")
+    ap.add_argument("--patch", action="store_true", help="xkernels.patch the model first")
     ap.add_argument("--top", type=int, default=15)
     args = ap.parse_args()
 
@@ -48,6 +49,10 @@ def main() -> int:
     built = model_zoo.build(model_zoo.zoo_config(args.model, "base"), f"--model {args.model}",
                             getattr(torch, args.dtype), dev, zoo_name=args.model)
     model, inputs = built.model, built.inputs
+    if args.patch:
+        import xkernels
+
+        xkernels.patch(model)
     eager = Runner(model, inputs)
 
     def plain_forward():
@@ -84,7 +89,8 @@ def main() -> int:
                 kernels[e.name].append(e.device_time_total / 1e3)
         total = sum(sum(v) for v in kernels.values())
         count = sum(len(v) for v in kernels.values())
-        print(f"== {args.model} {args.which} {name}: {total:.3f} ms of device time in {count} kernels")
+        label = f"{args.model}{' patched' if args.patch else ''} {args.which} {name}"
+        print(f"== {label}: {total:.3f} ms of device time in {count} kernels")
         ranked = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))
         for k, v in ranked[:args.top]:
             print(f"  {sum(v):8.3f} ms {len(v):4d}x  {k[:110]}")
