@@ -67,10 +67,14 @@ _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _grad_enabled = torch.is_grad_enabled
 
 
+#: ``torch.cuda.is_current_stream_capturing``'s C function (one Python frame less per call)
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
+
+
 def _capturing(t: torch.Tensor) -> bool:
     """Whether a CUDA graph is being captured on the current stream while ``t`` is on a CUDA
     device: the call's host cost is then paid once, at capture, not at each replay."""
-    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+    return t.is_cuda and _stream_capturing()
 
 
 Tensor = torch.Tensor
