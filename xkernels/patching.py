@@ -62,10 +62,10 @@ class FusedBlock:
 
 #: a FusedBlock's note for a LayerNorm block (``block_steps.NormStep.training_pays``)
 LAYER_NORM_TRAINING = ("in eager training, PyTorch's add + LayerNorm where the fused op's host cost outweighs "
-                       "the bytes it saves (docs/fused-ops.md)")
+                       "the bytes it saves, but under CUDA-graph capture (docs/fused-ops.md)")
 #: the report's note on the replaced linear layers (``xkernels.nn.training_pays``)
 LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host cost outweighs the GEMM time a kernel "
-                   "could save (docs/fused-ops.md)")
+                   "could save, but under CUDA-graph capture (docs/patching.md)")
 
 
 @dataclass(frozen=True)
