@@ -2,6 +2,7 @@
 torch's, with the device held busy, and where xkernels' time goes.
 
     python tools/probes/training_host.py [--calls 200] [--rounds 7] [--profile 30] [--json F]
+                                         [--single-thread]
 
 Forms (bf16 on cuda; BERT-base's 768 features on 16 tokens, so every call is launch-bound):
 ``add_layer_norm`` / ``add_rms_norm`` forward + backward against ``x + r`` then PyTorch's
@@ -13,7 +14,9 @@ two sides alternate; reported: median and minimum µs per call over rounds.
 ``--profile N`` prints the top N functions (own time) of each xkernels form over the timed calls,
 with autograd's multithreading off (``torch.autograd.set_multithreading_enabled(False)``: the
 backward then runs on the calling thread, where cProfile sees it; the timed rounds keep it on).
-Needs a CUDA device.
+``--single-thread`` turns it off for the timed rounds too: against a run without it, what the
+backward's hand-off to autograd's device thread costs each side (a Python ``autograd.Function``'s
+backward takes the GIL there). Needs a CUDA device.
 """
 
 from __future__ import annotations
@@ -116,8 +119,11 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=768)
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--single-thread", action="store_true", help="autograd's multithreading off for the timed rounds")
     a = ap.parse_args()
     dev = torch.device("cuda")
+    if a.single_thread:
+        torch.autograd.set_multithreading_enabled(False)
     rows = []
     print(f"{'form':28} {'xkernels us':>12} {'torch us':>9} {'x/torch':>8}   (median [min] of {a.rounds} rounds)")
     for label, xk, tc in forms(dev, torch.bfloat16, a.rows, a.n):
