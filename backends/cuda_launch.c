@@ -310,6 +310,18 @@ static PyObject *record_slots(Record *self, PyObject *unused) {
   return PyBytes_FromStringAndSize((const char *)self->slots, self->n_params * 8);
 }
 
+static PyObject *record_spec(Record *self, PyObject *unused) {
+  /* what native.cpp copies to launch without Python: (function, gx, gy, gz, threads, shared, slots,
+   * ptr_slots), or None for a record that encodes tensor maps */
+  if (self->n_maps) Py_RETURN_NONE;
+  PyObject *ptrs = PyTuple_New(self->n_ptrs);
+  if (!ptrs) return NULL;
+  for (Py_ssize_t i = 0; i < self->n_ptrs; i++) PyTuple_SET_ITEM(ptrs, i, PyLong_FromSsize_t(self->ptr_slot[i]));
+  return Py_BuildValue("(KIIIIIy#N)", (unsigned long long)(uintptr_t)self->function, self->grid[0], self->grid[1],
+                       self->grid[2], self->threads, self->shared, (const char *)self->slots,
+                       (Py_ssize_t)(self->n_params * 8), ptrs);
+}
+
 static PyObject *record_bench(Record *self, PyObject *arg) {
   /* n launches from a C loop with the packed arguments: the driver's own cost per launch */
   long n = PyLong_AsLong(arg);
@@ -332,6 +344,7 @@ static PyObject *record_bench(Record *self, PyObject *arg) {
 
 static PyMethodDef record_methods[] = {
     {"slots", (PyCFunction)record_slots, METH_NOARGS, "The packed parameter slots (8 bytes each)."},
+    {"spec", (PyCFunction)record_spec, METH_NOARGS, "The packed launch without its Python parts (native.cpp)."},
     {"bench", (PyCFunction)record_bench, METH_O, "Launch n times from C with the last pointers; for measuring."},
     {"map", (PyCFunction)record_map, METH_O, "The 128 bytes of tensor map k as last encoded."},
     {NULL, NULL, 0, NULL}};

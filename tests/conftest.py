@@ -28,6 +28,9 @@ def _requested(config: pytest.Config) -> list[str]:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "uses_interpreter: runs on the interpreter backend whatever --backends says")
+    from xkernels.backends import native
+
+    native.module(wait=True)  # built (or loaded) before any test: every run takes the same paths
     for name in _requested(config):
         backend = xkernels.get_backend(name)
         reason = backend.unavailable_reason()

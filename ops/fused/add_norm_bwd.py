@@ -250,19 +250,32 @@ class HotBackward:
         self.backend, self.kind, self.shape, self.s_dtype, self.x_dtype = backend, kind, shape, s_dtype, x_dtype
         self.res, self.bias_dtype, self.device = res, bias_dtype, device
         self.fns: dict[Any, Any] = {}
+        self.natives: dict[Any, Any] = {}  # key -> what a native grad_fn needs to launch it (``native_backward``)
 
     def __call__(self, offset: float, dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor,
                  mean: torch.Tensor | None, rstd: torch.Tensor, weight: torch.Tensor | None,
                  needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...] | None:
         if _forced.get() is not None or torch.compiler.is_compiling():
             return None
-        key = (dy.dtype, dy.stride(), None if ds is None else (ds.dtype, ds.stride()), needs, offset)
+        key = self.key(offset, dy, ds, needs)
         fn = self.fns.get(key)
         if fn is not None:
             return fn(dy, ds, s, mean, rstd, weight) if fn is not False else None
         if len(self.fns) >= self.LIMIT:
             self.fns.clear()
         return self._first(key, offset, dy, ds, s, mean, rstd, weight, needs)
+
+    @staticmethod
+    def key(offset: float, dy: torch.Tensor, ds: torch.Tensor | None, needs: tuple[bool, ...]) -> Any:
+        return dy.dtype, dy.stride(), None if ds is None else (ds.dtype, ds.stride()), tuple(needs), offset
+
+    def native_backward(self, offset: float, dy: torch.Tensor, ds: torch.Tensor | None,
+                        needs: tuple[bool, ...]) -> tuple[Any, ...] | None:
+        """(launch, present, needs, description) of this key's repeat for a native grad_fn
+        (``AddNormSpec.set_backward``, ``backends/native.cpp``), or ``None``: no repeat yet, or one
+        whose launch is not a packed record (nor a CPU backend's Python launch), or gradients not in
+        contiguous rows."""
+        return self.natives.get(self.key(offset, dy, ds, needs))
 
     def _first(self, key: Any, offset: float, dy: torch.Tensor, ds: torch.Tensor | None, s: torch.Tensor,
                mean: torch.Tensor | None, rstd: torch.Tensor, weight: torch.Tensor | None,
@@ -283,11 +296,11 @@ class HotBackward:
         out = backward(self.backend, kind, offset, dy, ds, s, None, None, mean, rstd, weight, self.bias_dtype, shape,
                        self.s_dtype, self.x_dtype, res, needs, launched)  # type: ignore[arg-type]
         plan, args = launched[0]
-        self.fns[key] = self._entry(plan, args, needs, weight)
+        self.fns[key] = self._entry(plan, args, needs, weight, key)
         return out
 
     def _entry(self, plan: BwdPlan, args: tuple[Any, ...], needs: tuple[bool, ...],
-               weight: torch.Tensor | None) -> Any:
+               weight: torch.Tensor | None, key: Any) -> Any:
         """The repeat's launch: allocate d(x), d(residual) and the partial sums, launch by the
         record (or the ordinary way where it declines), finish as the generic path does."""
         filler = plan.filler(self.device)
@@ -300,6 +313,16 @@ class HotBackward:
         alloc = add_norm_plan.allocator(self.backend, self.device)
         size, stride = tuple(shape), contiguous_strides(tuple(shape))
         dr_dtype = None if not need_r or shared else res[1]  # type: ignore[index]
+        how = native_launch(launch, self.backend)
+        n = plan.n
+        _, _, s_st, _, _, dy_st, ds_st, *_ = plan.tail
+        if how is not None and s_st == n and dy_st == n and (args[4] is filler or ds_st == n) and key[0] == self.s_dtype \
+                and (args[4] is filler or key[2][0] == self.s_dtype):
+            self.natives[key] = (how, tuple(i in pos for i in range(_TENSORS)), tuple(bool(v) for v in needs), dict(
+                need_x=bool(need_x), need_r=bool(need_r), need_dw=bool(need_dw), need_db=bool(need_db),
+                shared=bool(shared), one_chunk=plan.one_chunk, programs=plan.programs, n_part=plan.n_part, n=n,
+                x_dtype=x_dtype, dr_dtype=dr_dtype, w_dtype=None if weight is None else weight.dtype,
+                b_dtype=bias_dtype))
         empty = add_norm_plan._empty
         fixed = args[_TENSORS:]
         f = filler
@@ -317,3 +340,13 @@ class HotBackward:
 
         return run
 
+
+def native_launch(launch: Any, backend: Backend) -> Any:
+    """What a native grad_fn launches with (``backends/native.cpp``): a packed record's spec, or on
+    an interpreter backend (where every launch is Python anyway, so CI exercises the native
+    node) the launch function itself; ``None`` otherwise (Triton's own launcher: the GIL would be
+    needed per launch)."""
+    spec = getattr(launch, "spec", None)
+    if spec is not None:
+        return spec()
+    return launch if backend.name.startswith("interpreter") else None

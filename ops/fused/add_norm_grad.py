@@ -182,15 +182,21 @@ class AddNormFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, dy: torch.Tensor | None, ds: torch.Tensor | None) -> tuple[Any, ...]:
         s, mean, rstd, weight = ctx.saved_tensors
-        kind, eps, offset, shape, x_dtype, res, b_dtype, backend, *hot = ctx.meta
-        needs = ctx.needs_input_grad[2:6]
-        if hot and dy is not None and rstd is not None and (kind == "rms" or mean is not None) and not _traced(dy):
-            out = hot[0](offset, dy, ds, s, mean, rstd, weight, needs)  # a route's repeats (bwd.HotBackward)
-            if out is not None:
-                return None, None, *out
-        gx, gr, gw, gb = grads(backend, kind, eps, offset, dy, ds, s, None, None, mean, rstd, weight, b_dtype,
-                               shape, s.dtype, x_dtype, res, needs)
-        return None, None, gx, gr, gw, gb
+        return None, None, *saved_grads(ctx.meta, dy, ds, s, mean, rstd, weight, ctx.needs_input_grad[2:6])
+
+
+def saved_grads(meta: tuple[Any, ...], dy: torch.Tensor | None, ds: torch.Tensor | None, s: torch.Tensor,
+                mean: torch.Tensor | None, rstd: torch.Tensor | None, weight: torch.Tensor | None,
+                needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
+    """(d(x), d(residual), d(weight), d(bias)) of a recorded forward (``AddNormFunction``'s
+    ``meta`` and saved tensors; also the native grad_fn's fallback, ``add_norm_native``)."""
+    kind, eps, offset, shape, x_dtype, res, b_dtype, backend, *hot = meta
+    if hot and dy is not None and rstd is not None and (kind == "rms" or mean is not None) and not _traced(dy):
+        out = hot[0](offset, dy, ds, s, mean, rstd, weight, needs)  # a route's repeats (bwd.HotBackward)
+        if out is not None:
+            return out
+    return grads(backend, kind, eps, offset, dy, ds, s, None, None, mean, rstd, weight, b_dtype,
+                 shape, s.dtype, x_dtype, res, needs)
 
 
 def recorded(op: Any, call: Any) -> Any:

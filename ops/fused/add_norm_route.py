@@ -10,7 +10,9 @@ made on first use from the op's own cached plans:
 * ``autograd_run`` (a tensor requires grad; ``AddNormOp._recorded``): the plan that always writes
   ``s`` and the fp32 statistics, inside the op's ``autograd.Function`` (``add_norm_grad``), so the
   fused backward follows as it does for the full path; the route's ``add_norm_bwd.HotBackward``
-  launches the repeats of that backward without its per-call plan lookup.
+  launches the repeats of that backward without its per-call plan lookup. Where the native
+  extension is loaded, the repeats are recorded and differentiated in C++ instead
+  (``add_norm_native``): same launches, no Python autograd.
 
 ``eps`` and ``offset`` are not in the key: they are passed with each call and the launch records
 (which pack every scalar) are kept per ``(eps, offset)`` value, at most ``LIMIT`` at a time. A zero
@@ -28,7 +30,7 @@ from typing import Any
 
 import torch
 
-from xkernels.ops.fused import add_norm_bwd, add_norm_plan
+from xkernels.ops.fused import add_norm_bwd, add_norm_native, add_norm_plan
 from xkernels.ops.fused import add_norm_grad as grad
 from xkernels.ops.fused.add_norm_plan import AddNormCall, AddNormPlan
 from xkernels.ops.layout import contiguous_strides
@@ -100,9 +102,16 @@ def make_route(op: Any, plan: AddNormPlan, call: AddNormCall) -> KernelRoute | N
             return None
         return (out[0], out[1]) if return_sum else out[0]
 
+    natives = add_norm_native.NativeSide(graded, backend, size, dtype, layer, (*meta, hot))
+
     def recorded(x: Any, r: Any, w: Any, b: Any, eps: Any, offset: Any, return_sum: bool) -> Any:
         if offset and not has_w:
             return None
+        spec = natives.spec(eps, offset)
+        if spec is not None:
+            out = spec.apply(x, r, w, b)
+            if out is not None:
+                return out if return_sum else out[0]
 
         def fwd() -> Any:
             out = forward(graded, x, r, w, b, eps, offset)

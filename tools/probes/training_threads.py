@@ -41,6 +41,9 @@ def main() -> int:
     import torch
 
     import xkernels.nn
+    from xkernels.backends import native
+
+    native.module(wait=True)
     from xkernels.cli import bench_models
     from xkernels.harness import resolve_target
 

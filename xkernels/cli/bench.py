@@ -257,6 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 old = json.load(f)["rows"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return _fail(f"--compare {args.compare}: not a bench --json file ({type(exc).__name__}: {exc})")
+    from xkernels.backends import native
+
+    native.module(wait=True)  # the native grad_fns from the first timed call on, not from whenever a build ends
     if args.host:
         from xkernels.cli import bench_host
 

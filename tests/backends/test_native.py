@@ -1,0 +1,188 @@
+"""The native extension (backends/native.py, native.cpp) and the add + norm training calls it
+records (ops/fused/add_norm_native.py): built from a fresh checkout, the same results and
+gradients as the Python autograd path and float64, every fallback taken where it must be."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import Unchanged, rand
+from xkernels.backends import native
+from xkernels.ops import add_layer_norm, add_rms_norm
+from xkernels.ops.fused import add_norm_native
+
+
+@pytest.fixture(scope="module")
+def ext():
+    """The built extension; a build failure fails the test (set XKERNELS_NATIVE=0 to run without)."""
+    if native.setting() == "0":
+        pytest.skip("XKERNELS_NATIVE=0: the native extension is turned off for this run")
+    mod = native.module(wait=True)
+    assert mod is not None, f"the native extension did not build: {native.unavailable_reason()}"
+    return mod
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    for op in (add_layer_norm, add_rms_norm):
+        op._forget()
+    monkeypatch.setattr(add_norm_native, "POISON", True)
+    yield
+    for op in (add_layer_norm, add_rms_norm):
+        op._forget()
+
+
+def python_only(monkeypatch):
+    monkeypatch.setattr(native, "ready", lambda: None)
+    monkeypatch.setattr(native, "module", lambda wait=False: None)
+
+
+def test_build_is_cached_and_loads(ext, tmp_path):
+    assert native.status() == "loaded"
+    assert native.build_dir().name.startswith(torch.__version__.replace("+", "_"))
+    assert (native.build_dir() / f"{native.NAME}.so").exists()
+    cmd = native.compile_command(tmp_path / "x.so")
+    assert str(native.SOURCE) in cmd and "-std=c++17" in cmd
+
+
+def test_unbuildable_warns_once_and_keeps_python(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_reason", None)
+    monkeypatch.setattr(native, "_builder", None)
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-xk")
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        assert native.module(wait=True) is None
+    assert "no-such-compiler-xk" in native.unavailable_reason()
+    assert native.module() is None  # said once: later calls return quietly
+
+
+def test_turned_off(monkeypatch):
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_reason", None)
+    monkeypatch.setenv("XKERNELS_NATIVE", "0")
+    assert native.module(wait=True) is None and native.unavailable_reason() == "XKERNELS_NATIVE=0"
+
+
+def _training(kind, dtype, device, *, residual=True, weight=True, bias=True, offset=0.0, with_ds=True,
+              needs=(True, True, True, True), dy_strided=False, calls=4):
+    """``calls`` training calls of one signature with fresh data: per call the outputs, every
+    gradient and the grad_fn's name."""
+    n, rows = 48, 6
+    w0 = rand((n,), dtype, device) if weight else None
+    b0 = rand((n,), dtype, device) if bias and kind == "layer" else None
+    out = []
+    for _ in range(calls):
+        x0, r0 = rand((rows, n), dtype, device), rand((rows, n), dtype, device) if residual else None
+        x, r, w, b = [None if t is None else t.clone().requires_grad_(need)
+                      for t, need in zip((x0, r0, w0, b0), needs)]
+        dy = rand((rows, 2 * n), dtype, device)[:, ::2] if dy_strided else rand((rows, n), dtype, device)
+        ds = rand((rows, n), dtype, device) if with_ds else None
+        with Unchanged(x0, r0, w0, b0, dy, ds):
+            if kind == "layer":
+                y, s = add_layer_norm(x, r, w, b, 1e-5)
+            else:
+                y, s = add_rms_norm(x, r, w, 1e-6, offset=offset)
+            name = y.grad_fn.name()
+            torch.autograd.backward((y, s) if with_ds else (y,), (dy, ds) if with_ds else (dy,))
+        grads = [None if t is None or not t.requires_grad else t.grad for t in (x, r, w, b)]
+        out.append((name, y.detach(), s.detach(), grads, (x0, r0, w0, b0, dy, ds)))
+    return out
+
+
+CASES = {
+    "layer": dict(kind="layer"),
+    "rms-offset": dict(kind="rms", offset=1.0),
+    "no-residual": dict(kind="layer", residual=False),
+    "no-weight": dict(kind="rms", weight=False),
+    "no-ds": dict(kind="layer", with_ds=False),
+    "weight-only": dict(kind="layer", needs=(False, False, True, True)),
+    "x-only": dict(kind="rms", needs=(True, False, False, False)),
+    "strided-dy": dict(kind="layer", dy_strided=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_native_matches_python_path(ext, backend, device, fresh, monkeypatch, case, dtype):
+    """The same signature's training calls with the native grad_fn and with the Python one (a
+    fresh route each): bit-identical outputs and gradients, call after call; the native node
+    records the route's repeats (its third call on) wherever the backend launches kernels."""
+    args = CASES[case]
+    torch.manual_seed(1)
+    got = _training(dtype=dtype, device=device, **args)
+    for op in (add_layer_norm, add_rms_norm):
+        op._forget()
+    with monkeypatch.context() as m:
+        python_only(m)
+        torch.manual_seed(1)
+        want = _training(dtype=dtype, device=device, **args)
+    names = [c[0] for c in got]
+    if backend.runs_triton:
+        assert names[2:] == ["AddNormBackward"] * 2, names
+    else:
+        assert "AddNormBackward" not in names
+    assert "AddNormBackward" not in [c[0] for c in want]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g[1], w[1]) and torch.equal(g[2], w[2]), f"call {i}: outputs differ"
+        for k, (a, b) in enumerate(zip(g[3], w[3])):
+            assert (a is None) == (b is None), f"call {i}: gradient {k} presence"
+            if a is not None:
+                assert a.dtype == b.dtype and a.shape == b.shape and not torch.isnan(a.float()).any()
+                assert torch.equal(a, b), f"call {i}: gradient {k} differs from the Python path"
+
+
+def _reference_grads(kind, x, r, w, b, dy, ds, eps=1e-5):
+    sd = (x if r is None else x + r).double().requires_grad_()
+    wd, bd = [None if t is None else t.double().requires_grad_() for t in (w, b)]
+    y = torch.nn.functional.layer_norm(sd, (sd.shape[-1],), wd, bd, eps)
+    ((y * dy.double()).sum() + (0 if ds is None else (sd * ds.double()).sum())).backward()
+    return sd.grad, sd.grad, wd.grad, bd.grad
+
+
+def test_native_backward_installed_once_then_launched(ext, backend, device, fresh, monkeypatch):
+    """The signature's first native backward goes to Python once (which hands its launch to the
+    spec); the next ones launch from C++ without calling Python; gradients against float64."""
+    if not backend.runs_triton:
+        pytest.skip("no kernel route on this backend: nothing is recorded natively")
+    seen = []
+    real = add_norm_native._fallback
+    monkeypatch.setattr(add_norm_native, "_fallback", lambda *a: seen.append(1) or real(*a))
+    calls = _training("layer", torch.float32, device, calls=6)
+    assert [c[0] for c in calls][2:] == ["AddNormBackward"] * 4
+    assert len(seen) == 1, f"{len(seen)} Python backwards among 4 native ones"
+    x0, r0, w0, b0, dy, ds = calls[-1][4]
+    for got, want in zip(calls[-1][3], _reference_grads("layer", x0, r0, w0, b0, dy, ds)):
+        torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def _native_call(device):
+    w = rand((32,), torch.float32, device).requires_grad_()
+    for _ in range(3):
+        x = rand((4, 32), torch.float32, device).requires_grad_()
+        y, s = add_layer_norm(x, None, w, None, 1e-5)
+    assert y.grad_fn.name() == "AddNormBackward"
+    return x, w, y, s
+
+
+def test_native_errors(ext, backend, device, fresh):
+    """What PyTorch refuses for a Python autograd.Function, the native grad_fn refuses too."""
+    if not backend.runs_triton:
+        pytest.skip("no kernel route on this backend: nothing is recorded natively")
+    x, w, y, s = _native_call(device)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        y.sum().backward()
+    x, w, y, s = _native_call(device)
+    with torch.no_grad():
+        w.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    x, w, y, s = _native_call(device)
+    dy = torch.ones_like(y).requires_grad_()  # a gradient that is itself differentiated
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        torch.autograd.grad(y, x, dy, create_graph=True)
+    x, w, y, s = _native_call(device)
+    (gx,) = torch.autograd.grad((y * 0).sum() + s.sum(), x)  # a zero dy and a ds: still x's gradient
+    torch.testing.assert_close(gx, torch.ones_like(gx))
