@@ -93,6 +93,10 @@ class CudaBackend(Backend):
     #: results/2026-11-24-h100-training-host): BERT-base's 24 such blocks cost its training step
     #: ~4.9 ms of host time, its whole wall-time deficit (results/2026-11-24-h100-models-eager-host-path).
     fused_norm_training_host_ms = 0.205
+    #: Recorded by the native grad_fn the same call cost 308 us against PyTorch's 329 (autograd's
+    #: threads on; 257 against 245 with them off), medians of valid rounds with the device held
+    #: busy (H100 host, 2026-11-25, results/2026-11-25-h100-native-add-norm): no premium.
+    native_norm_training_host_ms = 0.0
     #: xkernels.nn.Linear forward + backward 300.5 us against torch.nn.Linear's 256.0 us per call,
     #: medians with the device held busy (H100 host, 2026-11-24, results/2026-11-24-h100-training-host);
     #: BERT-base's 72 linears: its patched training step took ~4 ms more host than torch's (35.4 vs

@@ -186,6 +186,9 @@ class Backend:
     #: eager mode only where the bytes it saves take the device longer than this
     #: (``ops/fused/add_norm_plan.training_fusion_pays``). 0: always.
     fused_norm_training_host_ms: float = 0.0
+    #: The same premium where the native extension records the fused call (``backends/native.py``:
+    #: a C++ grad_fn, no Python autograd). 0: always.
+    native_norm_training_host_ms: float = 0.0
     #: Host milliseconds an ``xkernels.nn.Linear`` costs per training call (forward + backward:
     #: a Python autograd Function, its backward GEMMs through ``xkernels.ops.matmul``) beyond
     #: ``torch.nn.Linear``'s, measured on this backend's host. Patched linears train through

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from xkernels import dispatch
+from xkernels.backends import native
 from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
 from xkernels.ops.fused.add_norm_plan import training_fusion_pays
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
@@ -66,7 +67,7 @@ class NormStep:
     def training_pays(self, x: torch.Tensor) -> bool:
         """Whether a LayerNorm block's training call takes the fused op here
         (``add_norm_plan.training_fusion_pays``), per size, dtype, device and backend override."""
-        key = (x.numel(), x.dtype, x.device, dispatch.override_name())
+        key = (x.numel(), x.dtype, x.device, dispatch.override_name(), native.ready() is not None)
         pays = self.paying.get(key)
         if pays is None:
             if len(self.paying) > 64:

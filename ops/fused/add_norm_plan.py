@@ -18,6 +18,7 @@ import torch
 
 from xkernels import tuning
 from xkernels.backend import Backend
+from xkernels.backends import native
 from xkernels.launch import Launcher
 from xkernels.ops.layout import INT32_MAX, next_pow2, prod
 from xkernels.ops.op import Plan
@@ -220,9 +221,10 @@ def training_fusion_pays(backend: Backend, device: torch.device, numel: int, ele
     costs beyond PyTorch's ops (``Backend.fused_norm_training_host_ms``). A host-bound model
     loses that host time on every block, a device-bound one gains the saved bytes' time; where
     the bytes' time is the smaller, fusing can only lose (BERT-base's blocks: ~21 us of
-    traffic saved against ~205 us of host on an H100). No premium: always; no bandwidth known:
-    never."""
-    premium = backend.fused_norm_training_host_ms
+    traffic saved against ~205 us of host on an H100). Where the native extension records the
+    call (``add_norm_native``) the premium is ``Backend.native_norm_training_host_ms``. No premium:
+    always; no bandwidth known: never."""
+    premium = backend.native_norm_training_host_ms if native.ready() is not None else backend.fused_norm_training_host_ms
     if premium <= 0:
         return True
     try:
