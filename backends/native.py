@@ -101,7 +101,12 @@ def _build() -> None:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        _module = _load(out)
+        mod = _load(out)
+        from xkernels import dispatch
+
+        with dispatch._count_lock:  # use_backend blocks opened before the extension loaded
+            mod.set_overrides_active(dispatch.active_overrides())
+            _module = mod
     except Exception as exc:  # keep the Python paths, say why once
         _reason = f"{type(exc).__name__}: {exc}"[:800]
         warnings.warn(f"xkernels: the native extension ({SOURCE.name}) is unavailable, the fused ops' training "
@@ -153,3 +158,14 @@ def status() -> str:
     if _builder is not None and _builder.is_alive():
         return "building"
     return "not requested"
+
+
+def launch_spec(launch: Any, backend_name: str) -> Any:
+    """What native code launches with: a ``cuda_launch.Record``'s packed spec (no Python per
+    launch), or on an interpreter backend (where every launch is Python anyway, so CI exercises
+    the native paths) the launch function itself; ``None`` otherwise (Triton's own launcher: the
+    GIL would be taken per launch, and nothing is gained)."""
+    spec = getattr(launch, "spec", None)
+    if callable(spec):
+        return spec()
+    return launch if callable(launch) and backend_name.startswith("interpreter") else None

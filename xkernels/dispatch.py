@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -28,6 +29,7 @@ _env_backend: str | None = os.environ.get(ENV_VAR) or None
 
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("xkernels_backend", default=None)
 _by_device_type: dict[str, Backend] = {}
+_count_lock = threading.Lock()
 registry.listeners.append(_by_device_type.clear)
 
 
@@ -82,10 +84,32 @@ def use_backend(name: str | Backend) -> Iterator[Backend]:
     """Run the ops in this block on backend ``name`` (context-local, safe across threads)."""
     backend = name if isinstance(name, Backend) else registry.backend(name)
     token = _override.set(backend.name)
+    _count_override(1)
     try:
         yield backend
     finally:
         _override.reset(token)
+        _count_override(-1)
+
+
+_active_overrides = 0
+
+
+def _count_override(step: int) -> None:
+    """Counts the ``use_backend`` blocks open in the process, for the native add overrides
+    (``backends/native.cpp``), which defer every call to Python while any is open."""
+    global _active_overrides
+    from xkernels.backends import native
+
+    with _count_lock:
+        _active_overrides += step
+        mod = native.ready()
+        if mod is not None:
+            mod.set_overrides_active(_active_overrides)
+
+
+def active_overrides() -> int:
+    return _active_overrides
 
 
 def override_name() -> str | None:

@@ -107,6 +107,8 @@ def enabled_ops() -> dict[str, list[str]]:
 def routing_counts(reset: bool = False) -> dict[str, dict[str, int]]:
     """Calls seen by the overrides: aten overload -> route (``"xkernels"`` or ``"aten: why"``) -> n."""
     with _lock:
+        for slot, handle in _natives.items():  # the calls the C++ overrides launched themselves
+            _count_native(handle, slot)
         result: dict[str, dict[str, int]] = {}
         for (name, route), n in sorted(_counts.items()):
             result.setdefault(name, {})[route] = n
@@ -148,6 +150,44 @@ def dispatch_keys() -> list[str]:
     return keys
 
 
+class _NativeOverride:
+    """An add / add_ override registered from C++ (``backends/native.cpp``: ``override_add``):
+    a repeated signature is launched there without entering Python; the rest calls the Python
+    override. ``_destroy`` restores aten's kernel, as a ``torch.library.Library``'s does."""
+
+    def __init__(self, handle: Any, slot: tuple[str, str]) -> None:
+        self.handle, self.slot = handle, slot
+
+    def _destroy(self) -> None:
+        _count_native(self.handle, self.slot)
+        self.handle.remove()
+
+
+#: (aten overload, dispatch key) -> the native override's handle, while registered
+_natives: dict[tuple[str, str], Any] = {}
+NATIVE_KEYS = ("CUDA", "CPU")  # launch records (CUDA), the interpreters' Python launches (CPU: CI runs it)
+
+
+def _native_override(name: str, key: str) -> Any:
+    """The C++ override of ``name`` on ``key`` where the native extension is loaded, else ``None``."""
+    from xkernels.backends import native
+
+    mod = native.ready()
+    if mod is None or name not in ("add.Tensor", "add_.Tensor") or key not in NATIVE_KEYS:
+        if mod is None and name in ("add.Tensor", "add_.Tensor"):
+            native.module()  # a later enable() finds it built
+        return None
+    handle = mod.override_add(name, key, _OVERRIDES[name])
+    _natives[(name, key)] = handle
+    return _NativeOverride(handle, (name, key))
+
+
+def _count_native(handle: Any, slot: tuple[str, str]) -> None:
+    hits = handle.take_hits()
+    if hits:
+        _counts[(slot[0], "xkernels")] += hits
+
+
 def _apply(selected: frozenset[str]) -> None:
     global _selected
     with _lock:
@@ -155,11 +195,14 @@ def _apply(selected: frozenset[str]) -> None:
         wanted = {(name, key) for name in selected for key in keys}
         for slot in [s for s in _libraries if s not in wanted]:
             _libraries.pop(slot)._destroy()  # aten's own kernel is in effect again
+            _natives.pop(slot, None)
         for name, key in sorted(wanted - set(_libraries)):
-            lib = torch.library.Library("aten", "IMPL")
-            with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point here
-                warnings.simplefilter("ignore")
-                lib.impl(name, _OVERRIDES[name], key)
+            lib = _native_override(name, key)
+            if lib is None:
+                lib = torch.library.Library("aten", "IMPL")
+                with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point here
+                    warnings.simplefilter("ignore")
+                    lib.impl(name, _OVERRIDES[name], key)
             _libraries[(name, key)] = lib
         _selected = selected
 
@@ -282,7 +325,27 @@ def _remember_add(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result
         if len(_ADD_SIGNATURES) >= _ADD_SIGNATURES_LIMIT:
             _ADD_SIGNATURES.clear()
         _ADD_SIGNATURES.add(found[0])
+        _remember_native("add_.Tensor" if kwargs else "add.Tensor", args, found[1])
     return result
+
+
+def _remember_native(name: str, args: tuple[Any, ...], route: Any) -> None:
+    """Hands the route's launch of a plain two-operand add to the C++ override of ``name`` on
+    the operands' dispatch key, which launches the signature's repeats itself (it checks the
+    same conditions per call: same dtype, device and shape, contiguous, alpha 1)."""
+    x, y = args
+    if not _natives or not isinstance(y, torch.Tensor) or dispatch._override.get() is not None:
+        return  # (within use_backend the C++ override defers every call to Python)
+    key = "CUDA" if x.is_cuda else "CPU" if x.device.type == "cpu" else None
+    handle = _natives.get((name, key)) if key else None
+    if handle is None or x.dtype != y.dtype or x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()):
+        return
+    from xkernels.backends import native
+
+    launch = getattr(route.run, "launch", None)
+    how = None if launch is None else native.launch_spec(launch, dispatch.select(x.device).name)
+    if how is not None:
+        handle.remember(x, how)
 
 
 def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:

@@ -211,6 +211,7 @@ def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
         fn = launch or (fns.get((None, alpha)) if alpha else None) or per_value(None, alpha)
         return out if fn(x, y, out) else None
 
+    hot.launch = launch  # type: ignore[attr-defined]  # None where scalars are packed per value
     return hot
 
 
@@ -227,6 +228,7 @@ def _hot_two_tensors(plan: BinaryPlan, call: BinaryCall) -> Any:
         out = alloc(size, stride, dtype)
         return out if launch(x, y, out) else None
 
+    hot.launch = launch  # type: ignore[attr-defined]  # the (x, y, out) launch: enable()'s native override takes it
     return hot
 
 

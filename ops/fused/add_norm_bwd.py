@@ -341,12 +341,9 @@ class HotBackward:
         return run
 
 
+
 def native_launch(launch: Any, backend: Backend) -> Any:
-    """What a native grad_fn launches with (``backends/native.cpp``): a packed record's spec, or on
-    an interpreter backend (where every launch is Python anyway, so CI exercises the native
-    node) the launch function itself; ``None`` otherwise (Triton's own launcher: the GIL would be
-    needed per launch)."""
-    spec = getattr(launch, "spec", None)
-    if spec is not None:
-        return spec()
-    return launch if backend.name.startswith("interpreter") else None
+    """What a native grad_fn launches with (``backends/native.launch_spec``)."""
+    from xkernels.backends import native
+
+    return native.launch_spec(launch, backend.name)

@@ -186,3 +186,102 @@ def test_native_errors(ext, backend, device, fresh):
     x, w, y, s = _native_call(device)
     (gx,) = torch.autograd.grad((y * 0).sum() + s.sum(), x)  # a zero dy and a ds: still x's gradient
     torch.testing.assert_close(gx, torch.ones_like(gx))
+
+
+# -- enable()'s add / add_ overrides registered from C++ ---------------------------------------
+@pytest.fixture
+def routed_add(ext, monkeypatch):
+    """``enable(ops=["add"])`` with the interpreter as the process's backend (as
+    ``XKERNELS_BACKEND=interpreter``: no ``use_backend`` block, during which the C++ override
+    defers to Python), so cpu tensors are routed through the C++ override; Python override
+    calls counted; results NaN-poisoned before each native launch."""
+    import xkernels
+    from helpers import require_interpreter
+    from xkernels import dispatch, routing
+
+    require_interpreter()
+    monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
+    from xkernels.ops.elementwise.add import add as add_op
+
+    add_op._forget()
+    routing._ADD_SIGNATURES.clear()
+    seen = []
+    real = routing._add_repeat
+    # the float32 calls the Python override saw (the float64 references go there too, to aten)
+    monkeypatch.setattr(routing, "_add_repeat",
+                        lambda *a: (a[2][0].dtype == torch.float32 and seen.append(a[0])) or real(*a))
+    ext.set_poison_add(True)
+    xkernels.enable(ops=["add"])
+    routing.routing_counts(reset=True)
+    try:
+        assert isinstance(routing._libraries[("add.Tensor", "CPU")], routing._NativeOverride)
+        yield seen
+    finally:
+        xkernels.disable()
+        ext.set_poison_add(False)
+        add_op._forget()
+
+
+def test_native_add_override_launches_repeats_without_python(routed_add):
+    from xkernels import routing
+
+    for _ in range(3):  # fresh data, one signature
+        x, y = torch.randn(5, 33), torch.randn(5, 33)
+        with Unchanged(x, y):
+            got = x + y
+        assert torch.equal(got, (x.double() + y.double()).float())
+    assert routed_add == ["add.Tensor"], "the repeats went to the Python override"
+    assert routing._natives[("add.Tensor", "CPU")].entries == 1
+    assert routing.routing_counts()["add.Tensor"] == {"xkernels": 3, "aten: dtype torch.float64": 3}
+
+
+def test_native_add_override_defers_what_it_does_not_cover(routed_add):
+    """Other alpha, broadcasting, dtypes, strides, shapes, a use_backend block: the Python
+    override decides (and its counts say how); each result against torch's."""
+    import xkernels
+    from xkernels import routing
+
+    x, y = torch.randn(4, 16), torch.randn(4, 16)
+    for _ in range(2):
+        x + y  # remembered
+    n = len(routed_add)
+    cases = [lambda: torch.add(x, y, alpha=2), lambda: x + y[0], lambda: x + y.double(), lambda: x.t() + y.t(),
+             lambda: x[:2] + y[:2], lambda: x + 1.5]
+    for case in cases:
+        got = case()
+        routing.disable()
+        want = case()
+        xkernels.enable(ops=["add"])
+        assert torch.allclose(got, want, rtol=1e-6, atol=1e-6) and got.dtype == want.dtype and got.shape == want.shape
+    with xkernels.use_backend("interpreter"):
+        torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
+    assert len(routed_add) >= n + 4  # alpha and the scalar operand skip _add_repeat; the rest went to Python
+
+
+def test_native_add_inplace_override(routed_add):
+    from xkernels import routing
+
+    y = torch.randn(3, 24)
+    for _ in range(3):
+        x = torch.randn(3, 24)
+        want = (x.double() + y.double()).float()
+        x.add_(y)
+        assert torch.equal(x, want)
+    x = torch.randn(3, 24)
+    want = (2 * x.double()).float()
+    x.add_(x)  # self as the other operand: allowed
+    assert torch.equal(x, want)
+    assert routed_add.count("add_.Tensor") == 1
+    assert routing.routing_counts()["add_.Tensor"]["xkernels"] == 4
+
+
+def test_native_add_override_removed_and_registered_again(routed_add):
+    import xkernels
+    from xkernels import routing
+
+    xkernels.disable()
+    assert routing._natives == {} and routing.enabled_ops() == {}
+    x, y = torch.randn(8), torch.randn(8)
+    assert torch.equal(x + y, torch.ops.aten.add.out(x, y, out=torch.empty(8)))  # aten's own kernel
+    xkernels.enable(ops=["add"])  # registers again (the C++ slot was freed)
+    assert isinstance(routing._libraries[("add.Tensor", "CPU")], routing._NativeOverride)
