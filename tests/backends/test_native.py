@@ -191,18 +191,22 @@ def test_native_errors(ext, backend, device, fresh):
 # -- enable()'s add / add_ overrides registered from C++ ---------------------------------------
 @pytest.fixture
 def routed_add(ext, monkeypatch):
-    """``enable(ops=["add"])`` with the interpreter as the process's backend (as
-    ``XKERNELS_BACKEND=interpreter``: no ``use_backend`` block, during which the C++ override
-    defers to Python), so cpu tensors are routed through the C++ override; Python override
-    calls counted; results NaN-poisoned before each native launch."""
+    """``enable(ops=["add"])`` with the add override registered from C++: on cuda where a GPU is
+    present (launch records), else on cpu tensors with the interpreter as the process's backend
+    (as ``XKERNELS_BACKEND=interpreter``: no ``use_backend`` block, during which the C++ override
+    defers to Python). Yields (the float32 calls the Python override saw, the device, the
+    dispatch key); results NaN-poisoned before each native launch."""
     import xkernels
     from helpers import require_interpreter
     from xkernels import dispatch, routing
-
-    require_interpreter()
-    monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
     from xkernels.ops.elementwise.add import add as add_op
 
+    if torch.cuda.is_available():
+        device, key = torch.device("cuda"), "CUDA"
+    else:
+        require_interpreter()
+        monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
+        device, key = torch.device("cpu"), "CPU"
     add_op._forget()
     routing._ADD_SIGNATURES.clear()
     seen = []
@@ -214,8 +218,8 @@ def routed_add(ext, monkeypatch):
     xkernels.enable(ops=["add"])
     routing.routing_counts(reset=True)
     try:
-        assert isinstance(routing._libraries[("add.Tensor", "CPU")], routing._NativeOverride)
-        yield seen
+        assert isinstance(routing._libraries[("add.Tensor", key)], routing._NativeOverride)
+        yield seen, device, key
     finally:
         xkernels.disable()
         ext.set_poison_add(False)
@@ -225,13 +229,14 @@ def routed_add(ext, monkeypatch):
 def test_native_add_override_launches_repeats_without_python(routed_add):
     from xkernels import routing
 
+    seen, device, key = routed_add
     for _ in range(3):  # fresh data, one signature
-        x, y = torch.randn(5, 33), torch.randn(5, 33)
+        x, y = torch.randn(5, 33, device=device), torch.randn(5, 33, device=device)
         with Unchanged(x, y):
             got = x + y
         assert torch.equal(got, (x.double() + y.double()).float())
-    assert routed_add == ["add.Tensor"], "the repeats went to the Python override"
-    assert routing._natives[("add.Tensor", "CPU")].entries == 1
+    assert seen == ["add.Tensor"], "the repeats went to the Python override"
+    assert routing._natives[("add.Tensor", key)].entries == 1
     assert routing.routing_counts()["add.Tensor"] == {"xkernels": 3, "aten: dtype torch.float64": 3}
 
 
@@ -241,10 +246,11 @@ def test_native_add_override_defers_what_it_does_not_cover(routed_add):
     import xkernels
     from xkernels import routing
 
-    x, y = torch.randn(4, 16), torch.randn(4, 16)
+    seen, device, key = routed_add
+    x, y = torch.randn(4, 16, device=device), torch.randn(4, 16, device=device)
     for _ in range(2):
         x + y  # remembered
-    n = len(routed_add)
+    n = len(seen)
     cases = [lambda: torch.add(x, y, alpha=2), lambda: x + y[0], lambda: x + y.double(), lambda: x.t() + y.t(),
              lambda: x[:2] + y[:2], lambda: x + 1.5]
     for case in cases:
@@ -253,25 +259,26 @@ def test_native_add_override_defers_what_it_does_not_cover(routed_add):
         want = case()
         xkernels.enable(ops=["add"])
         assert torch.allclose(got, want, rtol=1e-6, atol=1e-6) and got.dtype == want.dtype and got.shape == want.shape
-    with xkernels.use_backend("interpreter"):
+    with xkernels.use_backend(xkernels.dispatch.select(device).name):
         torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
-    assert len(routed_add) >= n + 4  # alpha and the scalar operand skip _add_repeat; the rest went to Python
+    assert len(seen) >= n + 4  # alpha and the scalar operand skip _add_repeat; the rest went to Python
 
 
 def test_native_add_inplace_override(routed_add):
     from xkernels import routing
 
-    y = torch.randn(3, 24)
+    seen, device, key = routed_add
+    y = torch.randn(3, 24, device=device)
     for _ in range(3):
-        x = torch.randn(3, 24)
+        x = torch.randn(3, 24, device=device)
         want = (x.double() + y.double()).float()
         x.add_(y)
         assert torch.equal(x, want)
-    x = torch.randn(3, 24)
+    x = torch.randn(3, 24, device=device)
     want = (2 * x.double()).float()
     x.add_(x)  # self as the other operand: allowed
     assert torch.equal(x, want)
-    assert routed_add.count("add_.Tensor") == 1
+    assert seen.count("add_.Tensor") == 1
     assert routing.routing_counts()["add_.Tensor"]["xkernels"] == 4
 
 
@@ -279,9 +286,10 @@ def test_native_add_override_removed_and_registered_again(routed_add):
     import xkernels
     from xkernels import routing
 
+    seen, device, key = routed_add
     xkernels.disable()
     assert routing._natives == {} and routing.enabled_ops() == {}
-    x, y = torch.randn(8), torch.randn(8)
-    assert torch.equal(x + y, torch.ops.aten.add.out(x, y, out=torch.empty(8)))  # aten's own kernel
+    x, y = torch.randn(8, device=device), torch.randn(8, device=device)
+    assert torch.equal(x + y, torch.ops.aten.add.out(x, y, out=torch.empty(8, device=device)))  # aten's kernel
     xkernels.enable(ops=["add"])  # registers again (the C++ slot was freed)
-    assert isinstance(routing._libraries[("add.Tensor", "CPU")], routing._NativeOverride)
+    assert isinstance(routing._libraries[("add.Tensor", key)], routing._NativeOverride)
