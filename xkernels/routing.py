@@ -315,6 +315,8 @@ def _add_repeat(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         _thread.inside = False
     if result is not None:
         _counts[(name, "xkernels")] += 1
+        if _natives:  # the C++ override missed a signature Python knows (registered since): teach it
+            _remember_native(name, args, route)
     return result
 
 

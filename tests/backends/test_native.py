@@ -287,9 +287,15 @@ def test_native_add_override_removed_and_registered_again(routed_add):
     from xkernels import routing
 
     seen, device, key = routed_add
+    x, y = torch.randn(8, device=device), torch.randn(8, device=device)
+    for _ in range(2):
+        x + y
     xkernels.disable()
     assert routing._natives == {} and routing.enabled_ops() == {}
-    x, y = torch.randn(8, device=device), torch.randn(8, device=device)
     assert torch.equal(x + y, torch.ops.aten.add.out(x, y, out=torch.empty(8, device=device)))  # aten's kernel
-    xkernels.enable(ops=["add"])  # registers again (the C++ slot was freed)
+    xkernels.enable(ops=["add"])  # registers again (the C++ slot was freed), with an empty table
     assert isinstance(routing._libraries[("add.Tensor", key)], routing._NativeOverride)
+    n = len(seen)
+    for _ in range(3):
+        torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
+    assert len(seen) == n + 1, "the Python repeat did not teach the new override its signature"
