@@ -375,39 +375,59 @@ void set_backward(AddNormSpec& spec, const py::object& launch, const py::tuple& 
 }
 
 
-// -- enable()'s overrides of aten::add.Tensor / add_.Tensor, registered from C++ ----------------
-// A call whose signature (dtype, device, sizes: both operands contiguous, same shape and dtype,
-// alpha 1) an earlier call ran on xkernels' kernel (`remember`) is launched here: allocate
-// (add) or write self (add_), launch, count. Any other call, and every call made while the
-// Python override runs on this thread, goes to the Python override (routing.py), which decides
-// as it always did: xkernels or aten's .out kernel.
+// -- enable()'s overrides, registered from C++ ------------------------------------------------
+// aten::add.Tensor / add_.Tensor / mm / bmm / addmm on a backend dispatch key. A call whose
+// signature (every operand's dtype, device, sizes and strides) the Python override ran before
+// and handed over (`remember`: a launch record of xkernels' kernel; `remember_vendor`: xkernels'
+// route is the aten call itself, the device's BLAS) is run here: allocate, launch or call
+// aten's .out kernel, count. Any other call, every call made while the Python override runs on
+// this thread, and every call while a use_backend() block is open, goes to the Python override
+// (routing.py), which decides as it always did.
 thread_local bool t_in_python = false;
-// use_backend() blocks open anywhere in the process (xkernels.dispatch keeps it): while one is, a
-// call may belong to another backend than the one an entry was remembered for, so every call
-// goes to the Python override, which decides per call.
+// use_backend() blocks open anywhere in the process (xkernels.dispatch keeps the count): while
+// one is, a call may belong to another backend than the one an entry was remembered for.
 std::atomic<int> g_overrides_active{0};
-std::atomic<bool> g_poison_add{false};  // tests: an add's result is NaN-filled before its launch
+std::atomic<bool> g_poison{false};  // tests: a result is NaN-filled before its launch
 
-struct AddOverride {
-  bool inplace = false;
-  py::object py_fn;  // routing._add / _add_
+enum OpIndex { kAdd = 0, kAddInplace, kMm, kBmm, kAddmm, kOps };
+const char* const kOpNames[kOps] = {"add.Tensor", "add_.Tensor", "mm", "bmm", "addmm"};
+
+struct Entry {
+  bool vendor = false;  // the aten .out call; else `launch`
+  Launch launch;
+};
+
+using Key = std::vector<int64_t>;
+
+Key key_of(std::initializer_list<const at::Tensor*> ts) {
+  Key k;
+  for (const at::Tensor* t : ts) {
+    k.push_back(static_cast<int64_t>(t->scalar_type()));
+    k.push_back(static_cast<int64_t>(t->device().type()));
+    k.push_back(t->device().index());
+    k.push_back(t->dim());
+    for (auto v : t->sizes()) k.push_back(v);
+    for (auto v : t->strides()) k.push_back(v);
+  }
+  return k;
+}
+
+struct Override {
+  int op = 0;
+  py::object py_fn;  // routing._add / _add_ / _mm / _bmm / _addmm
   std::unique_ptr<torch::Library> lib;
   std::mutex lock;
-  std::map<std::tuple<int, int, int, std::vector<int64_t>>, std::shared_ptr<const Launch>> table;
-  std::atomic<int64_t> hits{0};
+  std::map<Key, std::shared_ptr<const Entry>> table;
+  std::atomic<int64_t> hits{0};         // calls launched here on xkernels' kernel
+  std::atomic<int64_t> vendor_hits{0};  // calls that ran aten's .out kernel from here
   size_t limit = 1024;
 
-  static std::tuple<int, int, int, std::vector<int64_t>> key(const at::Tensor& x) {
-    return {static_cast<int>(x.scalar_type()), static_cast<int>(x.device().type()), x.device().index(),
-            x.sizes().vec()};
-  }
-  std::shared_ptr<const Launch> find(const at::Tensor& x) {
-    auto k = key(x);
+  std::shared_ptr<const Entry> find(const Key& k) {
     std::lock_guard<std::mutex> g(lock);
     auto it = table.find(k);
     return it == table.end() ? nullptr : it->second;
   }
-  ~AddOverride() {
+  ~Override() {
     lib.reset();
     if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
@@ -421,11 +441,13 @@ struct AddOverride {
 
 constexpr int kSlots = 3;  // CUDA, CPU, PrivateUse1
 std::mutex g_over_lock;
-std::shared_ptr<AddOverride> g_over[2][kSlots];
+std::shared_ptr<Override> g_over[kOps][kSlots];
 
-std::shared_ptr<AddOverride> current(int inplace, int slot) {
+std::shared_ptr<Override> current(int op, int slot) {
   std::lock_guard<std::mutex> g(g_over_lock);
-  return g_over[inplace][slot];
+  auto o = g_over[op][slot];
+  TORCH_CHECK(o, "xkernels: the native ", kOpNames[op], " override ran after it was removed");
+  return o;
 }
 
 py::object scalar_to_py(const c10::Scalar& a) {
@@ -435,12 +457,6 @@ py::object scalar_to_py(const c10::Scalar& a) {
   return py::cast(c10::complex<double>(a.toComplexDouble()));
 }
 
-bool plain(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  return !t_in_python && g_overrides_active.load(std::memory_order_relaxed) == 0 && alpha.isIntegral(false) && alpha.toLong() == 1 && other.defined() &&
-         self.scalar_type() == other.scalar_type() && self.device() == other.device() &&
-         self.sizes().equals(other.sizes()) && self.numel() > 0 && self.is_contiguous() && other.is_contiguous();
-}
-
 // As PyTorch hands a Python kernel its arguments: a wrapped number (the 1.5 of `x + 1.5`) as a
 // Python number, not a 0-d tensor.
 py::object as_py(const at::Tensor& t) {
@@ -448,21 +464,34 @@ py::object as_py(const at::Tensor& t) {
   return py::cast(t);
 }
 
+bool is_one(const c10::Scalar& a) { return a.isIntegral(false) && a.toLong() == 1; }
+
+bool may_run_here() { return !t_in_python && g_overrides_active.load(std::memory_order_relaxed) == 0; }
+
 struct InPython {
   bool was = t_in_python;
   InPython() { t_in_python = true; }
   ~InPython() { t_in_python = was; }
 };
 
+bool plain_add(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  return may_run_here() && is_one(alpha) && other.defined() && self.scalar_type() == other.scalar_type() &&
+         self.device() == other.device() && self.sizes().equals(other.sizes()) && self.numel() > 0 &&
+         self.is_contiguous() && other.is_contiguous();
+}
+
+void poison(at::Tensor& t) {
+  if (g_poison) t.fill_(NAN);
+}
+
 template <int Slot>
 at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  auto ov = current(0, Slot);
-  TORCH_CHECK(ov, "xkernels: the native add override ran after it was removed");
-  if (plain(self, other, alpha)) {
-    if (auto l = ov->find(self)) {
+  auto ov = current(kAdd, Slot);
+  if (plain_add(self, other, alpha)) {
+    if (auto e = ov->find(key_of({&self}))) {
       at::Tensor out = at::empty(self.sizes(), self.options());
-      if (g_poison_add) out.fill_(NAN);
-      if ((*l)({self, other, out})) {
+      poison(out);
+      if (e->launch({self, other, out})) {
         ov->hits++;
         return out;
       }
@@ -476,15 +505,14 @@ at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10
 
 template <int Slot>
 at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  auto ov = current(1, Slot);
-  TORCH_CHECK(ov, "xkernels: the native add_ override ran after it was removed");
-  if (plain(self, other, alpha)) {
+  auto ov = current(kAddInplace, Slot);
+  if (plain_add(self, other, alpha)) {
     auto px = reinterpret_cast<uintptr_t>(self.data_ptr()), py_ = reinterpret_cast<uintptr_t>(other.data_ptr());
     uintptr_t bytes = self.numel() * self.element_size();
     bool disjoint = px + bytes <= py_ || py_ + bytes <= px;
     if (disjoint || px == py_) {  // an operand that is self itself, or apart from it (as routing's check)
-      if (auto l = ov->find(self)) {
-        if ((*l)({self, other, self})) {
+      if (auto e = ov->find(key_of({&self}))) {
+        if (e->launch({self, other, self})) {
           ov->hits++;
           return self;
         }
@@ -495,6 +523,61 @@ at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const 
   InPython in;
   ov->py_fn(self, as_py(other), py::arg("alpha") = scalar_to_py(alpha));
   return self;
+}
+
+template <int Slot>
+at::Tensor mm_kernel(const at::Tensor& a, const at::Tensor& b) {
+  auto ov = current(kMm, Slot);
+  if (may_run_here() && a.dim() == 2 && b.dim() == 2) {
+    if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
+      at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+      poison(out);
+      at::mm_out(out, a, b);
+      ov->vendor_hits++;
+      return out;
+    }
+  }
+  py::gil_scoped_acquire gil;
+  InPython in;
+  py::object r = ov->py_fn(a, b);
+  return r.cast<at::Tensor>();
+}
+
+template <int Slot>
+at::Tensor bmm_kernel(const at::Tensor& a, const at::Tensor& b) {
+  auto ov = current(kBmm, Slot);
+  if (may_run_here() && a.dim() == 3 && b.dim() == 3) {
+    if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
+      at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+      poison(out);
+      at::bmm_out(out, a, b);
+      ov->vendor_hits++;
+      return out;
+    }
+  }
+  py::gil_scoped_acquire gil;
+  InPython in;
+  py::object r = ov->py_fn(a, b);
+  return r.cast<at::Tensor>();
+}
+
+template <int Slot>
+at::Tensor addmm_kernel(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, const c10::Scalar& beta,
+                        const c10::Scalar& alpha) {
+  auto ov = current(kAddmm, Slot);
+  if (may_run_here() && is_one(beta) && is_one(alpha) && bias.dim() == 1 && a.dim() == 2 && b.dim() == 2) {
+    if (auto e = ov->find(key_of({&bias, &a, &b})); e && e->vendor) {
+      at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+      poison(out);
+      at::addmm_out(out, bias, a, b, 1, 1);
+      ov->vendor_hits++;
+      return out;
+    }
+  }
+  py::gil_scoped_acquire gil;
+  InPython in;
+  py::object r = ov->py_fn(bias, a, b, py::arg("beta") = scalar_to_py(beta), py::arg("alpha") = scalar_to_py(alpha));
+  return r.cast<at::Tensor>();
 }
 
 int slot_of(const std::string& key) {
@@ -509,40 +592,46 @@ c10::DispatchKey dispatch_key(int slot) {
 }
 
 template <int Slot>
-void impl_add(torch::Library& lib, bool inplace) {
-  if (inplace)
-    lib.impl("add_.Tensor", TORCH_FN(add_inplace_kernel<Slot>));
-  else
-    lib.impl("add.Tensor", TORCH_FN(add_kernel<Slot>));
+void impl_op(torch::Library& lib, int op) {
+  switch (op) {
+    case kAdd: lib.impl("add.Tensor", TORCH_FN(add_kernel<Slot>)); break;
+    case kAddInplace: lib.impl("add_.Tensor", TORCH_FN(add_inplace_kernel<Slot>)); break;
+    case kMm: lib.impl("mm", TORCH_FN(mm_kernel<Slot>)); break;
+    case kBmm: lib.impl("bmm", TORCH_FN(bmm_kernel<Slot>)); break;
+    default: lib.impl("addmm", TORCH_FN(addmm_kernel<Slot>)); break;
+  }
 }
 
 struct QuietWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
-// Registers the override of `name` ("add.Tensor" / "add_.Tensor") on dispatch key `key`; the
-// returned handle's `remove()` (or its destruction) restores aten's kernel.
-std::shared_ptr<AddOverride> override_add(const std::string& name, const std::string& key, py::object py_fn) {
-  TORCH_CHECK(name == "add.Tensor" || name == "add_.Tensor", "xkernels native override: not an add overload: ", name);
-  const int inplace = name == "add_.Tensor", slot = slot_of(key);
-  auto ov = std::make_shared<AddOverride>();
-  ov->inplace = inplace;
+// Registers the override of aten overload `name` on dispatch key `key`; the returned handle's
+// `remove()` (or its destruction) restores aten's kernel.
+std::shared_ptr<Override> override_op(const std::string& name, const std::string& key, py::object py_fn) {
+  int op = -1;
+  for (int i = 0; i < kOps; ++i)
+    if (name == kOpNames[i]) op = i;
+  TORCH_CHECK(op >= 0, "xkernels native override: no native override of ", name);
+  const int slot = slot_of(key);
+  auto ov = std::make_shared<Override>();
+  ov->op = op;
   ov->py_fn = std::move(py_fn);
   {
     std::lock_guard<std::mutex> g(g_over_lock);
-    TORCH_CHECK(!g_over[inplace][slot], "xkernels native override: ", name, " on ", key, " is registered already");
-    g_over[inplace][slot] = ov;
+    TORCH_CHECK(!g_over[op][slot], "xkernels native override: ", name, " on ", key, " is registered already");
+    g_over[op][slot] = ov;
   }
   QuietWarnings quiet;  // "Overriding a previously registered kernel": the point here
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dispatch_key(slot), __FILE__, __LINE__);
-  if (slot == 0) impl_add<0>(*ov->lib, inplace);
-  if (slot == 1) impl_add<1>(*ov->lib, inplace);
-  if (slot == 2) impl_add<2>(*ov->lib, inplace);
+  if (slot == 0) impl_op<0>(*ov->lib, op);
+  if (slot == 1) impl_op<1>(*ov->lib, op);
+  if (slot == 2) impl_op<2>(*ov->lib, op);
   return ov;
 }
 
-void remove_override(AddOverride& ov) {
+void remove_override(Override& ov) {
   ov.lib.reset();  // aten's kernel is in effect again
   std::lock_guard<std::mutex> g(g_over_lock);
   for (auto& row : g_over)
@@ -550,12 +639,27 @@ void remove_override(AddOverride& ov) {
       if (o.get() == &ov) o.reset();
 }
 
-void remember(AddOverride& ov, const at::Tensor& x, const py::object& launch) {
-  auto l = std::make_shared<Launch>(make_launch(launch));
-  auto k = AddOverride::key(x);
+void store(Override& ov, Key k, std::shared_ptr<Entry> e) {
   std::lock_guard<std::mutex> g(ov.lock);
   if (ov.table.size() >= ov.limit) ov.table.clear();
-  ov.table[k] = std::move(l);
+  ov.table[std::move(k)] = std::move(e);
+}
+
+// add / add_: the launch of (x, y, out) for x's signature (the kernel checks y matches it).
+void remember(Override& ov, const at::Tensor& x, const py::object& launch) {
+  TORCH_CHECK(ov.op == kAdd || ov.op == kAddInplace, "xkernels native override: remember() is for add");
+  auto e = std::make_shared<Entry>();
+  e->launch = make_launch(launch);
+  store(ov, key_of({&x}), std::move(e));
+}
+
+// mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel.
+void remember_vendor(Override& ov, const std::vector<at::Tensor>& ts) {
+  TORCH_CHECK(ov.op >= kMm && ts.size() == (ov.op == kAddmm ? 3u : 2u),
+              "xkernels native override: remember_vendor() takes mm/bmm (a, b) or addmm (bias, a, b)");
+  auto e = std::make_shared<Entry>();
+  e->vendor = true;
+  store(ov, ov.op == kAddmm ? key_of({&ts[0], &ts[1], &ts[2]}) : key_of({&ts[0], &ts[1]}), std::move(e));
 }
 
 }  // namespace
@@ -581,16 +685,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("poison", &AddNormSpec::poison)
       .def_property_readonly("has_backward", [](AddNormSpec& s) { return bool(s.get_backward()); })
       .def_property_readonly("native_launch", [](AddNormSpec& s) { return s.forward.function != 0; });
-  py::class_<AddOverride, std::shared_ptr<AddOverride>>(m, "AddOverride")
+  py::class_<Override, std::shared_ptr<Override>>(m, "Override")
       .def("remember", &remember, py::arg("x"), py::arg("launch"))
+      .def("remember_vendor", &remember_vendor, py::arg("tensors"))
       .def("remove", &remove_override)
-      .def("take_hits", [](AddOverride& o) { return o.hits.exchange(0); })
-      .def_property_readonly("entries", [](AddOverride& o) {
+      .def("take_hits", [](Override& o) { return py::make_tuple(o.hits.exchange(0), o.vendor_hits.exchange(0)); })
+      .def_property_readonly("entries", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
         return o.table.size();
       });
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
-  m.def("set_poison_add", [](bool on) { g_poison_add = on; });
-  m.def("override_add", &override_add, py::arg("name"), py::arg("key"), py::arg("python_override"));
+  m.def("set_poison", [](bool on) { g_poison = on; });
+  m.def("override_op", &override_op, py::arg("name"), py::arg("key"), py::arg("python_override"));
   m.def("driver_error", [] { return driver().why; });
 }

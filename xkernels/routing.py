@@ -151,9 +151,10 @@ def dispatch_keys() -> list[str]:
 
 
 class _NativeOverride:
-    """An add / add_ override registered from C++ (``backends/native.cpp``: ``override_add``):
-    a repeated signature is launched there without entering Python; the rest calls the Python
-    override. ``_destroy`` restores aten's kernel, as a ``torch.library.Library``'s does."""
+    """An override registered from C++ (``backends/native.cpp``: ``override_op``): a repeated
+    signature the Python override handed over is run there without entering Python; the rest
+    calls the Python override. ``_destroy`` restores aten's kernel, as a
+    ``torch.library.Library``'s does."""
 
     def __init__(self, handle: Any, slot: tuple[str, str]) -> None:
         self.handle, self.slot = handle, slot
@@ -173,19 +174,21 @@ def _native_override(name: str, key: str) -> Any:
     from xkernels.backends import native
 
     mod = native.ready()
-    if mod is None or name not in ("add.Tensor", "add_.Tensor") or key not in NATIVE_KEYS:
-        if mod is None and name in ("add.Tensor", "add_.Tensor"):
+    if mod is None or key not in NATIVE_KEYS:
+        if mod is None:
             native.module()  # a later enable() finds it built
         return None
-    handle = mod.override_add(name, key, _OVERRIDES[name])
+    handle = mod.override_op(name, key, _OVERRIDES[name])
     _natives[(name, key)] = handle
     return _NativeOverride(handle, (name, key))
 
 
 def _count_native(handle: Any, slot: tuple[str, str]) -> None:
-    hits = handle.take_hits()
+    hits, vendor = handle.take_hits()
     if hits:
         _counts[(slot[0], "xkernels")] += hits
+    if vendor:
+        _counts[(slot[0], VENDOR_WHY)] += vendor
 
 
 def _apply(selected: frozenset[str]) -> None:
@@ -241,7 +244,7 @@ VENDOR_WHY = "aten: xkernels' route is the device's BLAS"
 
 
 def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], torch.Tensor],
-            fallback: Callable[[], torch.Tensor]) -> torch.Tensor | None:
+            fallback: Callable[[], torch.Tensor], aten_args: tuple[torch.Tensor, ...] = ()) -> torch.Tensor | None:
     """A routed call whose signature xkernels has run before (it has a route: the checks of
     ``_matmul_why`` held for these layouts, and the op's own), or ``None``. Where the route is the
     aten call itself (``Route.aten_call``: a vendor-BLAS plan without a fused epilogue) the
@@ -255,6 +258,9 @@ def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], to
     _, route, canon = found
     if route.aten_call:
         _counts[(name, VENDOR_WHY)] += 1
+        handle = _natives.get((name, "CUDA" if args[0].is_cuda else "CPU")) if _natives else None
+        if handle is not None and dispatch._override.get() is None:
+            handle.remember_vendor(list(aten_args))  # its repeats call aten's .out kernel from C++
         return aten_out()
 
     def call() -> torch.Tensor:
@@ -423,7 +429,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     fallback = lambda: torch.ops.aten.mm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=a.device))
     if a.dim() == 2 == b.dim():
         done = _repeat("mm", matmul, (a, b), lambda: torch.mm(a, b, out=a.new_empty((a.shape[0], b.shape[1]))),
-                       fallback)
+                       fallback, (a, b))
         if done is not None:
             return done
     why = _matmul_why(a, b, 2)
@@ -438,7 +444,8 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     fallback = lambda: torch.ops.aten.bmm.out(a, b, out=torch.empty(0, dtype=a.dtype, device=a.device))
     if a.dim() == 3 == b.dim():
         done = _repeat("bmm", matmul, (a, b),
-                       lambda: torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), fallback)
+                       lambda: torch.bmm(a, b, out=a.new_empty((a.shape[0], a.shape[1], b.shape[2]))), fallback,
+                       (a, b))
         if done is not None:
             return done
     why = _matmul_why(a, b, 3)
@@ -454,7 +461,8 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 
                                                 out=torch.empty(0, dtype=a.dtype, device=a.device))
     if beta == 1 and alpha == 1 and a.dim() == 2 == b.dim() and bias.dim() == 1:
         done = _repeat("addmm", linear, (a, b.t(), bias),
-                       lambda: torch.addmm(bias, a, b, out=a.new_empty((a.shape[0], b.shape[1]))), fallback)
+                       lambda: torch.addmm(bias, a, b, out=a.new_empty((a.shape[0], b.shape[1]))), fallback,
+                       (bias, a, b))
         if done is not None:
             return done
     why = _matmul_why(a, b, 2)

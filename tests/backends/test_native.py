@@ -214,7 +214,7 @@ def routed_add(ext, monkeypatch):
     # the float32 calls the Python override saw (the float64 references go there too, to aten)
     monkeypatch.setattr(routing, "_add_repeat",
                         lambda *a: (a[2][0].dtype == torch.float32 and seen.append(a[0])) or real(*a))
-    ext.set_poison_add(True)
+    ext.set_poison(True)
     xkernels.enable(ops=["add"])
     routing.routing_counts(reset=True)
     try:
@@ -222,7 +222,7 @@ def routed_add(ext, monkeypatch):
         yield seen, device, key
     finally:
         xkernels.disable()
-        ext.set_poison_add(False)
+        ext.set_poison(False)
         add_op._forget()
 
 
@@ -299,3 +299,67 @@ def test_native_add_override_removed_and_registered_again(routed_add):
     for _ in range(3):
         torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
     assert len(seen) == n + 1, "the Python repeat did not teach the new override its signature"
+
+
+@pytest.fixture
+def routed_matmul(ext, monkeypatch):
+    """``enable(ops=["matmul", "linear"])`` with every matmul/linear route the device's BLAS, the
+    overrides registered from C++ (cuda where present, else cpu tensors with the interpreter as
+    the process's backend); yields (the Python ``_repeat`` calls, the device)."""
+    import xkernels
+    from helpers import every_matmul_to_vendor, require_interpreter
+    from xkernels import dispatch, routing
+
+    if torch.cuda.is_available():
+        device, key = torch.device("cuda"), "CUDA"
+    else:
+        require_interpreter()
+        monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
+        device, key = torch.device("cpu"), "CPU"
+    seen = []
+    real = routing._repeat
+    monkeypatch.setattr(routing, "_repeat",  # the user's calls the Python override saw (not re-entrant ones)
+                        lambda name, *a, **k: (routing._thread.inside or seen.append(name)) and None
+                        or real(name, *a, **k))
+    ext.set_poison(True)
+    with every_matmul_to_vendor(monkeypatch):
+        xkernels.enable(ops=["matmul", "linear"])
+        routing.routing_counts(reset=True)
+        try:
+            for name in ("mm", "bmm", "addmm"):
+                assert isinstance(routing._libraries[(name, key)], routing._NativeOverride)
+            yield seen, device
+        finally:
+            xkernels.disable()
+            ext.set_poison(False)
+
+
+def test_native_matmul_overrides_call_aten_out_from_cpp(routed_matmul):
+    """A signature whose route is the device's BLAS: the first call runs the op, the second is
+    the Python override's repeat (which hands the signature to C++), the rest run aten's .out
+    kernel from C++; every result against aten's own, every call counted."""
+    from xkernels import routing
+
+    seen, device = routed_matmul
+    a, b, bias = (torch.randn(6, 5, device=device), torch.randn(5, 7, device=device),
+                  torch.randn(7, device=device))
+    a3, b3 = torch.randn(2, 6, 5, device=device), torch.randn(2, 5, 7, device=device)
+    for _ in range(4):
+        for got, want in ((a @ b, torch.ops.aten.mm.out(a, b, out=torch.empty(0, device=device))),
+                          (torch.bmm(a3, b3), torch.ops.aten.bmm.out(a3, b3, out=torch.empty(0, device=device))),
+                          (torch.addmm(bias, a, b),
+                           torch.ops.aten.addmm.out(bias, a, b, out=torch.empty(0, device=device)))):
+            assert got.shape == want.shape and got.is_contiguous() and not torch.isnan(got).any()
+            torch.testing.assert_close(got, want)
+    # per op: the first call (no route yet) and the second (the repeat that hands over) in Python
+    assert sorted(seen) == ["addmm", "addmm", "bmm", "bmm", "mm", "mm"], seen
+    counts = routing.routing_counts()
+    for name in ("mm", "bmm", "addmm"):
+        assert counts[name][routing.VENDOR_WHY] == 3, (name, counts)
+    # another layout of the same shapes: not the remembered signature, Python decides
+    bt = torch.randn(7, 5, device=device).t()
+    torch.testing.assert_close(a @ bt, torch.ops.aten.mm.out(a, bt, out=torch.empty(0, device=device)))
+    assert seen.count("mm") == 3
+    # addmm with beta != 1: never from C++
+    torch.testing.assert_close(torch.addmm(bias, a, b, beta=0.5),
+                               torch.ops.aten.addmm.out(bias, a, b, beta=0.5, out=torch.empty(0, device=device)))
