@@ -525,32 +525,20 @@ at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const 
   return self;
 }
 
-template <int Slot>
-at::Tensor mm_kernel(const at::Tensor& a, const at::Tensor& b) {
-  auto ov = current(kMm, Slot);
-  if (may_run_here() && a.dim() == 2 && b.dim() == 2) {
+// mm (Batched false) and bmm (true)
+template <int Slot, bool Batched>
+at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
+  auto ov = current(Batched ? kBmm : kMm, Slot);
+  const int64_t dims = Batched ? 3 : 2;
+  if (may_run_here() && a.dim() == dims && b.dim() == dims) {
     if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
-      at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+      at::Tensor out = Batched ? at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
+                               : at::empty({a.size(0), b.size(1)}, a.options());
       poison(out);
-      at::mm_out(out, a, b);
-      ov->vendor_hits++;
-      return out;
-    }
-  }
-  py::gil_scoped_acquire gil;
-  InPython in;
-  py::object r = ov->py_fn(a, b);
-  return r.cast<at::Tensor>();
-}
-
-template <int Slot>
-at::Tensor bmm_kernel(const at::Tensor& a, const at::Tensor& b) {
-  auto ov = current(kBmm, Slot);
-  if (may_run_here() && a.dim() == 3 && b.dim() == 3) {
-    if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
-      at::Tensor out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
-      poison(out);
-      at::bmm_out(out, a, b);
+      if (Batched)
+        at::bmm_out(out, a, b);
+      else
+        at::mm_out(out, a, b);
       ov->vendor_hits++;
       return out;
     }
@@ -596,8 +584,8 @@ void impl_op(torch::Library& lib, int op) {
   switch (op) {
     case kAdd: lib.impl("add.Tensor", TORCH_FN(add_kernel<Slot>)); break;
     case kAddInplace: lib.impl("add_.Tensor", TORCH_FN(add_inplace_kernel<Slot>)); break;
-    case kMm: lib.impl("mm", TORCH_FN(mm_kernel<Slot>)); break;
-    case kBmm: lib.impl("bmm", TORCH_FN(bmm_kernel<Slot>)); break;
+    case kMm: lib.impl("mm", TORCH_FN((matmul_kernel<Slot, false>))); break;
+    case kBmm: lib.impl("bmm", TORCH_FN((matmul_kernel<Slot, true>))); break;
     default: lib.impl("addmm", TORCH_FN(addmm_kernel<Slot>)); break;
   }
 }

@@ -189,6 +189,19 @@ def test_native_errors(ext, backend, device, fresh):
 
 
 # -- enable()'s add / add_ overrides registered from C++ ---------------------------------------
+def _routed_device(monkeypatch):
+    """(device, dispatch key) the native overrides are tested on: cuda where a GPU is present,
+    else cpu tensors with the interpreter as the process's backend (as XKERNELS_BACKEND would)."""
+    from helpers import require_interpreter
+    from xkernels import dispatch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda"), "CUDA"
+    require_interpreter()
+    monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
+    return torch.device("cpu"), "CPU"
+
+
 @pytest.fixture
 def routed_add(ext, monkeypatch):
     """``enable(ops=["add"])`` with the add override registered from C++: on cuda where a GPU is
@@ -197,16 +210,10 @@ def routed_add(ext, monkeypatch):
     defers to Python). Yields (the float32 calls the Python override saw, the device, the
     dispatch key); results NaN-poisoned before each native launch."""
     import xkernels
-    from helpers import require_interpreter
-    from xkernels import dispatch, routing
+    from xkernels import routing
     from xkernels.ops.elementwise.add import add as add_op
 
-    if torch.cuda.is_available():
-        device, key = torch.device("cuda"), "CUDA"
-    else:
-        require_interpreter()
-        monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
-        device, key = torch.device("cpu"), "CPU"
+    device, key = _routed_device(monkeypatch)
     add_op._forget()
     routing._ADD_SIGNATURES.clear()
     seen = []
@@ -307,15 +314,10 @@ def routed_matmul(ext, monkeypatch):
     overrides registered from C++ (cuda where present, else cpu tensors with the interpreter as
     the process's backend); yields (the Python ``_repeat`` calls, the device)."""
     import xkernels
-    from helpers import every_matmul_to_vendor, require_interpreter
-    from xkernels import dispatch, routing
+    from helpers import every_matmul_to_vendor
+    from xkernels import routing
 
-    if torch.cuda.is_available():
-        device, key = torch.device("cuda"), "CUDA"
-    else:
-        require_interpreter()
-        monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
-        device, key = torch.device("cpu"), "CPU"
+    device, key = _routed_device(monkeypatch)
     seen = []
     real = routing._repeat
     monkeypatch.setattr(routing, "_repeat",  # the user's calls the Python override saw (not re-entrant ones)
