@@ -46,6 +46,8 @@ _lock = threading.Lock()
 _module: Any = None
 _reason: str | None = None
 _builder: threading.Thread | None = None
+#: called with the module once it is loaded (layers above register here; this module imports none)
+on_load: list[Any] = []
 
 
 def setting() -> str:
@@ -101,12 +103,9 @@ def _build() -> None:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        mod = _load(out)
-        from xkernels import dispatch
-
-        with dispatch._count_lock:  # use_backend blocks opened before the extension loaded
-            mod.set_overrides_active(dispatch.active_overrides())
-            _module = mod
+        _module = _load(out)
+        for listener in on_load:  # e.g. xkernels.dispatch: the use_backend blocks open already
+            listener(_module)
     except Exception as exc:  # keep the Python paths, say why once
         _reason = f"{type(exc).__name__}: {exc}"[:800]
         warnings.warn(f"xkernels: the native extension ({SOURCE.name}) is unavailable, the fused ops' training "

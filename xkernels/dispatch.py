@@ -18,10 +18,12 @@ import contextvars
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from xkernels.backend import Backend
+from xkernels.backends import native
 from xkernels.registry import registry
 
 ENV_VAR = "XKERNELS_BACKEND"
@@ -96,16 +98,22 @@ _active_overrides = 0
 
 
 def _count_override(step: int) -> None:
-    """Counts the ``use_backend`` blocks open in the process, for the native add overrides
+    """Counts the ``use_backend`` blocks open in the process, for enable()'s native overrides
     (``backends/native.cpp``), which defer every call to Python while any is open."""
     global _active_overrides
-    from xkernels.backends import native
-
     with _count_lock:
         _active_overrides += step
         mod = native.ready()
         if mod is not None:
             mod.set_overrides_active(_active_overrides)
+
+
+def _native_loaded(mod: Any) -> None:
+    with _count_lock:  # the blocks opened before the extension loaded
+        mod.set_overrides_active(_active_overrides)
+
+
+native.on_load.append(_native_loaded)
 
 
 def active_overrides() -> int:
