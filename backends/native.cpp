@@ -677,6 +677,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("remember", &remember, py::arg("x"), py::arg("launch"))
       .def("remember_vendor", &remember_vendor, py::arg("tensors"))
       .def("remove", &remove_override)
+      .def("clear", [](Override& o) {
+        std::lock_guard<std::mutex> g(o.lock);
+        o.table.clear();
+      })
       .def("take_hits", [](Override& o) { return py::make_tuple(o.hits.exchange(0), o.vendor_hits.exchange(0)); })
       .def_property_readonly("entries", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);

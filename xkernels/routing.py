@@ -183,6 +183,16 @@ def _native_override(name: str, key: str) -> Any:
     return _NativeOverride(handle, (name, key))
 
 
+def _forget_native() -> None:
+    """A plugin registered (its tables may change routes): the C++ overrides forget the
+    signatures they were handed, as the ops forget their routes."""
+    for handle in list(_natives.values()):
+        handle.clear()
+
+
+registry.listeners.append(_forget_native)
+
+
 def _count_native(handle: Any, slot: tuple[str, str]) -> None:
     hits, vendor = handle.take_hits()
     if hits:

@@ -362,6 +362,13 @@ def test_native_matmul_overrides_call_aten_out_from_cpp(routed_matmul):
     bt = torch.randn(7, 5, device=device).t()
     torch.testing.assert_close(a @ bt, torch.ops.aten.mm.out(a, bt, out=torch.empty(0, device=device)))
     assert seen.count("mm") == 3
+    # a plugin registering (its tables may change routes): the C++ overrides forget what they hold
+    from xkernels.registry import registry
+
+    for listener in registry.listeners:
+        if getattr(listener, "__name__", "") == "_forget_native":
+            listener()
+    assert all(h.entries == 0 for h in routing._natives.values())
     # addmm with beta != 1: never from C++
     torch.testing.assert_close(torch.addmm(bias, a, b, beta=0.5),
                                torch.ops.aten.addmm.out(bias, a, b, beta=0.5, out=torch.empty(0, device=device)))
