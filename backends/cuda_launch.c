@@ -312,14 +312,33 @@ static PyObject *record_slots(Record *self, PyObject *unused) {
 
 static PyObject *record_spec(Record *self, PyObject *unused) {
   /* what native.cpp copies to launch without Python: (function, gx, gy, gz, threads, shared, slots,
-   * ptr_slots), or None for a record that encodes tensor maps */
-  if (self->n_maps) Py_RETURN_NONE;
+   * ptr_slots, maps, enter_hook, exit_hook); maps: per tensor map (param, dtype, swizzle, fill, dims,
+   * strides in bytes, box), innermost first, as the record encodes them */
   PyObject *ptrs = PyTuple_New(self->n_ptrs);
-  if (!ptrs) return NULL;
+  PyObject *maps = PyTuple_New(self->n_maps);
+  if (!ptrs || !maps) {
+    Py_XDECREF(ptrs);
+    Py_XDECREF(maps);
+    return NULL;
+  }
   for (Py_ssize_t i = 0; i < self->n_ptrs; i++) PyTuple_SET_ITEM(ptrs, i, PyLong_FromSsize_t(self->ptr_slot[i]));
-  return Py_BuildValue("(KIIIIIy#N)", (unsigned long long)(uintptr_t)self->function, self->grid[0], self->grid[1],
+  for (Py_ssize_t k = 0; k < self->n_maps; k++) {
+    MapSpec *m = &self->map_spec[k];
+    PyObject *dims = PyTuple_New(m->rank), *strides = PyTuple_New(m->rank - 1), *box = PyTuple_New(m->rank);
+    if (!dims || !strides || !box) {
+      Py_XDECREF(dims); Py_XDECREF(strides); Py_XDECREF(box); Py_DECREF(ptrs); Py_DECREF(maps);
+      return NULL;
+    }
+    for (uint32_t i = 0; i < m->rank; i++) {
+      PyTuple_SET_ITEM(dims, i, PyLong_FromUnsignedLongLong(m->dims[i]));
+      PyTuple_SET_ITEM(box, i, PyLong_FromUnsignedLong(m->box[i]));
+      if (i + 1 < m->rank) PyTuple_SET_ITEM(strides, i, PyLong_FromUnsignedLongLong(m->strides[i]));
+    }
+    PyTuple_SET_ITEM(maps, k, Py_BuildValue("(iiiiNNN)", m->param, m->dtype, m->swizzle, m->fill, dims, strides, box));
+  }
+  return Py_BuildValue("(KIIIIIy#NNOO)", (unsigned long long)(uintptr_t)self->function, self->grid[0], self->grid[1],
                        self->grid[2], self->threads, self->shared, (const char *)self->slots,
-                       (Py_ssize_t)(self->n_params * 8), ptrs);
+                       (Py_ssize_t)(self->n_params * 8), ptrs, maps, self->enter_hook, self->exit_hook);
 }
 
 static PyObject *record_bench(Record *self, PyObject *arg) {

@@ -16,8 +16,6 @@
 // strides or dtypes, other required gradients, a declined launch, create_graph) goes to the
 // Python backward (`fallback`), which is the op's own: same kernels, same formulas.
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <dlfcn.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/utils/pybind.h>
@@ -35,6 +33,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "native_launch.h"
+#include "native_route.h"
+
 namespace py = pybind11;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
@@ -45,130 +46,8 @@ void deleteNode(Node* function);  // declared by torch versions whose nodes are 
 
 namespace {
 
-// -- the driver, opened at run time (no CUDA header or library at build time) -----------------
-typedef int CUresult;
-typedef CUresult (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
-                             void**, void**);
-typedef CUresult (*ctx_get_t)(void**);
-typedef CUresult (*ctx_set_t)(void*);
-typedef CUresult (*dev_get_t)(int*, int);
-typedef CUresult (*retain_t)(void**, int);
-typedef CUresult (*errstr_t)(CUresult, const char**);
-
-struct Driver {
-  launch_t launch = nullptr;
-  ctx_get_t ctx_get = nullptr;
-  ctx_set_t ctx_set = nullptr;
-  dev_get_t dev_get = nullptr;
-  retain_t retain = nullptr;
-  errstr_t errstr = nullptr;
-  std::string why = "not opened";
-};
-
-const Driver& driver() {
-  static Driver d = [] {
-    Driver d;
-    void* h = dlopen("libcuda.so.1", RTLD_LAZY);
-    if (!h) {
-      d.why = "libcuda.so.1 could not be opened";
-      return d;
-    }
-    d.launch = (launch_t)dlsym(h, "cuLaunchKernel");
-    d.ctx_get = (ctx_get_t)dlsym(h, "cuCtxGetCurrent");
-    d.ctx_set = (ctx_set_t)dlsym(h, "cuCtxSetCurrent");
-    d.dev_get = (dev_get_t)dlsym(h, "cuDeviceGet");
-    d.retain = (retain_t)dlsym(h, "cuDevicePrimaryCtxRetain");
-    d.errstr = (errstr_t)dlsym(h, "cuGetErrorString");
-    if (!(d.launch && d.ctx_get && d.ctx_set && d.dev_get && d.retain)) {
-      d.launch = nullptr;
-      d.why = "libcuda.so.1 lacks a driver function this launcher uses";
-    } else {
-      d.why = "";
-    }
-    return d;
-  }();
-  return d;
-}
-
-constexpr size_t kMaxParams = 64;
-
-// One kernel launch with everything but the data pointers fixed.
-struct Launch {
-  uint64_t function = 0;  // CUfunction; 0: launch through `pylaunch` instead
-  unsigned grid[3] = {1, 1, 1};
-  unsigned threads = 0, shared = 0;
-  std::vector<uint64_t> slots;
-  std::vector<int64_t> ptr_slot;  // the parameter slot of each tensor argument, in order
-  py::object pylaunch;            // Python launch function of the tensors, returning whether it launched
-
-  // Whether it launched; false: nothing ran (a misaligned pointer, a Python launch that declined).
-  bool operator()(const std::vector<at::Tensor>& ts) const {
-    if (!function) {
-      py::gil_scoped_acquire gil;
-      py::tuple args(ts.size());
-      for (size_t i = 0; i < ts.size(); ++i) args[i] = py::cast(ts[i]);
-      return pylaunch(*args).cast<bool>();
-    }
-    TORCH_CHECK(ts.size() == ptr_slot.size(), "xkernels native launch: ", ts.size(), " tensors for ",
-                ptr_slot.size(), " pointer slots");
-    uint64_t values[kMaxParams];
-    void* params[kMaxParams];
-    const size_t n = slots.size();
-    for (size_t k = 0; k < n; ++k) values[k] = slots[k];
-    for (size_t i = 0; i < ts.size(); ++i) {
-      auto p = reinterpret_cast<uint64_t>(ts[i].data_ptr());
-      if (p & 15) return false;  // compiled for 16-byte aligned pointers
-      values[ptr_slot[i]] = p;
-    }
-    for (size_t k = 0; k < n; ++k) params[k] = &values[k];
-    const Driver& d = driver();
-    TORCH_CHECK(d.launch, "xkernels native launch: ", d.why);
-    const c10::Device dev = ts[0].device();
-    void* ctx = nullptr;
-    d.ctx_get(&ctx);
-    if (!ctx) {  // a thread that never touched the runtime API (an autograd device thread may not)
-      int cu_dev = 0;
-      TORCH_CHECK(d.dev_get(&cu_dev, dev.index()) == 0 && d.retain(&ctx, cu_dev) == 0 && d.ctx_set(ctx) == 0,
-                  "xkernels native launch: no CUDA context for ", dev);
-    }
-    void* stream = c10::impl::getDeviceGuardImpl(dev.type())->getStream(dev).native_handle();
-    CUresult r = d.launch(reinterpret_cast<void*>(function), grid[0], grid[1], grid[2], threads, 1, 1, shared,
-                          stream, params, nullptr);
-    if (r != 0) {
-      const char* msg = "unknown error";
-      if (d.errstr) d.errstr(r, &msg);
-      TORCH_CHECK(false, "xkernels native launch: cuLaunchKernel failed: ", msg);
-    }
-    return true;
-  }
-};
-
-// (function, gx, gy, gz, threads, shared, slots: bytes, ptr_slots) as cuda_launch.Record.spec() gives
-// them, or a Python launch function.
-Launch make_launch(const py::object& how) {
-  Launch l;
-  if (!py::isinstance<py::tuple>(how)) {
-    TORCH_CHECK(PyCallable_Check(how.ptr()), "xkernels native: a launch is a record spec or a callable");
-    l.pylaunch = how;
-    return l;
-  }
-  auto t = how.cast<py::tuple>();
-  TORCH_CHECK(t.size() == 8, "xkernels native: a record spec has 8 fields");
-  l.function = t[0].cast<uint64_t>();
-  for (int i = 0; i < 3; ++i) l.grid[i] = t[1 + i].cast<unsigned>();
-  l.threads = t[4].cast<unsigned>();
-  l.shared = t[5].cast<unsigned>();
-  std::string raw = t[6].cast<std::string>();
-  TORCH_CHECK(raw.size() % 8 == 0 && raw.size() / 8 <= kMaxParams, "xkernels native: bad parameter slots");
-  l.slots.resize(raw.size() / 8);
-  std::memcpy(l.slots.data(), raw.data(), raw.size());
-  for (auto v : t[7].cast<py::tuple>()) {
-    int64_t slot = v.cast<int64_t>();
-    TORCH_CHECK(slot >= 0 && static_cast<size_t>(slot) < l.slots.size(), "xkernels native: bad pointer slot");
-    l.ptr_slot.push_back(slot);
-  }
-  return l;
-}
+using xk::Launch;
+using xk::make_launch;
 
 // The backward a signature's first Python backward planned (add_norm_bwd.HotBackward).
 struct Backward {
@@ -180,6 +59,8 @@ struct Backward {
   int64_t programs = 0, n_part = 0, n = 0;
   at::ScalarType x_dtype{}, dr_dtype{}, w_dtype{}, b_dtype{};
   bool has_dr = false;
+
+  ~Backward() { xk::drop_python(launch); }
 };
 
 struct AddNormSpec {
@@ -194,14 +75,12 @@ struct AddNormSpec {
   std::mutex lock;
 
   ~AddNormSpec() {
+    xk::drop_python(forward);
     if (Py_IsInitialized()) {
       py::gil_scoped_acquire gil;
       fallback = py::object();
-      forward.pylaunch = py::object();
-      if (backward) const_cast<Backward&>(*backward).launch.pylaunch = py::object();
-    } else {  // interpreter gone: leak the references rather than touch it
+    } else {  // interpreter gone: leak the reference rather than touch it
       fallback.release();
-      forward.pylaunch.release();
     }
   }
 
@@ -393,8 +272,11 @@ enum OpIndex { kAdd = 0, kAddInplace, kMm, kBmm, kAddmm, kOps };
 const char* const kOpNames[kOps] = {"add.Tensor", "add_.Tensor", "mm", "bmm", "addmm"};
 
 struct Entry {
-  bool vendor = false;  // the aten .out call; else `launch`
+  bool vendor = false;  // the aten .out call; else `route` (mm / bmm / addmm) or `launch` (add)
   Launch launch;
+  std::shared_ptr<const xk::Route> route;  // parameters: the aten op's arguments in order
+
+  ~Entry() { xk::drop_python(launch); }
 };
 
 using Key = std::vector<int64_t>;
@@ -541,6 +423,13 @@ at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
         at::mm_out(out, a, b);
       ov->vendor_hits++;
       return out;
+    } else if (e && e->route) {  // xkernels' kernel, launched from its route
+      const at::Tensor* args[2] = {&a, &b};
+      at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 2 ? args[i] : nullptr; });
+      if (out.defined()) {
+        ov->hits++;
+        return out;
+      }
     }
   }
   py::gil_scoped_acquire gil;
@@ -560,6 +449,13 @@ at::Tensor addmm_kernel(const at::Tensor& bias, const at::Tensor& a, const at::T
       at::addmm_out(out, bias, a, b, 1, 1);
       ov->vendor_hits++;
       return out;
+    } else if (e && e->route) {  // xkernels' kernel, launched from its route
+      const at::Tensor* args[3] = {&bias, &a, &b};
+      at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 3 ? args[i] : nullptr; });
+      if (out.defined()) {
+        ov->hits++;
+        return out;
+      }
     }
   }
   py::gil_scoped_acquire gil;
@@ -641,6 +537,18 @@ void remember(Override& ov, const at::Tensor& x, const py::object& launch) {
   store(ov, key_of({&x}), std::move(e));
 }
 
+// mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs xkernels' kernel from
+// `spec` (ops/native_front_door.py's NativeSpec, its parameters the aten op's arguments).
+void remember_route(Override& ov, const std::vector<at::Tensor>& ts, const py::tuple& spec) {
+  TORCH_CHECK(ov.op >= kMm && ts.size() == (ov.op == kAddmm ? 3u : 2u),
+              "xkernels native override: remember_route() takes mm/bmm (a, b) or addmm (bias, a, b)");
+  auto e = std::make_shared<Entry>();
+  e->route = xk::make_route(spec);
+  TORCH_CHECK(e->route->kind == xk::Route::kLaunch && e->route->out == xk::kAbsent,
+              "xkernels native override: a matmul override's route launches a kernel into a new result");
+  store(ov, ov.op == kAddmm ? key_of({&ts[0], &ts[1], &ts[2]}) : key_of({&ts[0], &ts[1]}), std::move(e));
+}
+
 // mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel.
 void remember_vendor(Override& ov, const std::vector<at::Tensor>& ts) {
   TORCH_CHECK(ov.op >= kMm && ts.size() == (ov.op == kAddmm ? 3u : 2u),
@@ -676,6 +584,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Override, std::shared_ptr<Override>>(m, "Override")
       .def("remember", &remember, py::arg("x"), py::arg("launch"))
       .def("remember_vendor", &remember_vendor, py::arg("tensors"))
+      .def("remember_route", &remember_route, py::arg("tensors"), py::arg("spec"))
       .def("remove", &remove_override)
       .def("clear", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
@@ -687,7 +596,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return o.table.size();
       });
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
-  m.def("set_poison", [](bool on) { g_poison = on; });
+  m.def("set_poison", [](bool on) {
+    g_poison = on;
+    xk::poison_flag() = on;
+  });
+  m.def("debug_key", [](py::tuple args) {
+    std::vector<PyObject*> flat;
+    for (auto a : args) flat.push_back(a.ptr());
+    xk::Key k;
+    int fm = at::impl::torch_function_mode_enabled(), dm = c10::impl::TorchDispatchModeTLS::any_modes_set();
+    auto r = xk::call_key(k, flat.data(), flat.size(), nullptr, false);
+    return py::make_tuple(fm, dm, (int)r, k.n, (bool)xk::context_vars().override_var);
+  });
+  m.def("set_context_vars", [](py::object override_var, py::object forced_var) {
+    // the front door's key reads these (xkernels.dispatch's use_backend, xkernels.tuning's force)
+    auto& cv = xk::context_vars();
+    Py_XDECREF(cv.override_var);
+    Py_XDECREF(cv.forced_var);
+    cv.override_var = override_var.release().ptr();
+    cv.forced_var = forced_var.release().ptr();
+  });
+  if (PyType_Ready(&xk::route_table_type()) < 0) throw py::error_already_set();
+  Py_INCREF(&xk::route_table_type());
+  m.add_object("RouteTable", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&xk::route_table_type())));
   m.def("override_op", &override_op, py::arg("name"), py::arg("key"), py::arg("python_override"));
-  m.def("driver_error", [] { return driver().why; });
+  m.def("driver_error", [] { return xk::driver().why; });
 }

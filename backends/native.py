@@ -40,6 +40,8 @@ import torch
 from xkernels.cache import cache_root
 
 SOURCE = Path(__file__).with_name("native.cpp")
+#: every file the build reads (native.cpp includes the headers), hashed into the cache path
+SOURCES = (SOURCE, SOURCE.with_name("native_launch.h"), SOURCE.with_name("native_route.h"))
 NAME = "xkernels_native"
 
 _lock = threading.Lock()
@@ -57,7 +59,7 @@ def setting() -> str:
 
 def build_dir() -> Path:
     """Where this torch's build of this source lives."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES)).hexdigest()[:12]
     tag = f"{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}".replace("+", "_")
     return cache_root() / "native" / tag
 
@@ -71,7 +73,8 @@ def compile_command(out: Path) -> list[str]:
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libs = cpp_extension.library_paths()
     return [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            f"-DTORCH_EXTENSION_NAME={NAME}", "-DTORCH_API_INCLUDE_EXTENSION_H", *includes, str(SOURCE),
+            f"-DTORCH_EXTENSION_NAME={NAME}", "-DTORCH_API_INCLUDE_EXTENSION_H", f"-I{SOURCE.parent}", *includes,
+            str(SOURCE),
             *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
             "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-o", str(out)]
 

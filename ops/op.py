@@ -44,8 +44,9 @@ import torch
 
 from xkernels import dispatch, tuning
 from xkernels.backend import Backend
+from xkernels.backends import native
 from xkernels.dispatch import _override
-from xkernels.ops import library
+from xkernels.ops import library, native_front_door
 from xkernels.ops.autograd import needs_grad, reject_out
 from xkernels.ops.route import (
     AtenRoute,
@@ -89,6 +90,16 @@ __all__ = ["AtenRoute", "Explanation", "HotCall", "KernelRoute", "Op", "Param", 
 REGISTERED: dict[str, Op] = {}
 
 
+def _attach_native(mod: Any) -> None:
+    """The native extension loaded: every op made so far gets its route table (later ones get
+    theirs in ``Op.__init__``)."""
+    for op in list(REGISTERED.values()):
+        op.attach_native(mod)
+
+
+native.on_load.append(_attach_native)
+
+
 class Op(Signature):
     """Base class of the public ops. A subclass declares ``name`` and ``params`` (positional
     parameters first, in order) and implements ``check`` (validate; the call record),
@@ -106,13 +117,25 @@ class Op(Signature):
         REGISTERED.setdefault(self.name, self)
         self.generation = 0  # counts ``_forget``s: a cache of this op's routes (xkernels.nn) checks it
         self._torch_route = TorchRoute(lambda call: self.torch_impl(call))
+        # the native front door's table of this op's routes (ops/native_front_door.py), once loaded
+        self._native: Any = None
+        loaded = native.ready()
+        if loaded is not None:
+            self.attach_native(loaded)
         # a plugin registered later may add tuning tables or replace a backend: plan again
         registry.listeners.append(self._forget)
+
+    def attach_native(self, mod: Any) -> None:
+        """Give this op a native route table (``ops/native_front_door.py``), once."""
+        if self._native is None and REGISTERED.get(self.name) is self:
+            self._native = native_front_door.new_table(mod, tuple(p.name for p in self.params))
 
     def _forget(self) -> None:
         self._plans.clear()
         self._hot.clear()
         self._ready.clear()
+        if self._native is not None:
+            self._native.clear()
         self.generation += 1
 
     def __reduce__(self) -> str:
@@ -166,6 +189,11 @@ class Op(Signature):
         """Run the op: see the module doc."""
         if _is_compiling():
             return self._compiled(self._bind(args, kwargs))
+        table = self._native
+        if table is not None:  # a repeat run in C++ (ops/native_front_door.py), else None
+            result = table(*args, **kwargs)
+            if result is not None:
+                return result
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
             return self._recorded(args, kwargs)
         if self._hot and _forced.get() is None:  # ``_eager``, one frame less: every repeat comes here
@@ -173,6 +201,8 @@ class Op(Signature):
             if route is not None:
                 result = route.run(*canon)
                 if result is not None:
+                    if table is not None and route.native is not None:  # the table lacks it: teach it
+                        native_front_door.teach(table, args, kwargs, route, canon)
                     return result
         return self._full_path(args, kwargs)
 
@@ -181,11 +211,18 @@ class Op(Signature):
         return self._eager(args, kwargs)
 
     def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        table = self._native
+        if table is not None:
+            result = table(*args, **kwargs)
+            if result is not None:
+                return result
         if self._hot and _forced.get() is None:
             _, route, canon = self._lookup(args, kwargs)
             if route is not None:
                 result = route.run(*canon)
                 if result is not None:  # None: a per-call precondition failed (ops/route.py)
+                    if table is not None and route.native is not None:
+                        native_front_door.teach(table, args, kwargs, route, canon)
                     return result
         return self._full_path(args, kwargs)
 
@@ -338,6 +375,8 @@ class Op(Signature):
             if len(self._hot) >= self.plan_cache_size:
                 self._hot.clear()
             self._hot[key] = route
+            if self._native is not None and route.native is not None:
+                native_front_door.teach(self._native, args, kwargs, route, canon)
 
     def find_hot(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HotCall | None:
         """The route a call would take without check or planning, or ``None`` when it has none (or

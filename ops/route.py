@@ -97,12 +97,16 @@ class Route:
     #: a repeat may take this route (it is remembered by signature); False: full path only
     repeats: ClassVar[bool] = True
 
-    __slots__ = ("run", "autograd_run", "detail")
+    __slots__ = ("run", "autograd_run", "detail", "native")
 
     def __init__(self, run: Run, detail: str = "", autograd_run: Run | None = None) -> None:
         self.run = run
         self.detail = detail
         self.autograd_run = autograd_run if autograd_run is not None else (run if self.records_autograd else None)
+        #: canon -> the native front door's description of this route for that call
+        #: (``ops/native_front_door.NativeSpec``) or ``None``; ``None``: Python runs every repeat.
+        #: A route's ``run`` function carries it as its ``native`` attribute.
+        self.native = getattr(run, "native", None)
 
     def explain(self) -> str:
         """One line: the route's kind and what it runs."""

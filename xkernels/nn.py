@@ -38,6 +38,7 @@ TRAINING_GEMMS = 3
 #: 1 - 1/1.18 = 0.15.
 GEMM_SAVING = 0.15
 _paying: dict[Any, bool] = {}  # (x's shape and device, backend override, weight's shape) -> training_pays
+_UNSET: Any = object()  # a parameter not in a module's ``_parameters``
 
 
 def training_pays(backend: Any, device: torch.device, rows: int, n: int, k: int) -> bool:
@@ -100,6 +101,16 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
+    table = linear._native
+    if table is not None:  # the op's native front door: a repeat without a gradient runs in C++
+        leaky = activation == "leaky_relu"
+        result = table(x, weight, bias, activation, negative_slope=negative_slope) if leaky else \
+            table(x, weight, bias, activation)
+        if result is not None:
+            return result
+        if not (_grad_enabled() and _any_requires_grad(x, weight, bias)):  # a miss: the op teaches the table
+            return linear.call_no_grad(x, weight, bias, activation, negative_slope=negative_slope) if leaky else \
+                linear.call_no_grad(x, weight, bias, activation)
     training = _grad_enabled() and _any_requires_grad(x, weight, bias)
     if training and not _trains_through_xkernels(x, weight) and not _capturing(x):
         # PyTorch's F.linear and activation, its own autograd: see training_pays (not while a CUDA
@@ -145,7 +156,12 @@ class Linear(torch.nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(self._routes, x, self.weight, self.bias, self.activation, self.negative_slope)
+        # the parameters from their dict (nn.Module.__getattr__ costs ~10x a dict lookup per read);
+        # where a parametrization or a hook moved one out of it, the attribute
+        p = self._parameters
+        weight, bias = p.get("weight", _UNSET), p.get("bias", _UNSET)
+        return _linear(self._routes, x, self.weight if weight is _UNSET else weight,
+                       self.bias if bias is _UNSET else bias, self.activation, self.negative_slope)
 
     def extra_repr(self) -> str:
         act = f", activation={self.activation!r}" if self.activation else ""

@@ -39,6 +39,7 @@ import torch
 
 from xkernels import dispatch
 from xkernels.backend import BackendUnavailableError
+from xkernels.ops.native_front_door import ABSENT
 from xkernels.registry import registry
 
 __all__ = ["OP_GROUPS", "disable", "enable", "enabled", "enabled_ops", "routing_counts"]
@@ -275,9 +276,37 @@ def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], to
 
     def call() -> torch.Tensor:
         result = route.run(*canon)  # None where a per-call precondition fails: the full path decides
-        return result if result is not None else op.call_no_grad(*args)
+        if result is None:
+            return op.call_no_grad(*args)
+        if _natives and route.native is not None:
+            _remember_native_route(name, aten_args, route, canon)
+        return result
 
     return _run(name, call, fallback)
+
+
+#: per routed matmul overload, the aten argument each of the op's parameters is: mm / bmm (a, b)
+#: are matmul's (a, b); addmm (bias, a, b) is linear(a, b.t(), bias), whose weight b.t() shares
+#: b's data pointer (a launch reads pointers only)
+_ATEN_POSITION = {"mm": {0: 0, 1: 1}, "bmm": {0: 0, 1: 1}, "addmm": {0: 1, 1: 2, 2: 0}}
+
+
+def _remember_native_route(name: str, aten_args: tuple[torch.Tensor, ...], route: Any,
+                           canon: tuple[Any, ...]) -> None:
+    """Hands a matmul kernel route's launch to the C++ override of ``name`` on the operands'
+    dispatch key, keyed by the aten operands' signature: its repeats launch from C++."""
+    if dispatch._override.get() is not None:
+        return  # (within use_backend the C++ override defers every call to Python)
+    a = aten_args[0]
+    handle = _natives.get((name, "CUDA" if a.is_cuda else "CPU" if a.device.type == "cpu" else ""))
+    spec = None if handle is None else route.native(canon)
+    if spec is None or spec.kind != "launch" or spec.out != ABSENT:
+        return
+    where = _ATEN_POSITION[name]
+    if any(i >= 0 and i not in where for i in spec.tensors):
+        return
+    tensors = tuple(where.get(i, i) for i in spec.tensors)
+    handle.remember_route(list(aten_args), tuple(spec._replace(tensors=tensors)))
 
 
 def _add_why(x: Any, y: Any, alpha: Any) -> str:

@@ -24,6 +24,7 @@ from xkernels.backends import cuda_launch
 from xkernels.launch import ByValue, Launcher
 from xkernels.ops import checks
 from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
+from xkernels.ops.native_front_door import RESULT, NativeSpec, launch_how, launch_spec
 from xkernels.ops.op import Op, Plan
 from xkernels.ops.route import KernelRoute
 
@@ -211,7 +212,14 @@ def _hot_with_out(plan: BinaryPlan, call: BinaryCall) -> Any:
         fn = launch or (fns.get((None, alpha)) if alpha else None) or per_value(None, alpha)
         return out if fn(x, y, out) else None
 
+    def native(canon: tuple[Any, ...]) -> NativeSpec | None:  # (x, y, out[, alpha]): the out= tensor is the result
+        alpha = canon[3] if len(canon) > 3 else 1
+        how = launch_how(launch if per_value is None else per_value(None, alpha), out.device)
+        return None if how is None else NativeSpec("launch", how, (0, 1, 2), out=2, overlap=((0, ex, x_same),
+                                                   (1, ey, y_same)), out_extent=eo)
+
     hot.launch = launch  # type: ignore[attr-defined]  # None where scalars are packed per value
+    hot.native = native  # type: ignore[attr-defined]
     return hot
 
 
@@ -228,7 +236,9 @@ def _hot_two_tensors(plan: BinaryPlan, call: BinaryCall) -> Any:
         out = alloc(size, stride, dtype)
         return out if launch(x, y, out) else None
 
+    spec = launch_spec(launch, call.device, (0, 1, RESULT), size, stride, dtype)
     hot.launch = launch  # type: ignore[attr-defined]  # the (x, y, out) launch: enable()'s native override takes it
+    hot.native = lambda canon: spec  # type: ignore[attr-defined]
     return hot
 
 
@@ -327,6 +337,15 @@ class BinaryOp(Op):
                 o = alloc(size, stride, dtype)
                 fn = (fns.get((s, alpha)) if s and alpha else None) or launches(s, alpha)
                 return o if fn(t, o) else None
+
+            def native_scalar(canon: tuple[Any, ...]) -> NativeSpec | None:
+                s = canon[0] if scalar_x else canon[1]
+                if isinstance(s, torch.Tensor):  # its value is no part of the native key: Python runs it
+                    return None
+                alpha = canon[3] if len(canon) > 3 else 1
+                return launch_spec(launches(s, alpha), device, (1 if scalar_x else 0, RESULT), size, stride, dtype)
+
+            hot_scalar.native = native_scalar  # type: ignore[attr-defined]
             return hot_scalar
 
         def hot_alpha(x: torch.Tensor, y: torch.Tensor, out: None = None, alpha: Any = 1) -> torch.Tensor | None:
@@ -334,6 +353,8 @@ class BinaryOp(Op):
             fn = (fns.get((None, alpha)) if alpha else None) or launches(None, alpha)
             return o if fn(x, y, o) else None
 
+        hot_alpha.native = lambda canon: launch_spec(  # type: ignore[attr-defined]
+            launches(None, canon[3] if len(canon) > 3 else 1), device, (0, 1, RESULT), size, stride, dtype)
         return hot_alpha
 
     def run_plan(self, plan: Plan, call: BinaryCall) -> torch.Tensor:

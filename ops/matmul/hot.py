@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
+from xkernels.backend import Backend
 from xkernels.backends.cuda_launch import Descriptor
 from xkernels.launch import ByValue
 from xkernels.ops.layout import contiguous_strides, prod
 from xkernels.ops.matmul.plan import MatmulPlan, precision
 from xkernels.ops.matmul.vendor import epilogue_linear, reference_linear
+from xkernels.ops.native_front_door import ABSENT, RESULT, NativeSpec, launch_spec
 from xkernels.ops.route import AtenRoute, KernelRoute, Route, VendorRoute
 
 if TYPE_CHECKING:
@@ -81,7 +83,26 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
         c = alloc(size, stride, dtype)
         return c if (by_slope(slope) if leaky else launch)(a, b, c, bias if has_bias else c) else None
 
+    if not (follows_setting and _follows_tf32(backend)):  # (where fp32 follows torch's TF32 setting, Python
+        hot.native = lambda canon: _launch_native(by_slope(_canon_slope(canon)) if leaky else launch, call, size, stride,
+                                                  has_bias)  # checks the setting per call)
     return hot
+
+
+def _follows_tf32(backend: Any) -> bool:
+    """Whether ``backend``'s fp32 matmul precision follows a torch setting that may change."""
+    return type(backend).fp32_matmul_precision is not Backend.fp32_matmul_precision
+
+
+def _canon_slope(canon: tuple[Any, ...]) -> Any:
+    """leaky_relu's slope of a linear call (``params``: x, weight, bias, activation, negative_slope, ...)."""
+    return float(canon[4]) if len(canon) > 4 else 0.01
+
+
+def _launch_native(launch: Any, call: MatmulCall, size: tuple[int, ...], stride: tuple[int, ...],
+                   has_bias: bool) -> NativeSpec | None:
+    """The native front door's form of a kernel route launching ``(a, b, c, bias or c)``."""
+    return launch_spec(launch, call.device, (0, 1, RESULT, 2 if has_bias else RESULT), size, stride, call.dtype)
 
 
 def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
@@ -95,6 +116,10 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
         def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
             return torch.matmul(a, b)
 
+        a, b = call.a, call.b
+        if (a.dim() == 2 and b.dim() == 2) or (a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]):
+            spec = NativeSpec("matmul", tensors=(0, 1), size=tuple(call.out_shape))  # mm / bmm, as torch.matmul
+            matmul_entry.native = lambda canon: spec  # type: ignore[attr-defined]
         return AtenRoute(matmul_entry, "torch.matmul")
     activation, leaky, fixed_slope = call.activation, _slope_of(call), call.slope
 
@@ -104,6 +129,8 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
         def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
                 residual: None = None, out: None = None) -> torch.Tensor:
             return linear_only(x, weight, bias)
+
+        hot.native = _linear_native  # type: ignore[attr-defined]
     else:
         def hot(x: torch.Tensor, weight: torch.Tensor, bias: Any = None, act: Any = None, slope: Any = 0.01,
                 residual: None = None, out: None = None) -> torch.Tensor:
@@ -118,6 +145,18 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
         return epilogue_linear(x if x.dim() == 2 else x.reshape(folded), weight.t(), bias, epilogue).view(out_shape)
 
     return VendorRoute(fused, f"BLAS epilogue {epilogue}", autograd_run=hot)
+
+
+def _linear_native(canon: tuple[Any, ...]) -> NativeSpec | None:
+    """``F.linear``'s BLAS call in the native front door (``addmm_out`` / ``mm_out`` of the input
+    folded to 2-D, as ``F.linear`` folds it): for a 2-D or contiguous input, a 2-D weight and a
+    1-D bias or none."""
+    x, weight, bias = canon[0], canon[1], canon[2]
+    if x.dim() < 2 or weight.dim() != 2 or (x.dim() > 2 and not x.is_contiguous()) or (bias is not None
+                                                                                     and bias.dim() != 1):
+        return None
+    return NativeSpec("linear", tensors=(0, 1, ABSENT if bias is None else 2),
+                      size=(*x.shape[:-1], weight.shape[0]))
 
 
 def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:
@@ -215,4 +254,6 @@ def _hot_tma(plan: MatmulPlan, call: MatmulCall, a_arg: torch.Tensor, b_arg: tor
                  _HostDescriptor(c if c.dim() == 2 else c.view(M, N), c_shape, [N, 1], t["c"]))
         return c if launch(*descs, bias if has_bias else c, M, N, K, s) else None
 
+    if record is not None:  # the tensor maps are encoded in C++ from the call's base pointers
+        hot.native = lambda canon: _launch_native(record, call, size, stride, has_bias)
     return hot

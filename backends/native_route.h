@@ -1,0 +1,477 @@
+// What a route of an xkernels op runs for a repeated call, in C++ (Route), and the op front door's
+// table of them (RouteTable, a Python callable): a repeated call is keyed, looked up and run
+// without entering Python beyond the op's __call__. Included by native.cpp only; see
+// ops/native_front_door.py for how routes are handed over and docs/front-door.md for the design.
+//
+// A Route is one of
+//   launch: allocate the result (or take an out= tensor, checking its overlap with the inputs as
+//           the op's check does) and launch the kernel with the call's tensors;
+//   linear: the device's BLAS as F.linear calls it (addmm_out / mm_out of the folded input);
+//   matmul: the device's BLAS as torch.matmul calls it for 2-D or equal-batch 3-D operands.
+// Routes name the call's tensors by parameter index (the op's params order); kResult is the result.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "native_launch.h"
+
+namespace xk {
+
+constexpr int kResult = -1;
+constexpr int kAbsent = -2;
+
+inline std::atomic<bool>& poison_flag() {  // tests: results are NaN-filled before each launch
+  static std::atomic<bool> on{false};
+  return on;
+}
+
+struct Route {
+  enum Kind { kLaunch, kLinear, kMatmul } kind = kLaunch;
+  Launch launch;
+  std::vector<int> tensors;              // launch: per kernel tensor, a parameter or kResult; linear: x, weight,
+                                         // bias (kAbsent); matmul: a, b
+  std::vector<int64_t> size, stride;     // the result's
+  at::ScalarType dtype = at::kFloat;
+  int out = kAbsent;                     // the out= parameter that is the result; kAbsent: allocate
+  std::vector<std::tuple<int, int64_t, bool>> overlap;  // (input parameter, extent in bytes, same layout as out)
+  int64_t out_extent = 0;
+
+  ~Route() { drop_python(launch); }
+};
+
+// Runs `r` with the call's tensors (`get(i)`: parameter i's tensor, nullptr where it is none);
+// an undefined tensor where it declined (nothing was written: a misaligned pointer, out= partly
+// overlapping an input, a launch that declined).
+template <class Get>
+at::Tensor run_route(const Route& r, Get&& get) {
+  const bool poison = poison_flag().load(std::memory_order_relaxed);
+  if (r.kind == Route::kLaunch) {
+    at::Tensor result;
+    if (r.out != kAbsent) {
+      const at::Tensor* o = get(r.out);
+      if (!o) return {};
+      result = *o;
+      const auto po = reinterpret_cast<uintptr_t>(result.data_ptr());
+      for (const auto& [param, extent, same] : r.overlap) {
+        const at::Tensor* t = get(param);
+        if (!t) return {};
+        const auto pt = reinterpret_cast<uintptr_t>(t->data_ptr());
+        if (po < pt + extent && pt < po + static_cast<uintptr_t>(r.out_extent) && !(same && po == pt)) return {};
+      }
+    } else {
+      const at::Tensor* first = get(r.tensors[0] == kResult ? r.tensors[1] : r.tensors[0]);
+      if (!first) return {};
+      result = at::empty_strided(r.size, r.stride, first->options().dtype(r.dtype));
+      if (poison && at::isFloatingType(r.dtype)) result.fill_(NAN);
+    }
+    std::vector<at::Tensor> ts;
+    ts.reserve(r.tensors.size());
+    for (int i : r.tensors) {
+      if (i == kResult) {
+        ts.push_back(result);
+        continue;
+      }
+      const at::Tensor* t = get(i);
+      if (!t) return {};
+      ts.push_back(*t);
+    }
+    if (!r.launch(ts)) return {};
+    return result;
+  }
+  const at::Tensor* a = get(r.tensors[0]);
+  const at::Tensor* b = get(r.tensors[1]);
+  if (!a || !b) return {};
+  at::AutoDispatchBelowADInplaceOrView below;  // no gradient is recorded here (callers made sure)
+  at::Tensor result = at::empty(r.size, a->options());
+  if (poison && at::isFloatingType(result.scalar_type())) result.fill_(NAN);
+  if (r.kind == Route::kMatmul) {
+    if (a->dim() == 2)
+      at::mm_out(result, *a, *b);
+    else
+      at::bmm_out(result, *a, *b);
+    return result;
+  }
+  const at::Tensor* bias = r.tensors[2] == kAbsent ? nullptr : get(r.tensors[2]);
+  const int64_t n = b->size(0), k = b->size(1), m = result.numel() / n;
+  at::Tensor x2 = a->dim() == 2 ? *a : a->view({m, k});
+  at::Tensor out2 = result.dim() == 2 ? result : result.view({m, n});
+  if (bias)
+    at::addmm_out(out2, *bias, x2, b->t());
+  else
+    at::mm_out(out2, x2, b->t());
+  return result;
+}
+
+// A route from its Python description (ops/native_front_door.py's NativeSpec):
+// (kind, launch, tensors, size, stride, dtype, out, overlap, out_extent)
+inline std::shared_ptr<const Route> make_route(const py::tuple& spec) {
+  TORCH_CHECK(spec.size() == 9, "xkernels native: a route spec has 9 fields");
+  auto r = std::make_shared<Route>();
+  const std::string kind = spec[0].cast<std::string>();
+  r->kind = kind == "launch" ? Route::kLaunch : kind == "linear" ? Route::kLinear : Route::kMatmul;
+  TORCH_CHECK(kind == "launch" || kind == "linear" || kind == "matmul", "xkernels native: unknown route kind ", kind);
+  if (r->kind == Route::kLaunch) r->launch = make_launch(spec[1]);
+  r->tensors = spec[2].cast<std::vector<int>>();
+  r->size = spec[3].cast<std::vector<int64_t>>();
+  r->stride = spec[4].cast<std::vector<int64_t>>();
+  if (!spec[5].is_none()) r->dtype = spec[5].cast<at::ScalarType>();
+  r->out = spec[6].cast<int>();
+  for (auto item : spec[7].cast<py::tuple>()) {
+    auto f = item.cast<py::tuple>();
+    r->overlap.emplace_back(f[0].cast<int>(), f[1].cast<int64_t>(), f[2].cast<bool>());
+  }
+  r->out_extent = spec[8].cast<int64_t>();
+  const size_t need = r->kind == Route::kLaunch ? 1 : r->kind == Route::kLinear ? 3 : 2;
+  TORCH_CHECK(r->tensors.size() >= need && (r->kind != Route::kLaunch || r->out != kAbsent ||
+                                            r->tensors.size() >= 2 || r->tensors[0] != kResult),
+              "xkernels native: a route spec names too few tensors");
+  return r;
+}
+
+// -- the front door's key -----------------------------------------------------------------------
+// Everything of a call that its Python signature key holds, and more: the call's form (how many
+// positional arguments, which keywords in which order), the use_backend override in effect, and
+// per argument its kind with a tensor's dtype, device, layout, sizes and strides, a number's or
+// string's exact value. A call that cannot be keyed (any other argument type, a tensor subclass,
+// a torch function or dispatch mode) is not run here.
+constexpr int kMaxKey = 192;
+
+struct Key {
+  int64_t v[kMaxKey];
+  int n = 0;
+  bool ok = true;
+  void push(int64_t x) {
+    if (n < kMaxKey)
+      v[n++] = x;
+    else
+      ok = false;
+  }
+  void push_str(PyObject* s) {
+    Py_ssize_t len = 0;
+    const char* c = PyUnicode_AsUTF8AndSize(s, &len);
+    if (!c) {
+      PyErr_Clear();
+      ok = false;
+      return;
+    }
+    push(len);
+    for (Py_ssize_t i = 0; i < len; i += 8) {
+      int64_t w = 0;
+      std::memcpy(&w, c + i, std::min<Py_ssize_t>(8, len - i));
+      push(w);
+    }
+  }
+  uint64_t hash() const {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(n);
+    for (int i = 0; i < n; ++i) {
+      h ^= static_cast<uint64_t>(v[i]) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+    }
+    return h;
+  }
+};
+
+enum class Keyed { kOk, kNo, kGrad };
+
+// Appends one argument; kGrad: a tensor that requires grad while grad mode is on (autograd records
+// such a call: the op's Python path).
+inline Keyed key_arg(Key& k, PyObject* o, bool grad) {
+  if (o == Py_None) {
+    k.push(1);
+    return Keyed::kOk;
+  }
+  if (THPVariable_CheckExact(o)) {
+    const at::Tensor& t = THPVariable_Unpack(o);
+    if (grad && t.requires_grad()) return Keyed::kGrad;
+    if (t.layout() != c10::kStrided) return Keyed::kNo;
+    k.push(2);
+    k.push(static_cast<int64_t>(t.scalar_type()));
+    k.push(static_cast<int64_t>(t.device().type()));
+    k.push(t.device().index());
+    k.push(t.dim());
+    for (auto s : t.sizes()) k.push(s);
+    for (auto s : t.strides()) k.push(s);
+    return Keyed::kOk;
+  }
+  if (PyBool_Check(o)) {
+    k.push(3);
+    k.push(o == Py_True);
+    return Keyed::kOk;
+  }
+  if (PyLong_CheckExact(o)) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+      PyErr_Clear();
+      return Keyed::kNo;
+    }
+    k.push(4);
+    k.push(v);
+    return Keyed::kOk;
+  }
+  if (PyFloat_CheckExact(o)) {
+    double d = PyFloat_AS_DOUBLE(o);
+    int64_t bits = 0;
+    std::memcpy(&bits, &d, 8);
+    k.push(5);
+    k.push(bits);
+    return Keyed::kOk;
+  }
+  if (PyUnicode_CheckExact(o)) {
+    k.push(6);
+    k.push_str(o);
+    return k.ok ? Keyed::kOk : Keyed::kNo;
+  }
+  return Keyed::kNo;
+}
+
+// The context variables the Python front door reads: the use_backend override (part of the key)
+// and a forced tuning config (no route is used while one is).
+struct ContextVars {
+  PyObject* override_var = nullptr;
+  PyObject* forced_var = nullptr;
+};
+
+inline ContextVars& context_vars() {
+  static ContextVars c;
+  return c;
+}
+
+// The key of a call (args[0:nargs], then kwnames' values); kOk with `k` filled, else why not.
+inline Keyed call_key(Key& k, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, bool grad) {
+  if (at::impl::torch_function_mode_enabled() || c10::impl::TorchDispatchModeTLS::any_modes_set())
+    return Keyed::kNo;
+  const ContextVars& cv = context_vars();
+  if (!cv.override_var || !cv.forced_var) return Keyed::kNo;
+  PyObject* forced = nullptr;
+  if (PyContextVar_Get(cv.forced_var, Py_None, &forced) < 0) {
+    PyErr_Clear();
+    return Keyed::kNo;
+  }
+  const bool is_forced = forced != Py_None;
+  Py_DECREF(forced);
+  if (is_forced) return Keyed::kNo;
+  PyObject* over = nullptr;
+  if (PyContextVar_Get(cv.override_var, Py_None, &over) < 0) {
+    PyErr_Clear();
+    return Keyed::kNo;
+  }
+  if (over == Py_None) {
+    k.push(0);
+  } else if (PyUnicode_Check(over)) {
+    k.push(7);
+    k.push_str(over);
+  } else {
+    k.ok = false;
+  }
+  Py_DECREF(over);
+  const Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  k.push(nargs);
+  k.push(nkw);
+  for (Py_ssize_t i = 0; i < nargs + nkw; ++i) {
+    if (i >= nargs) k.push_str(PyTuple_GET_ITEM(kwnames, i - nargs));
+    Keyed r = key_arg(k, args[i], grad);
+    if (r != Keyed::kOk) return r;
+  }
+  return k.ok ? Keyed::kOk : Keyed::kNo;
+}
+
+// -- the table ----------------------------------------------------------------------------------
+struct Slot {
+  std::vector<int64_t> key;
+  std::shared_ptr<const Route> route;
+};
+
+struct RouteTableObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  std::vector<PyObject*>* params;  // the op's parameter names, in order (owned references)
+  std::unordered_map<uint64_t, std::vector<Slot>>* slots;
+  size_t size, limit;
+  int64_t hits;
+};
+
+inline const Route* find(RouteTableObject* t, const Key& k) {
+  auto it = t->slots->find(k.hash());
+  if (it == t->slots->end()) return nullptr;
+  for (const Slot& s : it->second) {
+    if (s.key.size() == static_cast<size_t>(k.n) && std::memcmp(s.key.data(), k.v, k.n * sizeof(int64_t)) == 0)
+      return s.route.get();
+  }
+  return nullptr;
+}
+
+// Parameter i's object in a call (args, then keywords by name), or nullptr (not given: its default).
+inline PyObject* param_of(RouteTableObject* t, int i, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  if (i < nargs) return args[i];
+  if (!kwnames || i >= static_cast<int>(t->params->size())) return nullptr;
+  PyObject* name = (*t->params)[i];
+  const Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t j = 0; j < nkw; ++j) {
+    PyObject* kw = PyTuple_GET_ITEM(kwnames, j);
+    if (kw == name || PyUnicode_Compare(kw, name) == 0) return args[nargs + j];
+  }
+  return nullptr;
+}
+
+inline PyObject* route_table_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  HANDLE_TH_ERRORS
+  auto* t = reinterpret_cast<RouteTableObject*>(self);
+  if (t->size == 0) Py_RETURN_NONE;
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  Key k;
+  if (call_key(k, args, nargs, kwnames, at::GradMode::is_enabled()) != Keyed::kOk) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  const Route* r = find(t, k);
+  if (!r || (r->kind == Route::kLaunch && r->launch.function && r->launch.hooked())) Py_RETURN_NONE;
+  auto get = [&](int i) -> const at::Tensor* {
+    PyObject* o = param_of(t, i, args, nargs, kwnames);
+    return o && THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr;
+  };
+  if (r->kind == Route::kLaunch && r->launch.function) {  // the launch's device must be the current one
+    const at::Tensor* first = get(r->tensors[0] == kResult ? r->tensors[1] : r->tensors[0]);
+    if (!first || (first->is_cuda() &&
+                   c10::impl::getDeviceGuardImpl(c10::kCUDA)->getDevice().index() != first->device().index()))
+      Py_RETURN_NONE;
+  }
+  at::Tensor result = run_route(*r, get);
+  if (!result.defined()) Py_RETURN_NONE;
+  ++t->hits;
+  return THPVariable_Wrap(std::move(result));
+  END_HANDLE_TH_ERRORS
+}
+
+// table.put(args, kwargs, spec) -> bool: the route of the call (args, **kwargs) in the current
+// context; False where such a call cannot be keyed.
+inline PyObject* route_table_put(PyObject* self, PyObject* a) {
+  HANDLE_TH_ERRORS
+  auto* t = reinterpret_cast<RouteTableObject*>(self);
+  PyObject *args, *kwargs, *spec;
+  if (!PyArg_ParseTuple(a, "O!O!O!", &PyTuple_Type, &args, &PyDict_Type, &kwargs, &PyTuple_Type, &spec))
+    return nullptr;
+  const Py_ssize_t nargs = PyTuple_GET_SIZE(args), nkw = PyDict_GET_SIZE(kwargs);
+  std::vector<PyObject*> flat(nargs + nkw);
+  for (Py_ssize_t i = 0; i < nargs; ++i) flat[i] = PyTuple_GET_ITEM(args, i);
+  py::tuple names(nkw);
+  Py_ssize_t pos = 0, j = 0;
+  PyObject *kw, *v;
+  while (PyDict_Next(kwargs, &pos, &kw, &v)) {
+    names[j] = py::reinterpret_borrow<py::object>(kw);
+    flat[nargs + j++] = v;
+  }
+  Key k;
+  if (call_key(k, flat.data(), nargs, nkw ? names.ptr() : nullptr, false) != Keyed::kOk) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_FALSE;
+  }
+  auto route = make_route(py::reinterpret_borrow<py::tuple>(spec));
+  if (t->size >= t->limit) {
+    t->slots->clear();
+    t->size = 0;
+  }
+  auto& bucket = (*t->slots)[k.hash()];
+  std::vector<int64_t> key(k.v, k.v + k.n);
+  for (Slot& s : bucket) {
+    if (s.key == key) {
+      s.route = std::move(route);
+      Py_RETURN_TRUE;
+    }
+  }
+  bucket.push_back({std::move(key), std::move(route)});
+  ++t->size;
+  Py_RETURN_TRUE;
+  END_HANDLE_TH_ERRORS
+}
+
+inline PyObject* route_table_clear(PyObject* self, PyObject*) {
+  auto* t = reinterpret_cast<RouteTableObject*>(self);
+  t->slots->clear();
+  t->size = 0;
+  Py_RETURN_NONE;
+}
+
+inline PyObject* route_table_take_hits(PyObject* self, PyObject*) {
+  auto* t = reinterpret_cast<RouteTableObject*>(self);
+  int64_t h = t->hits;
+  t->hits = 0;
+  return PyLong_FromLongLong(h);
+}
+
+inline PyObject* route_table_len(PyObject* self, PyObject*) {
+  return PyLong_FromSize_t(reinterpret_cast<RouteTableObject*>(self)->size);
+}
+
+inline PyObject* route_table_new(PyTypeObject* type, PyObject* a, PyObject* kw) {
+  PyObject* names;
+  if (!PyArg_ParseTuple(a, "O!", &PyTuple_Type, &names)) return nullptr;
+  auto* t = reinterpret_cast<RouteTableObject*>(type->tp_alloc(type, 0));
+  if (!t) return nullptr;
+  t->vectorcall = route_table_call;
+  t->params = new std::vector<PyObject*>();
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); ++i) {
+    PyObject* n = PyTuple_GET_ITEM(names, i);
+    if (!PyUnicode_Check(n)) {
+      Py_DECREF(t);
+      PyErr_SetString(PyExc_TypeError, "RouteTable: parameter names must be strings");
+      return nullptr;
+    }
+    Py_INCREF(n);
+    t->params->push_back(n);
+  }
+  t->slots = new std::unordered_map<uint64_t, std::vector<Slot>>();
+  t->size = 0;
+  t->limit = 1024;
+  t->hits = 0;
+  return reinterpret_cast<PyObject*>(t);
+}
+
+inline void route_table_dealloc(PyObject* self) {
+  auto* t = reinterpret_cast<RouteTableObject*>(self);
+  if (t->params) {
+    for (PyObject* n : *t->params) Py_DECREF(n);
+    delete t->params;
+  }
+  delete t->slots;  // the routes drop their Python references under the GIL, held here
+  Py_TYPE(self)->tp_free(self);
+}
+
+inline PyMethodDef route_table_methods[] = {
+    {"put", route_table_put, METH_VARARGS, "put(args, kwargs, spec) -> bool: the route of calls like this one."},
+    {"clear", route_table_clear, METH_NOARGS, "Forget every route."},
+    {"take_hits", route_table_take_hits, METH_NOARGS, "Calls run here since the last take_hits()."},
+    {"size", route_table_len, METH_NOARGS, "How many routes the table holds."},
+    {nullptr, nullptr, 0, nullptr}};
+
+inline PyTypeObject& route_table_type() {
+  static PyTypeObject type = [] {
+    PyTypeObject t{PyVarObject_HEAD_INIT(nullptr, 0)};
+    t.tp_name = "xkernels_native.RouteTable";
+    t.tp_basicsize = sizeof(RouteTableObject);
+    t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL;
+    t.tp_vectorcall_offset = offsetof(RouteTableObject, vectorcall);
+    t.tp_call = PyVectorcall_Call;
+    t.tp_new = route_table_new;
+    t.tp_dealloc = route_table_dealloc;
+    t.tp_methods = route_table_methods;
+    t.tp_doc = "An op's routes for repeated calls: table(*args, **kwargs) -> the result, or None (not run here).";
+    return t;
+  }();
+  return type;
+}
+
+}  // namespace xk

@@ -1,0 +1,294 @@
+"""The native front door (ops/native_front_door.py, backends/native_route.h): every call form's
+repeats run from the op's C++ route table with fresh data, NaN-poisoned results and unchanged
+inputs, against float64 torch; every call the table must not run (a gradient, another layout,
+another scalar value, a forced config, another backend, a misaligned pointer, a partly
+overlapping ``out=``, a mode, a tensor subclass) goes to the Python front door and is right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xkernels
+from helpers import Unchanged, assert_close, every_matmul_to_vendor, rand
+from xkernels import tuning
+from xkernels.backends import native
+from xkernels.ops import add, broadcast, linear, matmul
+from xkernels.ops.matmul.vendor import reference_linear
+
+
+@pytest.fixture
+def ext(backend):
+    """The loaded extension with results NaN-poisoned before each native launch; every op's table
+    and routes emptied before and after."""
+    if native.setting() == "0":
+        pytest.skip("XKERNELS_NATIVE=0: the native extension is turned off for this run")
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: no routes")
+    mod = native.module(wait=True)
+    assert mod is not None, f"the native extension did not build: {native.unavailable_reason()}"
+    ops = (add, broadcast, linear, matmul)
+    for op in ops:
+        assert op._native is not None, f"{op.name} has no native route table"
+        op._forget()
+        op._native.take_hits()
+    mod.set_poison(True)
+    try:
+        yield mod
+    finally:
+        mod.set_poison(False)
+        for op in ops:
+            op._forget()
+
+
+def _repeats(op, call, reference, dtype, n=3):
+    """``call()`` (fresh inputs each time: it makes them) twice (the full path, which teaches the
+    table; a repeat), then ``n`` times from the table: each result against ``reference`` of the
+    same inputs (a matmul's tolerance grows with K = 40, as the matmul suite's)."""
+    scale = 40 ** 0.5 if op in (matmul, linear) else 1.0
+    for i in range(n + 2):
+        args, result = call()
+        assert_close(result, reference(*args), dtype, scale=scale)
+        if i == 1:
+            op._native.take_hits()
+    assert op._native.take_hits() == n, f"{op.name}: the repeats did not all run from the native table"
+
+
+def _guarded(fn, *tensors):
+    with Unchanged(*tensors):
+        return fn()
+
+
+FORMS = {
+    "add(x, y)": (add, lambda x, y, b, w, o: add(x, y), lambda x, y, b, w, o: x + y),
+    "add(x, 2.5)": (add, lambda x, y, b, w, o: add(x, 2.5), lambda x, y, b, w, o: x + 2.5),
+    "add(-1.0, y)": (add, lambda x, y, b, w, o: add(-1.0, y), lambda x, y, b, w, o: y - 1.0),
+    "add(x, y, alpha=2)": (add, lambda x, y, b, w, o: add(x, y, alpha=2), lambda x, y, b, w, o: x + 2 * y),
+    "add(x, y, out=o)": (add, lambda x, y, b, w, o: add(x, y, out=o), lambda x, y, b, w, o: x + y),
+    "broadcast(x, b)": (broadcast, lambda x, y, b, w, o: broadcast(x, b), lambda x, y, b, w, o: x + b),
+    "broadcast(x, b, out=o)": (broadcast, lambda x, y, b, w, o: broadcast(x, b, out=o), lambda x, y, b, w, o: x + b),
+    "matmul(x, w.T)": (matmul, lambda x, y, b, w, o: matmul(x, w.t()), lambda x, y, b, w, o: x @ w.t()),
+    "linear(x, w)": (linear, lambda x, y, b, w, o: linear(x, w), lambda x, y, b, w, o: x @ w.t()),
+    "linear(x, w, b2)": (linear, lambda x, y, b, w, o: linear(x, w, b[:24]),
+                         lambda x, y, b, w, o: x @ w.t() + b[:24]),
+    "linear(x, w, b2, 'gelu')": (linear, lambda x, y, b, w, o: linear(x, w, b[:24], "gelu"),
+                                 lambda x, y, b, w, o: reference_linear(x, w, b[:24], "gelu", 0.01)),
+    "linear(x, w, bias=b2, activation='leaky_relu', negative_slope=0.2)": (
+        linear, lambda x, y, b, w, o: linear(x, w, bias=b[:24], activation="leaky_relu", negative_slope=0.2),
+        lambda x, y, b, w, o: reference_linear(x, w, b[:24], "leaky_relu", 0.2)),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_form_repeats_from_the_native_table(backend, device, ext, form, dtype):
+    op, call, ref = FORMS[form]
+
+    def fresh():
+        x, y = rand((6, 40), dtype, device), rand((6, 40), dtype, device)
+        b, w = rand((40,), dtype, device), rand((24, 40), dtype, device)
+        o = torch.full((6, 40), float("nan"), dtype=dtype, device=device)
+        result = _guarded(lambda: call(x, y, b, w, o), x, y, b, w)
+        if "out=o" in form:
+            assert result is o
+        return (x, y, b, w, o), result
+
+    _repeats(op, fresh, lambda *t: ref(*(v.double() for v in t)), dtype)
+
+
+def test_a_3d_input_and_batched_matmul(backend, device, ext):
+    def lin():
+        x, w, b = rand((2, 5, 40), torch.float32, device), rand((24, 40), torch.float32, device), \
+            rand((24,), torch.float32, device)
+        return (x, w, b), _guarded(lambda: linear(x, w, b), x, w, b)
+
+    _repeats(linear, lin, lambda x, w, b: x.double() @ w.double().t() + b.double(), torch.float32)
+
+    def bmm():
+        a, b = rand((3, 6, 16), torch.float32, device), rand((3, 16, 10), torch.float32, device)
+        return (a, b), _guarded(lambda: matmul(a, b), a, b)
+
+    _repeats(matmul, bmm, lambda a, b: a.double() @ b.double(), torch.float32)
+
+
+def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
+    """Routes that are the device's BLAS (``F.linear``, ``torch.matmul``): the table calls aten's
+    ``.out`` kernels itself; the results are aten's own, exactly."""
+    with every_matmul_to_vendor(monkeypatch):
+        cases = [
+            (linear, lambda: (rand((6, 40), torch.float32, device), rand((24, 40), torch.float32, device),
+                              rand((24,), torch.float32, device)), lambda x, w, b: linear(x, w, b),
+             lambda x, w, b: torch.nn.functional.linear(x, w, b)),
+            (linear, lambda: (rand((2, 3, 40), torch.float32, device), rand((24, 40), torch.float32, device)),
+             lambda x, w: linear(x, w), lambda x, w: torch.nn.functional.linear(x, w)),
+            (linear, lambda: (rand((40, 6), torch.float32, device).t(), rand((24, 40), torch.float32, device)),
+             lambda x, w: linear(x, w), lambda x, w: torch.nn.functional.linear(x, w)),
+            (matmul, lambda: (rand((6, 40), torch.float32, device), rand((40, 24), torch.float32, device)),
+             lambda a, b: matmul(a, b), torch.matmul),
+            (matmul, lambda: (rand((2, 6, 40), torch.float32, device), rand((2, 40, 24), torch.float32, device)),
+             lambda a, b: matmul(a, b), torch.matmul),
+        ]
+        for op, make, call, want in cases:
+            for i in range(5):
+                args = make()
+                got = _guarded(lambda: call(*args), *args)
+                assert torch.equal(got, want(*args)) and got.is_contiguous()
+                if i == 1:
+                    op._native.take_hits()
+            assert op._native.take_hits() == 3, op.name
+        # a 3-D input that is not contiguous: F.linear does not fold it, nor does the table take it
+        x = rand((3, 40, 2), torch.float32, device).transpose(1, 2)
+        w = rand((24, 40), torch.float32, device)
+        for _ in range(3):
+            assert_close(linear(x, w), x.double() @ w.double().t(), torch.float32)
+        assert linear._native.take_hits() == 0
+
+
+def test_what_the_table_does_not_run_goes_to_python(backend, device, ext, monkeypatch):
+    x, y = rand((6, 40), torch.float32, device), rand((6, 40), torch.float32, device)
+    for _ in range(2):
+        add(x, y)
+    add._native.take_hits()
+    # a gradient: autograd records the op; the gradient is right
+    xg = x.clone().requires_grad_()
+    (add(xg, y) * 2).sum().backward()
+    assert torch.equal(xg.grad, torch.full_like(x, 2.0))
+    with torch.no_grad():  # no grad mode: the table runs it
+        assert_close(add(xg, y), x.double() + y.double(), torch.float32)
+    assert add._native.take_hits() == 1
+    # another layout (transposed operands), another dtype, another shape: other keys, Python first
+    for a, b in ((x.t(), y.t()), (x.double(), y.double()), (x[:3], y[:3])):
+        assert_close(add(a, b), a.double() + b.double(), a.dtype)
+    assert add._native.take_hits() == 0
+    # another scalar value, -0.0 and 0.0, an int and a float: each its own entry, right each time
+    for s in (1.5, 2.5, -0.0, 0.0, 2, 2.0, 1.5):
+        for _ in range(3):
+            assert_close(add(x, s), x.double() + s, torch.float32)
+    # a forced tuning config (sweeps): never from the table
+    add._native.take_hits()
+    with tuning.force({"BLOCK": 256, "SUB": None, "num_warps": 4}):
+        assert_close(add(x, y), x.double() + y.double(), torch.float32)
+    assert add._native.take_hits() == 0
+    # another backend in effect: another key
+    other = "interpreter-npu" if backend.name == "interpreter" else "interpreter"
+    if backend.device_type == "cpu" and xkernels.get_backend(other).is_available():
+        with xkernels.use_backend(other):
+            for _ in range(3):
+                assert_close(add(x, y), x.double() + y.double(), torch.float32)
+        assert add._native.take_hits() == 2  # its own entry: planned and taught, then run (not this backend's)
+    # a torch function mode, a tensor subclass: Python
+    from torch.overrides import TorchFunctionMode
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        assert_close(add(x, y), x.double() + y.double(), torch.float32)
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert_close(add(x.as_subclass(Sub), y).as_subclass(torch.Tensor), x.double() + y.double(), torch.float32)
+    assert add._native.take_hits() == 0
+
+
+def test_out_overlap_and_alignment_are_checked_per_call(backend, device, ext):
+    """``out=`` aliasing an input exactly runs; a partial overlap raises as the op's check does,
+    with nothing written; a pointer off 16-byte alignment is declined by the launch and runs
+    through Python (which copies or relaunches)."""
+    buf = rand((8, 40), torch.float32, device)
+    y = rand((7, 40), torch.float32, device)
+    for _ in range(3):
+        x = rand((7, 40), torch.float32, device)
+        want = x.double() + y.double()
+        assert add(x, y, out=x) is x  # out is x itself
+        assert_close(x, want, torch.float32)
+    add._native.take_hits()
+    x, o = buf[:7], buf[1:]  # same layout as the remembered signature: o partly overlaps x
+    before = buf.clone()
+    with pytest.raises(ValueError, match="out"):
+        add(x, y, out=o)
+    assert torch.equal(buf, before), "a declined call wrote its result"
+    base = rand((6 * 40 + 1,), torch.float32, device)
+    for _ in range(3):
+        x, y2 = rand((6, 40), torch.float32, device), rand((6, 40), torch.float32, device)
+        add(x, y2)
+    off = base[1:].view(6, 40)  # contiguous, the same key, a pointer 4 bytes past alignment
+    add._native.take_hits()
+    assert_close(add(off, y2), off.double() + y2.double(), torch.float32)
+
+
+def test_module_forward_repeats_from_the_table_and_follows_its_parameters(backend, device, ext):
+    """``xkernels.nn.Linear`` without a gradient: repeats from the table; a parameter replaced or
+    converted, another input layout, a parametrization: right every time."""
+    layer = xkernels.nn.Linear(40, 24, activation="gelu", device=device)
+    with torch.no_grad():
+        for _ in range(4):
+            x = rand((6, 40), torch.float32, device)
+            assert_close(layer(x), reference_linear(x.double(), layer.weight.double(), layer.bias.double(), "gelu",
+                                                    0.01), torch.float32)
+        assert linear._native.take_hits() >= 2
+        layer.weight = torch.nn.Parameter(rand((24, 40), torch.float32, device))
+        layer.to(torch.bfloat16)
+        for _ in range(3):
+            x = rand((6, 40), torch.bfloat16, device)
+            assert_close(layer(x), reference_linear(x.double(), layer.weight.double(), layer.bias.double(), "gelu",
+                                                    0.01), torch.bfloat16)
+        torch.nn.utils.parametrize.register_parametrization(layer, "weight", _Double())
+        x = rand((6, 40), torch.bfloat16, device)
+        assert_close(layer(x), reference_linear(x.double(), 2 * layer.parametrizations.weight.original.double(),
+                                                layer.bias.double(), "gelu", 0.01), torch.bfloat16)
+
+
+class _Double(torch.nn.Module):
+    def forward(self, w):
+        return 2 * w
+
+
+def test_enable_launches_matmul_routes_from_cpp(monkeypatch):
+    """Under ``enable()``, mm / addmm repeats whose route is xkernels' kernel launch from the C++
+    overrides (its BLAS route: aten's ``.out`` kernel from C++): on cuda where a GPU is present,
+    else on cpu tensors with the interpreter as the process's backend (no ``use_backend`` block,
+    during which the C++ overrides defer to Python). The Python override sees each signature
+    twice (the call that plans, the repeat that teaches); results against float64."""
+    from helpers import require_interpreter
+    from xkernels import dispatch, routing
+
+    if native.setting() == "0":
+        pytest.skip("XKERNELS_NATIVE=0: the native extension is turned off for this run")
+    assert native.module(wait=True) is not None, native.unavailable_reason()
+    if torch.cuda.is_available():
+        device = torch.device("cuda")
+    else:
+        require_interpreter()
+        monkeypatch.setattr(dispatch, "_env_backend", "interpreter")
+        device = torch.device("cpu")
+    seen = []
+    real = routing._repeat
+    monkeypatch.setattr(routing, "_repeat", lambda name, *a, **k: (  # the float32 calls the Python override saw
+        routing._thread.inside or a[1][0].dtype != torch.float32 or seen.append(name)) and None or real(name, *a, **k))
+    matmul._forget()
+    linear._forget()
+    native.module().set_poison(True)
+    xkernels.enable(ops=["linear", "matmul"])
+    routing.routing_counts(reset=True)
+    try:
+        for _ in range(4):
+            a, w, bias = (rand((6, 40), torch.float32, device), rand((40, 24), torch.float32, device),
+                          rand((24,), torch.float32, device))
+            with Unchanged(a, w, bias):
+                assert_close(a @ w, a.double() @ w.double(), torch.float32)
+                assert_close(torch.addmm(bias, a, w), a.double() @ w.double() + bias.double(), torch.float32)
+        counts = routing.routing_counts()
+    finally:
+        xkernels.disable()
+        native.module().set_poison(False)
+        matmul._forget()
+        linear._forget()
+    assert seen.count("mm") == 2 and seen.count("addmm") == 2, seen
+    for name in ("mm", "addmm"):  # (the float64 references went to aten)
+        ours = {k: v for k, v in counts[name].items() if k in ("xkernels", routing.VENDOR_WHY)}
+        assert sum(ours.values()) == 4, counts
+        if device.type == "cpu":
+            assert ours == {"xkernels": 4}, counts
