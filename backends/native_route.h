@@ -49,6 +49,11 @@ struct Route {
   int out = kAbsent;                     // the out= parameter that is the result; kAbsent: allocate
   std::vector<std::tuple<int, int64_t, bool>> overlap;  // (input parameter, extent in bytes, same layout as out)
   int64_t out_extent = 0;
+  // linear: the activation after the GEMM (applied in place, as reference_linear's PyTorch op
+  // computes it), or in the BLAS epilogue (torch._addmm_activation's: relu, tanh GELU)
+  enum Act { kNone, kRelu, kGelu, kGeluTanh, kSilu, kLeakyRelu } act = kNone;
+  double slope = 0.01;
+  bool epilogue = false;
 
   ~Route() { drop_python(launch); }
 };
@@ -109,17 +114,30 @@ at::Tensor run_route(const Route& r, Get&& get) {
   const int64_t n = b->size(0), k = b->size(1), m = result.numel() / n;
   at::Tensor x2 = a->dim() == 2 ? *a : a->view({m, k});
   at::Tensor out2 = result.dim() == 2 ? result : result.view({m, n});
+  if (r.epilogue) {
+    if (!bias) return {};
+    at::_addmm_activation_out(out2, *bias, x2, b->t(), 1, 1, r.act == Route::kGeluTanh);
+    return result;
+  }
   if (bias)
     at::addmm_out(out2, *bias, x2, b->t());
   else
     at::mm_out(out2, x2, b->t());
+  switch (r.act) {
+    case Route::kRelu: at::relu_(result); break;
+    case Route::kGelu: at::gelu_(result, "none"); break;
+    case Route::kGeluTanh: at::gelu_(result, "tanh"); break;
+    case Route::kSilu: at::silu_(result); break;
+    case Route::kLeakyRelu: at::leaky_relu_(result, r.slope); break;
+    default: break;
+  }
   return result;
 }
 
 // A route from its Python description (ops/native_front_door.py's NativeSpec):
-// (kind, launch, tensors, size, stride, dtype, out, overlap, out_extent)
+// (kind, launch, tensors, size, stride, dtype, out, overlap, out_extent, activation, slope, epilogue)
 inline std::shared_ptr<const Route> make_route(const py::tuple& spec) {
-  TORCH_CHECK(spec.size() == 9, "xkernels native: a route spec has 9 fields");
+  TORCH_CHECK(spec.size() == 12, "xkernels native: a route spec has 12 fields");
   auto r = std::make_shared<Route>();
   const std::string kind = spec[0].cast<std::string>();
   r->kind = kind == "launch" ? Route::kLaunch : kind == "linear" ? Route::kLinear : Route::kMatmul;
@@ -135,6 +153,16 @@ inline std::shared_ptr<const Route> make_route(const py::tuple& spec) {
     r->overlap.emplace_back(f[0].cast<int>(), f[1].cast<int64_t>(), f[2].cast<bool>());
   }
   r->out_extent = spec[8].cast<int64_t>();
+  if (!spec[9].is_none()) {
+    const std::string act = spec[9].cast<std::string>();
+    r->act = act == "relu" ? Route::kRelu : act == "gelu" ? Route::kGelu : act == "gelu_tanh" ? Route::kGeluTanh
+           : act == "silu" ? Route::kSilu : act == "leaky_relu" ? Route::kLeakyRelu : Route::kNone;
+    TORCH_CHECK(r->act != Route::kNone, "xkernels native: unknown activation ", act);
+  }
+  r->slope = spec[10].cast<double>();
+  r->epilogue = spec[11].cast<bool>();
+  TORCH_CHECK(!r->epilogue || r->act == Route::kRelu || r->act == Route::kGeluTanh,
+              "xkernels native: the BLAS epilogue applies relu or the tanh GELU");
   const size_t need = r->kind == Route::kLaunch ? 1 : r->kind == Route::kLinear ? 3 : 2;
   TORCH_CHECK(r->tensors.size() >= need && (r->kind != Route::kLaunch || r->out != kAbsent ||
                                             r->tensors.size() >= 2 || r->tensors[0] != kResult),

@@ -45,7 +45,9 @@ class NativeSpec(NamedTuple):
     operands: ``tensors`` = (a, b)). ``tensors`` are parameter indices in the op's ``params``
     order, ``RESULT`` for the result; ``size``/``stride``/``dtype`` the result's; ``overlap``: per
     input that may alias ``out``, (parameter, extent in bytes, same layout as ``out``), checked
-    against ``out_extent`` as the op's check does."""
+    against ``out_extent`` as the op's check does. ``linear`` then applies ``activation``
+    (``slope``: leaky_relu's) as PyTorch's op in place, or with ``epilogue`` in the BLAS epilogue
+    (``torch._addmm_activation``: relu, gelu_tanh; a bias is required)."""
 
     kind: str
     launch: Any = None
@@ -56,6 +58,9 @@ class NativeSpec(NamedTuple):
     out: int = ABSENT
     overlap: tuple[tuple[int, int, bool], ...] = ()
     out_extent: int = 0
+    activation: str | None = None
+    slope: float = 0.01
+    epilogue: bool = False
 
 
 def launch_how(launch: Any, device: torch.device) -> Any:

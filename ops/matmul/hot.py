@@ -137,6 +137,8 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
             return reference_linear(x, weight, bias, activation, float(slope) if leaky else fixed_slope)
 
     if not plan.epilogue:
+        if activation is not None:  # F.linear, then PyTorch's activation (in place natively: the same op)
+            hot.native = lambda canon: _linear_native(canon, activation, _canon_slope(canon) if leaky else fixed_slope)
         return AtenRoute(hot, "F.linear") if activation is None else VendorRoute(hot, f"F.linear + {activation}")
     epilogue, out_shape, folded = plan.epilogue, call.out_shape, call.a.shape
 
@@ -144,19 +146,24 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
               residual: None = None, out: None = None) -> torch.Tensor:
         return epilogue_linear(x if x.dim() == 2 else x.reshape(folded), weight.t(), bias, epilogue).view(out_shape)
 
+    if call.bias is not None:  # (without one the epilogue adds a shared zero bias: Python keeps it)
+        fused.native = lambda canon: _linear_native(canon, epilogue, 0.01, blas_epilogue=True)
     return VendorRoute(fused, f"BLAS epilogue {epilogue}", autograd_run=hot)
 
 
-def _linear_native(canon: tuple[Any, ...]) -> NativeSpec | None:
+def _linear_native(canon: tuple[Any, ...], activation: str | None = None, slope: float = 0.01,
+                   blas_epilogue: bool = False) -> NativeSpec | None:
     """``F.linear``'s BLAS call in the native front door (``addmm_out`` / ``mm_out`` of the input
-    folded to 2-D, as ``F.linear`` folds it): for a 2-D or contiguous input, a 2-D weight and a
-    1-D bias or none."""
+    folded to 2-D, as ``F.linear`` folds it), then ``activation`` as PyTorch's op, or in the
+    BLAS's epilogue (``_addmm_activation_out``, as ``epilogue_linear``): for a 2-D or contiguous
+    input, a 2-D weight and a 1-D bias or none."""
     x, weight, bias = canon[0], canon[1], canon[2]
     if x.dim() < 2 or weight.dim() != 2 or (x.dim() > 2 and not x.is_contiguous()) or (bias is not None
                                                                                      and bias.dim() != 1):
         return None
     return NativeSpec("linear", tensors=(0, 1, ABSENT if bias is None else 2),
-                      size=(*x.shape[:-1], weight.shape[0]))
+                      size=(*x.shape[:-1], weight.shape[0]), activation=activation, slope=float(slope),
+                      epilogue=blas_epilogue)
 
 
 def _hot_split(plan: MatmulPlan, call: MatmulCall) -> Any:

@@ -42,16 +42,25 @@ def ext(backend):
 
 
 def _repeats(op, call, reference, dtype, n=3):
-    """``call()`` (fresh inputs each time: it makes them) twice (the full path, which teaches the
-    table; a repeat), then ``n`` times from the table: each result against ``reference`` of the
-    same inputs (a matmul's tolerance grows with K = 40, as the matmul suite's)."""
+    """``call()`` (fresh inputs each time: it makes them and returns (inputs, result, the op's
+    (args, kwargs))) twice (the full path, which teaches the table; a repeat), then ``n`` times:
+    each result against ``reference`` of the same inputs (a matmul's tolerance grows with K = 40,
+    as the matmul suite's). Every route has a native form on the interpreters, and those repeats
+    run from the table; on cuda a float32 matmul kernel (its precision follows torch's TF32
+    setting per call) has none, and Python runs it."""
     scale = 40 ** 0.5 if op in (matmul, linear) else 1.0
     for i in range(n + 2):
-        args, result = call()
-        assert_close(result, reference(*args), dtype, scale=scale)
+        inputs, result, (args, kwargs) = call()
+        assert_close(result, reference(*inputs), dtype, scale=scale)
         if i == 1:
             op._native.take_hits()
-    assert op._native.take_hits() == n, f"{op.name}: the repeats did not all run from the native table"
+    _, route, canon = op.find_hot(args, kwargs)
+    native_form = route.native is not None and route.native(canon) is not None
+    if not result.is_cuda:
+        assert native_form, f"{op.name}: {route} has no native form"
+    elif dtype == torch.float32 and op in (matmul, linear) and route.kind == "triton kernel":
+        assert not native_form, f"{op.name}: a float32 kernel route on cuda has a native form"
+    assert op._native.take_hits() == (n if native_form else 0), f"{op.name}: not every repeat ran natively"
 
 
 def _guarded(fn, *tensors):
@@ -59,22 +68,27 @@ def _guarded(fn, *tensors):
         return fn()
 
 
-FORMS = {
-    "add(x, y)": (add, lambda x, y, b, w, o: add(x, y), lambda x, y, b, w, o: x + y),
-    "add(x, 2.5)": (add, lambda x, y, b, w, o: add(x, 2.5), lambda x, y, b, w, o: x + 2.5),
-    "add(-1.0, y)": (add, lambda x, y, b, w, o: add(-1.0, y), lambda x, y, b, w, o: y - 1.0),
-    "add(x, y, alpha=2)": (add, lambda x, y, b, w, o: add(x, y, alpha=2), lambda x, y, b, w, o: x + 2 * y),
-    "add(x, y, out=o)": (add, lambda x, y, b, w, o: add(x, y, out=o), lambda x, y, b, w, o: x + y),
-    "broadcast(x, b)": (broadcast, lambda x, y, b, w, o: broadcast(x, b), lambda x, y, b, w, o: x + b),
-    "broadcast(x, b, out=o)": (broadcast, lambda x, y, b, w, o: broadcast(x, b, out=o), lambda x, y, b, w, o: x + b),
-    "matmul(x, w.T)": (matmul, lambda x, y, b, w, o: matmul(x, w.t()), lambda x, y, b, w, o: x @ w.t()),
-    "linear(x, w)": (linear, lambda x, y, b, w, o: linear(x, w), lambda x, y, b, w, o: x @ w.t()),
-    "linear(x, w, b2)": (linear, lambda x, y, b, w, o: linear(x, w, b[:24]),
+FORMS = {  # op, (x, y, b, w, o) -> the op's (args, kwargs), the reference of (x, y, b, w, o)
+    "add(x, y)": (add, lambda x, y, b, w, o: ((x, y), {}), lambda x, y, b, w, o: x + y),
+    "add(x, 2.5)": (add, lambda x, y, b, w, o: ((x, 2.5), {}), lambda x, y, b, w, o: x + 2.5),
+    "add(-1.0, y)": (add, lambda x, y, b, w, o: ((-1.0, y), {}), lambda x, y, b, w, o: y - 1.0),
+    "add(x, y, alpha=2)": (add, lambda x, y, b, w, o: ((x, y), {"alpha": 2}), lambda x, y, b, w, o: x + 2 * y),
+    "add(x, y, out=o)": (add, lambda x, y, b, w, o: ((x, y), {"out": o}), lambda x, y, b, w, o: x + y),
+    "broadcast(x, b)": (broadcast, lambda x, y, b, w, o: ((x, b), {}), lambda x, y, b, w, o: x + b),
+    "broadcast(x, b, out=o)": (broadcast, lambda x, y, b, w, o: ((x, b), {"out": o}), lambda x, y, b, w, o: x + b),
+    "matmul(x, w.T)": (matmul, lambda x, y, b, w, o: ((x, w.t()), {}), lambda x, y, b, w, o: x @ w.t()),
+    "linear(x, w)": (linear, lambda x, y, b, w, o: ((x, w), {}), lambda x, y, b, w, o: x @ w.t()),
+    "linear(x, w, b2)": (linear, lambda x, y, b, w, o: ((x, w, b[:24]), {}),
                          lambda x, y, b, w, o: x @ w.t() + b[:24]),
-    "linear(x, w, b2, 'gelu')": (linear, lambda x, y, b, w, o: linear(x, w, b[:24], "gelu"),
+    "linear(x, w, b2, 'gelu')": (linear, lambda x, y, b, w, o: ((x, w, b[:24], "gelu"), {}),
                                  lambda x, y, b, w, o: reference_linear(x, w, b[:24], "gelu", 0.01)),
+    "linear(x, w, bias=b2, activation='gelu_tanh')": (
+        linear, lambda x, y, b, w, o: ((x, w), {"bias": b[:24], "activation": "gelu_tanh"}),
+        lambda x, y, b, w, o: reference_linear(x, w, b[:24], "gelu_tanh", 0.01)),
+    "linear(x, w, b2, 'relu')": (linear, lambda x, y, b, w, o: ((x, w, b[:24], "relu"), {}),
+                                 lambda x, y, b, w, o: reference_linear(x, w, b[:24], "relu", 0.01)),
     "linear(x, w, bias=b2, activation='leaky_relu', negative_slope=0.2)": (
-        linear, lambda x, y, b, w, o: linear(x, w, bias=b[:24], activation="leaky_relu", negative_slope=0.2),
+        linear, lambda x, y, b, w, o: ((x, w), {"bias": b[:24], "activation": "leaky_relu", "negative_slope": 0.2}),
         lambda x, y, b, w, o: reference_linear(x, w, b[:24], "leaky_relu", 0.2)),
 }
 
@@ -82,16 +96,17 @@ FORMS = {
 @pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_each_form_repeats_from_the_native_table(backend, device, ext, form, dtype):
-    op, call, ref = FORMS[form]
+    op, call_args, ref = FORMS[form]
 
     def fresh():
         x, y = rand((6, 40), dtype, device), rand((6, 40), dtype, device)
         b, w = rand((40,), dtype, device), rand((24, 40), dtype, device)
         o = torch.full((6, 40), float("nan"), dtype=dtype, device=device)
-        result = _guarded(lambda: call(x, y, b, w, o), x, y, b, w)
+        args, kwargs = call_args(x, y, b, w, o)
+        result = _guarded(lambda: op(*args, **kwargs), x, y, b, w)
         if "out=o" in form:
             assert result is o
-        return (x, y, b, w, o), result
+        return (x, y, b, w, o), result, (args, kwargs)
 
     _repeats(op, fresh, lambda *t: ref(*(v.double() for v in t)), dtype)
 
@@ -100,20 +115,21 @@ def test_a_3d_input_and_batched_matmul(backend, device, ext):
     def lin():
         x, w, b = rand((2, 5, 40), torch.float32, device), rand((24, 40), torch.float32, device), \
             rand((24,), torch.float32, device)
-        return (x, w, b), _guarded(lambda: linear(x, w, b), x, w, b)
+        return (x, w, b), _guarded(lambda: linear(x, w, b), x, w, b), ((x, w, b), {})
 
     _repeats(linear, lin, lambda x, w, b: x.double() @ w.double().t() + b.double(), torch.float32)
 
     def bmm():
-        a, b = rand((3, 6, 16), torch.float32, device), rand((3, 16, 10), torch.float32, device)
-        return (a, b), _guarded(lambda: matmul(a, b), a, b)
+        a, b = rand((3, 6, 16), torch.bfloat16, device), rand((3, 16, 10), torch.bfloat16, device)
+        return (a, b), _guarded(lambda: matmul(a, b), a, b), ((a, b), {})
 
-    _repeats(matmul, bmm, lambda a, b: a.double() @ b.double(), torch.float32)
+    _repeats(matmul, bmm, lambda a, b: a.double() @ b.double(), torch.bfloat16)
 
 
 def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
-    """Routes that are the device's BLAS (``F.linear``, ``torch.matmul``): the table calls aten's
-    ``.out`` kernels itself; the results are aten's own, exactly."""
+    """Routes that are the device's BLAS (``F.linear``, ``torch.matmul``, and ``F.linear`` then an
+    activation, or the activation in the BLAS epilogue where the backend has one): the table calls
+    aten's ``.out`` kernels and the activation itself; the results are PyTorch's own, exactly."""
     with every_matmul_to_vendor(monkeypatch):
         cases = [
             (linear, lambda: (rand((6, 40), torch.float32, device), rand((24, 40), torch.float32, device),
@@ -123,6 +139,15 @@ def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
              lambda x, w: linear(x, w), lambda x, w: torch.nn.functional.linear(x, w)),
             (linear, lambda: (rand((40, 6), torch.float32, device).t(), rand((24, 40), torch.float32, device)),
              lambda x, w: linear(x, w), lambda x, w: torch.nn.functional.linear(x, w)),
+            (linear, lambda: (rand((2, 3, 40), torch.float32, device), rand((24, 40), torch.float32, device),
+                              rand((24,), torch.float32, device)), lambda x, w, b: linear(x, w, b, "gelu"),
+             lambda x, w, b: reference_linear(x, w, b, "gelu")),
+            (linear, lambda: (rand((6, 40), torch.float32, device), rand((24, 40), torch.float32, device)),
+             lambda x, w: linear(x, w, activation="leaky_relu", negative_slope=0.3),
+             lambda x, w: reference_linear(x, w, None, "leaky_relu", 0.3)),
+            (linear, lambda: (rand((6, 40), torch.float32, device), rand((24, 40), torch.float32, device),
+                              rand((24,), torch.float32, device)), lambda x, w, b: linear(x, w, b, "relu"),
+             lambda x, w, b: reference_linear(x, w, b, "relu")),
             (matmul, lambda: (rand((6, 40), torch.float32, device), rand((40, 24), torch.float32, device)),
              lambda a, b: matmul(a, b), torch.matmul),
             (matmul, lambda: (rand((2, 6, 40), torch.float32, device), rand((2, 40, 24), torch.float32, device)),
@@ -140,7 +165,7 @@ def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
         x = rand((3, 40, 2), torch.float32, device).transpose(1, 2)
         w = rand((24, 40), torch.float32, device)
         for _ in range(3):
-            assert_close(linear(x, w), x.double() @ w.double().t(), torch.float32)
+            assert_close(linear(x, w), x.double() @ w.double().t(), torch.float32, scale=40 ** 0.5)
         assert linear._native.take_hits() == 0
 
 
