@@ -21,6 +21,7 @@ torch. Each way first runs once for its output and gradients, compared with the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import time
@@ -320,6 +321,7 @@ def main(args: Any, target: Target) -> int:
     if a way failed, 2 if the arguments are wrong or a model cannot be built here."""
     import sys
 
+    from xkernels import dispatch
     from xkernels.dispatch import use_backend
     from xkernels.harness.cases import parse_dtype
 
@@ -346,7 +348,12 @@ def main(args: Any, target: Target) -> int:
         specs = [zoo_spec(n, args.config or "base") for n in names]
         specs += [file_spec(args.model_config)] if args.model_config else []
         dtype = parse_dtype(dtypes[0]) if dtypes else (torch.float32 if target.device.type == "cpu" else torch.bfloat16)
-        with use_backend(target.backend):
+        # a backend other than the device's own is forced for the run; the device's own needs no
+        # use_backend block (a user's model runs without one, and enable()'s C++ overrides defer
+        # every call to Python while a block is open anywhere: timing them inside one would time
+        # the Python overrides)
+        own = dispatch.select(target.device).name == target.backend.name
+        with contextlib.nullcontext() if own else use_backend(target.backend):
             for spec in specs:
                 mine = run(spec, dtype, target, args.batch, args.seq, args.layers, modes, ways, args.rounds,
                            bool(args.fast), args.seed, text_seq_only=len(specs) > 1)
