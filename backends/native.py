@@ -1,4 +1,6 @@
-"""The native extension (``native.cpp``): autograd nodes of fused ops that run without Python.
+"""The native extension (``native.cpp``): the ops' native front door (``native_route.h``,
+``ops/native_front_door.py``), ``enable()``'s C++ overrides, and autograd nodes of fused ops
+that run without Python.
 
 Why: a Python ``autograd.Function`` costs the host, per training call, its ``apply`` (context,
 saved tensors, output bookkeeping) and a backward that takes the GIL on autograd's device thread
@@ -111,8 +113,8 @@ def _build() -> None:
             listener(_module)
     except Exception as exc:  # keep the Python paths, say why once
         _reason = f"{type(exc).__name__}: {exc}"[:800]
-        warnings.warn(f"xkernels: the native extension ({SOURCE.name}) is unavailable, the fused ops' training "
-                      f"calls keep their Python autograd: {_reason}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"xkernels: the native extension ({SOURCE.name}) is unavailable, repeated op calls and the "
+                      f"fused ops' training calls keep their Python paths: {_reason}", RuntimeWarning, stacklevel=3)
 
 
 def module(wait: bool = False) -> Any:

@@ -375,8 +375,11 @@ class Op(Signature):
             if len(self._hot) >= self.plan_cache_size:
                 self._hot.clear()
             self._hot[key] = route
-            if self._native is not None and route.native is not None:
-                native_front_door.teach(self._native, args, kwargs, route, canon)
+            if self._native is not None:
+                if route.native is not None:
+                    native_front_door.teach(self._native, args, kwargs, route, canon)
+            elif route.native is not None:
+                native.module()  # the first route with a native form starts the extension's build (background)
 
     def find_hot(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> HotCall | None:
         """The route a call would take without check or planning, or ``None`` when it has none (or
