@@ -332,12 +332,14 @@ struct RouteTableObject {
   int64_t hits;
 };
 
-inline const Route* find(RouteTableObject* t, const Key& k) {
+// A strong reference: a Python launch (the interpreter) runs Python, during which another thread
+// may put into or clear the table.
+inline std::shared_ptr<const Route> find(RouteTableObject* t, const Key& k) {
   auto it = t->slots->find(k.hash());
   if (it == t->slots->end()) return nullptr;
   for (const Slot& s : it->second) {
     if (s.key.size() == static_cast<size_t>(k.n) && std::memcmp(s.key.data(), k.v, k.n * sizeof(int64_t)) == 0)
-      return s.route.get();
+      return s.route;
   }
   return nullptr;
 }
@@ -365,7 +367,7 @@ inline PyObject* route_table_call(PyObject* self, PyObject* const* args, size_t 
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NONE;
   }
-  const Route* r = find(t, k);
+  const std::shared_ptr<const Route> r = find(t, k);
   if (!r || (r->kind == Route::kLaunch && r->launch.function && r->launch.hooked())) Py_RETURN_NONE;
   auto get = [&](int i) -> const at::Tensor* {
     PyObject* o = param_of(t, i, args, nargs, kwnames);

@@ -44,8 +44,11 @@ def main() -> int:
     import torch
 
     import xkernels
+    from xkernels.backends import native
     from xkernels.harness import model_zoo
     from xkernels.harness.model_runs import eager_mask_decisions, loss_of
+
+    native.module(wait=True)  # as bench does: every run takes the native paths where they build
 
     dev = torch.device(args.device)
     built = model_zoo.build(model_zoo.zoo_config(args.model, args.size), f"--model {args.model}",
