@@ -71,7 +71,7 @@ def launch_how(launch: Any, device: torch.device) -> Any:
     return native.launch_spec(launch, dispatch.select(device).name)
 
 
-def launch_spec(launch: Any, device: torch.device, tensors: tuple[int, ...], size: tuple[int, ...],
+def kernel_spec(launch: Any, device: torch.device, tensors: tuple[int, ...], size: tuple[int, ...],
                 stride: tuple[int, ...], dtype: torch.dtype) -> NativeSpec | None:
     """A ``"launch"`` spec allocating a ``size``/``stride``/``dtype`` result, or ``None`` where
     ``launch`` has no native form."""

@@ -8,8 +8,9 @@
 ``forward`` is ``xkernels.ops.linear(x, weight, bias, activation)``: the backend of the tensors'
 device runs it, and its autograd is the op's. While ``torch.compile`` traces, it is PyTorch's
 ``F.linear`` and the activation (Inductor fuses them itself; see ``_linear``). A repeated
-inference call (no gradient required) runs the route of its signature from the module's own
-:class:`~xkernels.ops.route.RouteCache`, keyed by the input's and the parameters' shape,
+inference call (no gradient required) runs the route of its signature from the linear op's native
+route table where the native extension is loaded (``ops/native_front_door.py``), else from the
+module's own :class:`~xkernels.ops.route.RouteCache`; either is keyed by the input's and the parameters' shape,
 strides, dtype and device, the activation and the slope (read at each call: a new input, a
 replaced or converted parameter, another ``use_backend`` is another key), without the op's front
 door (``python -m xkernels.bench --host`` times it against ``torch.nn.Linear``). A training call

@@ -24,7 +24,7 @@ from xkernels.backends import cuda_launch
 from xkernels.launch import ByValue, Launcher
 from xkernels.ops import checks
 from xkernels.ops.layout import INT32_MAX, collapse, contiguous_strides, max_offset, next_pow2, prod
-from xkernels.ops.native_front_door import RESULT, NativeSpec, launch_how, launch_spec
+from xkernels.ops.native_front_door import RESULT, NativeSpec, kernel_spec, launch_how
 from xkernels.ops.op import Op, Plan
 from xkernels.ops.route import KernelRoute
 
@@ -236,7 +236,7 @@ def _hot_two_tensors(plan: BinaryPlan, call: BinaryCall) -> Any:
         out = alloc(size, stride, dtype)
         return out if launch(x, y, out) else None
 
-    spec = launch_spec(launch, call.device, (0, 1, RESULT), size, stride, dtype)
+    spec = kernel_spec(launch, call.device, (0, 1, RESULT), size, stride, dtype)
     hot.launch = launch  # type: ignore[attr-defined]  # the (x, y, out) launch: enable()'s native override takes it
     hot.native = lambda canon: spec  # type: ignore[attr-defined]
     return hot
@@ -343,7 +343,7 @@ class BinaryOp(Op):
                 if isinstance(s, torch.Tensor):  # its value is no part of the native key: Python runs it
                     return None
                 alpha = canon[3] if len(canon) > 3 else 1
-                return launch_spec(launches(s, alpha), device, (1 if scalar_x else 0, RESULT), size, stride, dtype)
+                return kernel_spec(launches(s, alpha), device, (1 if scalar_x else 0, RESULT), size, stride, dtype)
 
             hot_scalar.native = native_scalar  # type: ignore[attr-defined]
             return hot_scalar
@@ -353,7 +353,7 @@ class BinaryOp(Op):
             fn = (fns.get((None, alpha)) if alpha else None) or launches(None, alpha)
             return o if fn(x, y, o) else None
 
-        hot_alpha.native = lambda canon: launch_spec(  # type: ignore[attr-defined]
+        hot_alpha.native = lambda canon: kernel_spec(  # type: ignore[attr-defined]
             launches(None, canon[3] if len(canon) > 3 else 1), device, (0, 1, RESULT), size, stride, dtype)
         return hot_alpha
 

@@ -22,7 +22,7 @@ from xkernels.launch import ByValue
 from xkernels.ops.layout import contiguous_strides, prod
 from xkernels.ops.matmul.plan import MatmulPlan, precision
 from xkernels.ops.matmul.vendor import epilogue_linear, reference_linear
-from xkernels.ops.native_front_door import ABSENT, RESULT, NativeSpec, launch_spec
+from xkernels.ops.native_front_door import ABSENT, RESULT, NativeSpec, kernel_spec
 from xkernels.ops.route import AtenRoute, KernelRoute, Route, VendorRoute
 
 if TYPE_CHECKING:
@@ -83,9 +83,10 @@ def _hot_pointer(plan: MatmulPlan, call: MatmulCall) -> Any:
         c = alloc(size, stride, dtype)
         return c if (by_slope(slope) if leaky else launch)(a, b, c, bias if has_bias else c) else None
 
-    if not (follows_setting and _follows_tf32(backend)):  # (where fp32 follows torch's TF32 setting, Python
+    # (where fp32 follows torch's TF32 setting, Python checks it per call: no native form)
+    if not (follows_setting and _follows_tf32(backend)):
         hot.native = lambda canon: _launch_native(by_slope(_canon_slope(canon)) if leaky else launch, call, size, stride,
-                                                  has_bias)  # checks the setting per call)
+                                                  has_bias)
     return hot
 
 
@@ -102,7 +103,7 @@ def _canon_slope(canon: tuple[Any, ...]) -> Any:
 def _launch_native(launch: Any, call: MatmulCall, size: tuple[int, ...], stride: tuple[int, ...],
                    has_bias: bool) -> NativeSpec | None:
     """The native front door's form of a kernel route launching ``(a, b, c, bias or c)``."""
-    return launch_spec(launch, call.device, (0, 1, RESULT, 2 if has_bias else RESULT), size, stride, call.dtype)
+    return kernel_spec(launch, call.device, (0, 1, RESULT, 2 if has_bias else RESULT), size, stride, call.dtype)
 
 
 def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
