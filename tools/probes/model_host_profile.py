@@ -9,20 +9,26 @@ host difference is Python around them (the patched forwards, the policy lookups)
 functions that only the patched profile holds.
 
     python tools/probes/model_host_profile.py [--model vit] [--pass step|forward] [--steps 10] [--top 25]
+                                              [--ways torch,enable,patch] [--aten]
                                               [--size tiny --device cpu]
 
-Per way (torch, patch): ``--steps`` steps after 3 warm-up steps, each followed by a device sync
-(so the host never waits on a full launch queue inside the profiled calls), timed with
-``perf_counter`` and profiled by cProfile; printed: ms per step (host, up to the sync), Python
-function calls per step, and the top functions by own time. Then the functions whose own time
-per step differs most between the ways.
+Per way (``--ways``; ``enable`` runs under ``xkernels.enabled()``): first ``--steps`` unprofiled
+steps, each timed to the end of its host part and to the device sync after it (host ms and wall
+ms, median). Then ``--steps`` steps after 3 warm-up steps, each followed by a device sync (so the
+host never waits on a full launch queue inside the profiled calls), profiled by cProfile;
+printed: ms per step (host, up to the sync), Python function calls per step, and the top
+functions by own time. With ``--aten``, the same steps under ``torch.profiler`` too: per aten op,
+calls and self CPU µs per step. Then, per way after the first, the functions (and aten ops)
+whose own time per step differs most from the first way's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -39,6 +45,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", default="base", help="the zoo's size: base, or tiny (a CPU smoke run)")
+    ap.add_argument("--ways", default="torch,patch", help="among torch, enable, patch (the first is the reference)")
+    ap.add_argument("--aten", action="store_true", help="also profile the aten ops' host time (torch.profiler)")
     args = ap.parse_args()
 
     import torch
@@ -69,20 +77,43 @@ def main() -> int:
                 loss_of(model(**inputs)).backward()
 
     model.train(args.which == "step")
+    ways = [w.strip() for w in args.ways.split(",") if w.strip()]
     per_way: dict[str, dict[str, float]] = {}
-    for way in ("torch", "patch"):
+    per_aten: dict[str, dict[str, tuple[float, float]]] = {}
+    for way in ways:
         report = xkernels.patch(model) if way == "patch" else None
-        for _ in range(3):
-            call()
-        sync()
-        prof, host = cProfile.Profile(), 0.0
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            prof.enable()
-            call()
-            prof.disable()
-            host += time.perf_counter() - t0
+        routing = xkernels.enabled() if way == "enable" else contextlib.nullcontext()
+        with routing:
+            for _ in range(3):
+                call()
             sync()
+            hosts, walls = [], []
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                call()
+                t1 = time.perf_counter()
+                sync()
+                hosts.append(t1 - t0)
+                walls.append(time.perf_counter() - t0)
+            print(f"== {args.model} {args.which} {way}: unprofiled host {statistics.median(hosts) * 1e3:.2f} ms, "
+                  f"wall {statistics.median(walls) * 1e3:.2f} ms per step (median of {args.steps})")
+            prof, host = cProfile.Profile(), 0.0
+            for _ in range(args.steps):
+                t0 = time.perf_counter()
+                prof.enable()
+                call()
+                prof.disable()
+                host += time.perf_counter() - t0
+                sync()
+            if args.aten:
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as tp:
+                    for _ in range(args.steps):
+                        call()
+                        sync()
+                per_aten[way] = {e.key: (e.count / args.steps, e.self_cpu_time_total / args.steps)
+                                 for e in tp.key_averages()}
+            if way == "enable":
+                print(f"  routing per step: {xkernels.routing_counts(reset=True)} (all steps)")
         stats = pstats.Stats(prof)
         calls = sum(v[1] for v in stats.stats.values())
         print(f"== {args.model} {args.which} {way}: host {host / args.steps * 1e3:.2f} ms per step (profiled), "
@@ -91,13 +122,27 @@ def main() -> int:
         per_way[way] = own
         for name, ms in sorted(own.items(), key=lambda kv: -kv[1])[:args.top]:
             print(f"  {ms:8.3f} ms  {name}")
+        if way in per_aten:
+            print(f"  aten ops by self CPU µs per step (calls per step), {sum(v[1] for v in per_aten[way].values()):.0f} "
+                  "µs in all:")
+            for name, (n, us) in sorted(per_aten[way].items(), key=lambda kv: -kv[1][1])[:args.top]:
+                print(f"  {us:9.1f} µs  {n:6.1f}  {name}")
         if report is not None:
             report.undo()
-    a, b = per_way["torch"], per_way["patch"]
-    diff = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), key=lambda t: -abs(t[0]))
-    print("== own ms per step, patch minus torch (largest first)")
-    for d, k in diff[:args.top]:
-        print(f"  {d:+8.3f} ms  {k}")
+    first = ways[0]
+    for way in ways[1:]:
+        a, b = per_way[first], per_way[way]
+        diff = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), key=lambda t: -abs(t[0]))
+        print(f"== own ms per step, {way} minus {first} (largest first)")
+        for d, k in diff[:args.top]:
+            print(f"  {d:+8.3f} ms  {k}")
+        if args.aten:
+            a2, b2 = per_aten[first], per_aten[way]
+            diff2 = sorted(((b2.get(k, (0, 0))[1] - a2.get(k, (0, 0))[1], b2.get(k, (0, 0))[0] - a2.get(k, (0, 0))[0], k)
+                            for k in set(a2) | set(b2)), key=lambda t: -abs(t[0]))
+            print(f"== aten self CPU µs per step (and calls), {way} minus {first}")
+            for d, n, k in diff2[:args.top]:
+                print(f"  {d:+9.1f} µs  {n:+6.1f}  {k}")
     return 0
 
 
