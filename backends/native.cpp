@@ -33,6 +33,17 @@
 #include <type_traits>
 #include <vector>
 
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#ifdef XK_ATEN_CUDA
+#include <ATen/ops/add_cuda_dispatch.h>
+#include <ATen/ops/addmm_cuda_dispatch.h>
+#include <ATen/ops/bmm_cuda_dispatch.h>
+#include <ATen/ops/mm_cuda_dispatch.h>
+#endif
+
 #include "native_launch.h"
 #include "native_route.h"
 
@@ -256,41 +267,94 @@ void set_backward(AddNormSpec& spec, const py::object& launch, const py::tuple& 
 
 // -- enable()'s overrides, registered from C++ ------------------------------------------------
 // aten::add.Tensor / add_.Tensor / mm / bmm / addmm on a backend dispatch key. A call whose
-// signature (every operand's dtype, device, sizes and strides) the Python override ran before
-// and handed over (`remember`: a launch record of xkernels' kernel; `remember_vendor`: xkernels'
-// route is the aten call itself, the device's BLAS) is run here: allocate, launch or call
-// aten's .out kernel, count. Any other call, every call made while the Python override runs on
-// this thread, and every call while a use_backend() block is open, goes to the Python override
-// (routing.py), which decides as it always did.
+// signature (every operand's dtype, device, sizes and strides, a wrapped number's value, alpha)
+// the Python override decided before and handed over is run here: `remember_route` / `remember_add`
+// with a route (xkernels' kernel: allocate or take self, launch), `remember_vendor` /
+// `remember_add` without one (the Python override's decision was aten's own kernel: the device's
+// BLAS route, or an operand xkernels leaves to aten, such as a non-contiguous one). Any other
+// call, every call made while the Python override runs on this thread, and every call while a
+// use_backend() block is open, goes to the Python override (routing.py), which decides as it
+// always did.
 thread_local bool t_in_python = false;
 // use_backend() blocks open anywhere in the process (xkernels.dispatch keeps the count): while
 // one is, a call may belong to another backend than the one an entry was remembered for.
 std::atomic<int> g_overrides_active{0};
-std::atomic<bool> g_poison{false};  // tests: a result is NaN-filled before its launch
 
 enum OpIndex { kAdd = 0, kAddInplace, kMm, kBmm, kAddmm, kOps };
 const char* const kOpNames[kOps] = {"add.Tensor", "add_.Tensor", "mm", "bmm", "addmm"};
 
-struct Entry {
-  bool vendor = false;  // the aten .out call; else `route` (mm / bmm / addmm) or `launch` (add)
-  Launch launch;
-  std::shared_ptr<const xk::Route> route;  // parameters: the aten op's arguments in order
+using Counter = std::shared_ptr<std::atomic<int64_t>>;
 
-  ~Entry() { xk::drop_python(launch); }
+struct Entry {
+  bool vendor = false;  // aten's own kernel (its .out overload); else `route`
+  Counter count;        // vendor: the calls of the Python override's reason for aten, run here
+  std::shared_ptr<const xk::Route> route;  // parameters: the xkernels op's (add: x, y, out; linear: x, w, b; ...)
 };
 
 using Key = std::vector<int64_t>;
 
+void push_tensor(Key& k, const at::Tensor& t) {
+  k.push_back(static_cast<int64_t>(t.scalar_type()));
+  k.push_back(static_cast<int64_t>(t.device().type()));
+  k.push_back(t.device().index());
+  k.push_back(t.dim());
+  for (auto v : t.sizes()) k.push_back(v);
+  for (auto v : t.strides()) k.push_back(v);
+}
+
 Key key_of(std::initializer_list<const at::Tensor*> ts) {
   Key k;
-  for (const at::Tensor* t : ts) {
-    k.push_back(static_cast<int64_t>(t->scalar_type()));
-    k.push_back(static_cast<int64_t>(t->device().type()));
-    k.push_back(t->device().index());
-    k.push_back(t->dim());
-    for (auto v : t->sizes()) k.push_back(v);
-    for (auto v : t->strides()) k.push_back(v);
+  for (const at::Tensor* t : ts) push_tensor(k, *t);
+  return k;
+}
+
+// A number in a key: its kind's tag (no dtype's value) and its bits.
+enum NumberTag : int64_t { kTagBool = -7001, kTagInt = -7002, kTagFloat = -7003, kTagComplex = -7004 };
+
+int64_t bits_of(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+void push_scalar(Key& k, const c10::Scalar& s) {
+  if (s.isBoolean()) {
+    k.insert(k.end(), {kTagBool, s.toBool()});
+  } else if (s.isIntegral(false)) {
+    k.insert(k.end(), {kTagInt, s.toLong()});
+  } else if (s.isFloatingPoint()) {
+    k.insert(k.end(), {kTagFloat, bits_of(s.toDouble())});
+  } else {
+    auto c = s.toComplexDouble();
+    k.insert(k.end(), {kTagComplex, bits_of(c.real()), bits_of(c.imag())});
   }
+}
+
+bool is_number(const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); }
+
+// A wrapped number's value (the 1.5 of `x + 1.5`: a 0-d CPU tensor of double, int64, bool or
+// complex double), as the Python number PyTorch hands a Python kernel.
+c10::Scalar number_of(const at::Tensor& t) {
+  const void* p = t.data_ptr();
+  switch (t.scalar_type()) {
+    case at::kDouble: return *static_cast<const double*>(p);
+    case at::kLong: return *static_cast<const int64_t*>(p);
+    case at::kBool: return *static_cast<const bool*>(p);
+    default: return t.item();
+  }
+}
+
+// add / add_ (self, other, alpha): self's signature, other's (a tensor's, or a wrapped number's
+// kind and value) and alpha's kind and value.
+Key add_key(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  Key k;
+  k.reserve(32);
+  push_tensor(k, self);
+  if (is_number(other))
+    push_scalar(k, number_of(other));
+  else
+    push_tensor(k, other);
+  push_scalar(k, alpha);
   return k;
 }
 
@@ -301,8 +365,14 @@ struct Override {
   std::mutex lock;
   std::map<Key, std::shared_ptr<const Entry>> table;
   std::atomic<int64_t> hits{0};         // calls launched here on xkernels' kernel
-  std::atomic<int64_t> vendor_hits{0};  // calls that ran aten's .out kernel from here
+  std::map<std::string, Counter> vendor_hits;  // per reason for aten, the calls that ran its kernel from here
   size_t limit = 1024;
+
+  Counter counter(const std::string& why) {  // under `lock`
+    auto& c = vendor_hits[why];
+    if (!c) c = std::make_shared<std::atomic<int64_t>>(0);
+    return c;
+  }
 
   std::shared_ptr<const Entry> find(const Key& k) {
     std::lock_guard<std::mutex> g(lock);
@@ -342,7 +412,7 @@ py::object scalar_to_py(const c10::Scalar& a) {
 // As PyTorch hands a Python kernel its arguments: a wrapped number (the 1.5 of `x + 1.5`) as a
 // Python number, not a 0-d tensor.
 py::object as_py(const at::Tensor& t) {
-  if (t.defined() && t.unsafeGetTensorImpl()->is_wrapped_number()) return scalar_to_py(t.item());
+  if (t.defined() && is_number(t)) return scalar_to_py(t.item());
   return py::cast(t);
 }
 
@@ -356,29 +426,80 @@ struct InPython {
   ~InPython() { t_in_python = was; }
 };
 
-bool plain_add(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  return may_run_here() && is_one(alpha) && other.defined() && self.scalar_type() == other.scalar_type() &&
-         self.device() == other.device() && self.sizes().equals(other.sizes()) && self.numel() > 0 &&
-         self.is_contiguous() && other.is_contiguous();
-}
+// aten's own kernel of an overridden op on the slot's dispatch key, called directly (through the
+// dispatcher the call would come back to the override): at::cuda:: (where the build links
+// libtorch_cuda: XK_ATEN_CUDA) and at::cpu:: are the very functions aten registered, allocation
+// and all; elsewhere the op's .out overload, which is never overridden.
+template <int Slot>
+struct Aten {
+  static at::Tensor add(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) return at::cuda::add(self, other, alpha);
+#endif
+    if constexpr (Slot == 1) return at::cpu::add(self, other, alpha);
+    const bool cpu_scalar = self.dim() == 0 && self.is_cpu() && !is_number(other);
+    at::Tensor out = at::empty({0}, self.options()
+                                        .dtype(at::result_type(self, other))
+                                        .device(cpu_scalar ? other.device() : self.device()));
+    return at::add_out(out, self, other, alpha);
+  }
+  static void add_(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) {
+      at::cuda::add_(self, other, alpha);
+      return;
+    }
+#endif
+    if constexpr (Slot == 1) {
+      at::cpu::add_(self, other, alpha);
+      return;
+    }
+    at::add_out(self, self, other, alpha);
+  }
+  template <bool Batched>
+  static at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) return Batched ? at::cuda::bmm(a, b) : at::cuda::mm(a, b);
+#endif
+    if constexpr (Slot == 1) return Batched ? at::cpu::bmm(a, b) : at::cpu::mm(a, b);
+    at::Tensor out = Batched ? at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
+                             : at::empty({a.size(0), b.size(1)}, a.options());
+    return Batched ? at::bmm_out(out, a, b) : at::mm_out(out, a, b);
+  }
+  static at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) return at::cuda::addmm(bias, a, b);
+#endif
+    if constexpr (Slot == 1) return at::cpu::addmm(bias, a, b);
+    at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+    return at::addmm_out(out, bias, a, b, 1, 1);
+  }
+};
 
-void poison(at::Tensor& t) {
-  if (g_poison) t.fill_(NAN);
+// add (Inplace false) and add_ (true) from a remembered entry; an undefined tensor where the
+// signature has none or its launch declined (the Python override decides).
+template <int Slot, bool Inplace>
+at::Tensor add_here(Override& ov, const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  if (!may_run_here() || !other.defined() || is_number(self)) return {};
+  auto e = ov.find(add_key(self, other, alpha));
+  if (!e) return {};
+  if (e->vendor) {  // aten's own kernel
+    ++*e->count;
+    if (!Inplace) return Aten<Slot>::add(self, other, alpha);
+    Aten<Slot>::add_(const_cast<at::Tensor&>(self), other, alpha);
+    return self;
+  }
+  const bool number = is_number(other);
+  const at::Tensor* args[3] = {&self, number ? nullptr : &other, Inplace ? &self : nullptr};
+  at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 3 ? args[i] : nullptr; });
+  if (out.defined()) ov.hits++;
+  return out;
 }
 
 template <int Slot>
 at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
   auto ov = current(kAdd, Slot);
-  if (plain_add(self, other, alpha)) {
-    if (auto e = ov->find(key_of({&self}))) {
-      at::Tensor out = at::empty(self.sizes(), self.options());
-      poison(out);
-      if (e->launch({self, other, out})) {
-        ov->hits++;
-        return out;
-      }
-    }
-  }
+  if (at::Tensor out = add_here<Slot, false>(*ov, self, other, alpha); out.defined()) return out;
   py::gil_scoped_acquire gil;
   InPython in;
   py::object r = ov->py_fn(as_py(self), as_py(other), py::arg("alpha") = scalar_to_py(alpha));
@@ -388,19 +509,7 @@ at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10
 template <int Slot>
 at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
   auto ov = current(kAddInplace, Slot);
-  if (plain_add(self, other, alpha)) {
-    auto px = reinterpret_cast<uintptr_t>(self.data_ptr()), py_ = reinterpret_cast<uintptr_t>(other.data_ptr());
-    uintptr_t bytes = self.numel() * self.element_size();
-    bool disjoint = px + bytes <= py_ || py_ + bytes <= px;
-    if (disjoint || px == py_) {  // an operand that is self itself, or apart from it (as routing's check)
-      if (auto e = ov->find(key_of({&self}))) {
-        if (e->launch({self, other, self})) {
-          ov->hits++;
-          return self;
-        }
-      }
-    }
-  }
+  if (add_here<Slot, true>(*ov, self, other, alpha).defined()) return self;
   py::gil_scoped_acquire gil;
   InPython in;
   ov->py_fn(self, as_py(other), py::arg("alpha") = scalar_to_py(alpha));
@@ -414,15 +523,8 @@ at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
   const int64_t dims = Batched ? 3 : 2;
   if (may_run_here() && a.dim() == dims && b.dim() == dims) {
     if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
-      at::Tensor out = Batched ? at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
-                               : at::empty({a.size(0), b.size(1)}, a.options());
-      poison(out);
-      if (Batched)
-        at::bmm_out(out, a, b);
-      else
-        at::mm_out(out, a, b);
-      ov->vendor_hits++;
-      return out;
+      ++*e->count;
+      return Aten<Slot>::template matmul<Batched>(a, b);
     } else if (e && e->route) {  // xkernels' kernel, launched from its route
       const at::Tensor* args[2] = {&a, &b};
       at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 2 ? args[i] : nullptr; });
@@ -444,11 +546,8 @@ at::Tensor addmm_kernel(const at::Tensor& bias, const at::Tensor& a, const at::T
   auto ov = current(kAddmm, Slot);
   if (may_run_here() && is_one(beta) && is_one(alpha) && bias.dim() == 1 && a.dim() == 2 && b.dim() == 2) {
     if (auto e = ov->find(key_of({&bias, &a, &b})); e && e->vendor) {
-      at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-      poison(out);
-      at::addmm_out(out, bias, a, b, 1, 1);
-      ov->vendor_hits++;
-      return out;
+      ++*e->count;
+      return Aten<Slot>::addmm(bias, a, b);
     } else if (e && e->route) {  // xkernels' kernel, launched from its route
       const at::Tensor* args[3] = {&bias, &a, &b};
       at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 3 ? args[i] : nullptr; });
@@ -529,14 +628,6 @@ void store(Override& ov, Key k, std::shared_ptr<Entry> e) {
   ov.table[std::move(k)] = std::move(e);
 }
 
-// add / add_: the launch of (x, y, out) for x's signature (the kernel checks y matches it).
-void remember(Override& ov, const at::Tensor& x, const py::object& launch) {
-  TORCH_CHECK(ov.op == kAdd || ov.op == kAddInplace, "xkernels native override: remember() is for add");
-  auto e = std::make_shared<Entry>();
-  e->launch = make_launch(launch);
-  store(ov, key_of({&x}), std::move(e));
-}
-
 // mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs xkernels' kernel from
 // `spec` (ops/native_front_door.py's NativeSpec, its parameters the aten op's arguments).
 void remember_route(Override& ov, const std::vector<at::Tensor>& ts, const py::tuple& spec) {
@@ -549,12 +640,53 @@ void remember_route(Override& ov, const std::vector<at::Tensor>& ts, const py::t
   store(ov, ov.op == kAddmm ? key_of({&ts[0], &ts[1], &ts[2]}) : key_of({&ts[0], &ts[1]}), std::move(e));
 }
 
-// mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel.
-void remember_vendor(Override& ov, const std::vector<at::Tensor>& ts) {
+// The key of a Python number as add_key makes it from the wrapped number the kernel receives.
+c10::Scalar scalar_of(const py::handle& v, const char* what) {
+  if (PyBool_Check(v.ptr())) return v.cast<bool>();
+  if (PyLong_Check(v.ptr())) return v.cast<int64_t>();
+  if (PyFloat_Check(v.ptr())) return v.cast<double>();
+  if (PyComplex_Check(v.ptr())) return c10::complex<double>(PyComplex_RealAsDouble(v.ptr()), PyComplex_ImagAsDouble(v.ptr()));
+  TORCH_CHECK(false, "xkernels native override: remember_add() takes a number as ", what);
+}
+
+// add / add_ (self, other, alpha), other a tensor or a Python number: this signature runs
+// `spec` (the add op's route: parameters x, y, out), or aten's own kernel where `spec` is None
+// (its calls counted under `why`, the Python override's reason).
+void remember_add(Override& ov, const at::Tensor& self, const py::object& other, const py::object& alpha,
+                  const py::object& spec, const std::string& why) {
+  TORCH_CHECK(ov.op == kAdd || ov.op == kAddInplace, "xkernels native override: remember_add() is for add");
+  Key k;
+  push_tensor(k, self);
+  if (THPVariable_Check(other.ptr()))
+    push_tensor(k, other.cast<at::Tensor>());
+  else
+    push_scalar(k, scalar_of(other, "'other'"));
+  push_scalar(k, scalar_of(alpha, "'alpha'"));
+  auto e = std::make_shared<Entry>();
+  if (spec.is_none()) {
+    e->vendor = true;
+    std::lock_guard<std::mutex> g(ov.lock);
+    e->count = ov.counter(why);
+  } else {
+    e->route = xk::make_route(spec.cast<py::tuple>());
+    TORCH_CHECK(e->route->kind == xk::Route::kLaunch &&
+                    e->route->out == (ov.op == kAddInplace ? 2 : xk::kAbsent),
+                "xkernels native override: an add route launches a kernel into a new result (add) or self (add_)");
+  }
+  store(ov, std::move(k), std::move(e));
+}
+
+// mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel (its
+// calls counted under `why`, the Python override's reason).
+void remember_vendor(Override& ov, const std::vector<at::Tensor>& ts, const std::string& why) {
   TORCH_CHECK(ov.op >= kMm && ts.size() == (ov.op == kAddmm ? 3u : 2u),
               "xkernels native override: remember_vendor() takes mm/bmm (a, b) or addmm (bias, a, b)");
   auto e = std::make_shared<Entry>();
   e->vendor = true;
+  {
+    std::lock_guard<std::mutex> g(ov.lock);
+    e->count = ov.counter(why);
+  }
   store(ov, ov.op == kAddmm ? key_of({&ts[0], &ts[1], &ts[2]}) : key_of({&ts[0], &ts[1]}), std::move(e));
 }
 
@@ -582,23 +714,29 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("has_backward", [](AddNormSpec& s) { return bool(s.get_backward()); })
       .def_property_readonly("native_launch", [](AddNormSpec& s) { return s.forward.function != 0; });
   py::class_<Override, std::shared_ptr<Override>>(m, "Override")
-      .def("remember", &remember, py::arg("x"), py::arg("launch"))
-      .def("remember_vendor", &remember_vendor, py::arg("tensors"))
+      .def("remember_add", &remember_add, py::arg("self"), py::arg("other"), py::arg("alpha"), py::arg("spec"),
+           py::arg("why"))
+      .def("remember_vendor", &remember_vendor, py::arg("tensors"), py::arg("why"))
       .def("remember_route", &remember_route, py::arg("tensors"), py::arg("spec"))
       .def("remove", &remove_override)
       .def("clear", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
         o.table.clear();
       })
-      .def("take_hits", [](Override& o) { return py::make_tuple(o.hits.exchange(0), o.vendor_hits.exchange(0)); })
+      .def("take_hits", [](Override& o) {  // (launches, {reason for aten: calls}) since the last take
+        py::dict vendor;
+        std::lock_guard<std::mutex> g(o.lock);
+        for (auto& [why, c] : o.vendor_hits)
+          if (int64_t n = c->exchange(0)) vendor[py::str(why)] = n;
+        return py::make_tuple(o.hits.exchange(0), vendor);
+      })
       .def_property_readonly("entries", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
         return o.table.size();
       });
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
   m.def("set_poison", [](bool on) {
-    g_poison = on;
-    xk::poison_flag() = on;
+    xk::poison_flag() = on;  // tests: a launched route's result is NaN-filled before its launch
   });
   m.def("debug_key", [](py::tuple args) {
     std::vector<PyObject*> flat;
@@ -621,4 +759,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.add_object("RouteTable", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&xk::route_table_type())));
   m.def("override_op", &override_op, py::arg("name"), py::arg("key"), py::arg("python_override"));
   m.def("driver_error", [] { return xk::driver().why; });
+#ifdef XK_ATEN_CUDA
+  m.attr("aten_cuda_direct") = true;  // enable()'s overrides call aten's CUDA kernels directly
+#else
+  m.attr("aten_cuda_direct") = false;
+#endif
 }

@@ -74,11 +74,14 @@ def compile_command(out: Path) -> list[str]:
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     includes = [f"-I{p}" for p in cpp_extension.include_paths()] + [f"-I{sysconfig.get_paths()['include']}"]
     libs = cpp_extension.library_paths()
+    # a CUDA build of torch: enable()'s overrides call aten's CUDA kernels directly (at::cuda::)
+    cuda = [] if torch.version.cuda is None or not any((Path(p) / "libtorch_cuda.so").exists() for p in libs) \
+        else ["-DXK_ATEN_CUDA"]
     return [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", "-w", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
             f"-DTORCH_EXTENSION_NAME={NAME}", "-DTORCH_API_INCLUDE_EXTENSION_H", f"-I{SOURCE.parent}", *includes,
-            str(SOURCE),
+            *cuda, str(SOURCE),
             *[f"-L{p}" for p in libs], *[f"-Wl,-rpath,{p}" for p in libs],
-            "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-o", str(out)]
+            "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", *(["-ltorch_cuda"] if cuda else []), "-o", str(out)]
 
 
 def _load(path: Path) -> Any:

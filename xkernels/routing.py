@@ -198,8 +198,8 @@ def _count_native(handle: Any, slot: tuple[str, str]) -> None:
     hits, vendor = handle.take_hits()
     if hits:
         _counts[(slot[0], "xkernels")] += hits
-    if vendor:
-        _counts[(slot[0], VENDOR_WHY)] += vendor
+    for why, n in vendor.items():
+        _counts[(slot[0], why)] += n
 
 
 def _apply(selected: frozenset[str]) -> None:
@@ -245,9 +245,17 @@ def _run(name: str, fn: Callable[[], torch.Tensor], fallback: Callable[[], torch
     return result
 
 
-def _to_aten(name: str, why: str, fallback: Callable[[], torch.Tensor]) -> torch.Tensor:
+def _to_aten(name: str, why: str, fallback: Callable[[], torch.Tensor],
+             teach: Callable[[str], None] | None = None) -> torch.Tensor:
+    """aten's result for a call the override leaves to aten (``why``). ``teach(count)``: hands
+    the signature to the C++ override once aten's kernel ran it, so its repeats call aten from
+    C++, counted as ``count``; every ``why`` but a re-entrant call is a function of what that
+    signature holds."""
     _counts[(name, f"aten: {why}")] += 1
-    return fallback()
+    result = fallback()
+    if teach is not None and _natives and why != "re-entrant call":
+        teach(f"aten: {why}")
+    return result
 
 
 #: the routing count of a call xkernels would run as the very aten call (its vendor-BLAS route)
@@ -269,9 +277,7 @@ def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], to
     _, route, canon = found
     if route.aten_call:
         _counts[(name, VENDOR_WHY)] += 1
-        handle = _natives.get((name, "CUDA" if args[0].is_cuda else "CPU")) if _natives else None
-        if handle is not None and dispatch._override.get() is None:
-            handle.remember_vendor(list(aten_args))  # its repeats call aten's .out kernel from C++
+        _teach_vendor(name, aten_args, VENDOR_WHY)  # its repeats call aten's .out kernel from C++
         return aten_out()
 
     def call() -> torch.Tensor:
@@ -285,6 +291,29 @@ def _repeat(name: str, op: Any, args: tuple[Any, ...], aten_out: Callable[[], to
     return _run(name, call, fallback)
 
 
+def _native_handle(name: str, tensors: Iterable[Any]) -> Any:
+    """The C++ override of ``name`` on the dispatch key of a call with these operands (CUDA where
+    one is a cuda tensor), or ``None`` (none registered, or a use_backend block open: within one
+    the C++ override defers every call to Python)."""
+    if not _natives or dispatch._override.get() is not None:
+        return None
+    ts = [t for t in tensors if isinstance(t, torch.Tensor)]
+    key = "CUDA" if any(t.is_cuda for t in ts) else "CPU" if ts and all(t.device.type == "cpu" for t in ts) else ""
+    return _natives.get((name, key))
+
+
+def _teach_vendor(name: str, aten_args: tuple[torch.Tensor, ...], count: str) -> None:
+    """mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel
+    from C++, each call counted as ``count`` (the C++ override takes 2-D mm / addmm operands
+    with a 1-D bias and 3-D bmm operands only)."""
+    dims = [t.dim() for t in aten_args]
+    if dims not in ([2, 2], [3, 3], [1, 2, 2]) or (name == "bmm") != (dims == [3, 3]):
+        return
+    handle = _native_handle(name, aten_args)
+    if handle is not None:
+        handle.remember_vendor(list(aten_args), count)
+
+
 #: per routed matmul overload, the aten argument each of the op's parameters is: mm / bmm (a, b)
 #: are matmul's (a, b); addmm (bias, a, b) is linear(a, b.t(), bias), whose weight b.t() shares
 #: b's data pointer (a launch reads pointers only)
@@ -295,10 +324,7 @@ def _remember_native_route(name: str, aten_args: tuple[torch.Tensor, ...], route
                            canon: tuple[Any, ...]) -> None:
     """Hands a matmul kernel route's launch to the C++ override of ``name`` on the operands'
     dispatch key, keyed by the aten operands' signature: its repeats launch from C++."""
-    if dispatch._override.get() is not None:
-        return  # (within use_backend the C++ override defers every call to Python)
-    a = aten_args[0]
-    handle = _natives.get((name, "CUDA" if a.is_cuda else "CPU" if a.device.type == "cpu" else ""))
+    handle = _native_handle(name, aten_args)
     spec = None if handle is None else route.native(canon)
     if spec is None or spec.kind != "launch" or spec.out != ABSENT:
         return
@@ -360,39 +386,49 @@ def _add_repeat(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any
         _thread.inside = False
     if result is not None:
         _counts[(name, "xkernels")] += 1
-        if _natives:  # the C++ override missed a signature Python knows (registered since): teach it
-            _remember_native(name, args, route)
+        _teach_add(name, args, 1, route, canon)  # the C++ override missed it (registered since): teach it
     return result
 
 
-def _remember_add(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], result: torch.Tensor) -> torch.Tensor:
-    """``result``, once the signature xkernels just ran (with the route it left) is remembered."""
+def _remember_add(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  result: torch.Tensor) -> torch.Tensor:
+    """``result``, once the signature xkernels just ran (with the route it left) is remembered:
+    by the Python repeat (default ``alpha``) and by the C++ override."""
     found = op.find_hot(args, kwargs)
     if found is not None:
-        if len(_ADD_SIGNATURES) >= _ADD_SIGNATURES_LIMIT:
-            _ADD_SIGNATURES.clear()
-        _ADD_SIGNATURES.add(found[0])
-        _remember_native("add_.Tensor" if kwargs else "add.Tensor", args, found[1])
+        alpha = kwargs.get("alpha", 1)
+        if alpha.__class__ is int and alpha == 1:
+            if len(_ADD_SIGNATURES) >= _ADD_SIGNATURES_LIMIT:
+                _ADD_SIGNATURES.clear()
+            _ADD_SIGNATURES.add(found[0])
+        _teach_add(name, args, alpha, found[1], found[2])
     return result
 
 
-def _remember_native(name: str, args: tuple[Any, ...], route: Any) -> None:
-    """Hands the route's launch of a plain two-operand add to the C++ override of ``name`` on
-    the operands' dispatch key, which launches the signature's repeats itself (it checks the
-    same conditions per call: same dtype, device and shape, contiguous, alpha 1)."""
-    x, y = args
-    if not _natives or not isinstance(y, torch.Tensor) or dispatch._override.get() is not None:
-        return  # (within use_backend the C++ override defers every call to Python)
-    key = "CUDA" if x.is_cuda else "CPU" if x.device.type == "cpu" else None
-    handle = _natives.get((name, key)) if key else None
-    if handle is None or x.dtype != y.dtype or x.shape != y.shape or not (x.is_contiguous() and y.is_contiguous()):
-        return
-    from xkernels.backends import native
+_NUMBERS = (bool, int, float, complex)
 
-    launch = getattr(route.run, "launch", None)
-    how = None if launch is None else native.launch_spec(launch, dispatch.select(x.device).name)
-    if how is not None:
-        handle.remember(x, how)
+
+def _teach_add(name: str, args: tuple[Any, ...], alpha: Any, route: Any = None, canon: Any = None,
+               count: str = "") -> None:
+    """Hands add / add_ (``args`` = (self, other)) with this ``alpha`` to the C++ override of
+    ``name`` on the operands' dispatch key: its repeats run ``route``'s launch there (where the
+    route has a native form), or without a route aten's own kernel (the Python override's
+    decision for the signature; its calls counted as ``count``). The C++ key holds what decides
+    both: each operand's dtype, device, sizes and strides, a number operand's kind and value,
+    ``alpha``'s kind and value."""
+    x, y = args
+    if not (isinstance(x, torch.Tensor) and (isinstance(y, torch.Tensor) or y.__class__ in _NUMBERS)
+            and alpha.__class__ in _NUMBERS):
+        return
+    handle = _native_handle(name, args)
+    if handle is None:
+        return
+    spec = None
+    if route is not None:
+        spec = None if route.native is None else route.native(canon)
+        if spec is None or spec.kind != "launch":
+            return
+    handle.remember_add(x, y, alpha, None if spec is None else tuple(spec), count)
 
 
 def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
@@ -410,10 +446,10 @@ def _add(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
 
     why = _add_why(x, y, alpha)
     if why:
-        return _to_aten("add.Tensor", why, fallback)
-    if not default_alpha:
-        return _run("add.Tensor", lambda: add.call_no_grad(x, y, alpha=alpha), fallback)
-    return _run("add.Tensor", lambda: _remember_add(add, (x, y), {}, add.call_no_grad(x, y)), fallback)
+        return _to_aten("add.Tensor", why, fallback, lambda c: _teach_add("add.Tensor", (x, y), alpha, count=c))
+    kwargs = {} if default_alpha else {"alpha": alpha}
+    return _run("add.Tensor", lambda: _remember_add("add.Tensor", add, (x, y), kwargs,
+                                                    add.call_no_grad(x, y, **kwargs)), fallback)
 
 
 def _add_(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
@@ -435,11 +471,10 @@ def _add_(x: torch.Tensor, y: Any, *, alpha: Any = 1) -> torch.Tensor:
     if not why and isinstance(y, torch.Tensor) and torch.broadcast_shapes(x.shape, y.shape) != x.shape:
         why = "broadcast grows self"
     if why:
-        return _to_aten("add_.Tensor", why, fallback)
-    if not default_alpha:
-        return _run("add_.Tensor", lambda: add.call_no_grad(x, y, alpha=alpha, out=x), fallback)
-    return _run("add_.Tensor", lambda: _remember_add(add, (x, y), {"out": x}, add.call_no_grad(x, y, out=x)),
-                fallback)
+        return _to_aten("add_.Tensor", why, fallback, lambda c: _teach_add("add_.Tensor", (x, y), alpha, count=c))
+    kwargs = {"out": x} if default_alpha else {"out": x, "alpha": alpha}
+    return _run("add_.Tensor", lambda: _remember_add("add_.Tensor", add, (x, y), kwargs,
+                                                     add.call_no_grad(x, y, **kwargs)), fallback)
 
 
 def _matmul_why(a: torch.Tensor, b: torch.Tensor, dims: int) -> str:
@@ -473,7 +508,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return done
     why = _matmul_why(a, b, 2)
     if why:
-        return _to_aten("mm", why, fallback)
+        return _to_aten("mm", why, fallback, lambda c: _teach_vendor("mm", (a, b), c))
     return _run("mm", lambda: matmul.call_no_grad(a, b), fallback)
 
 
@@ -489,7 +524,7 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             return done
     why = _matmul_why(a, b, 3)
     if why:
-        return _to_aten("bmm", why, fallback)
+        return _to_aten("bmm", why, fallback, lambda c: _teach_vendor("bmm", (a, b), c))
     return _run("bmm", lambda: matmul.call_no_grad(a, b), fallback)
 
 
@@ -511,7 +546,8 @@ def _addmm(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor, *, beta: Any = 
         elif bias.dim() != 1 or bias.shape[0] != b.shape[1] or bias.dtype != a.dtype or bias.device != a.device:
             why = "self is not a bias of shape (N,)"
     if why:
-        return _to_aten("addmm", why, fallback)
+        plain = beta.__class__ is int and beta == 1 and alpha.__class__ is int and alpha == 1
+        return _to_aten("addmm", why, fallback, (lambda c: _teach_vendor("addmm", (bias, a, b), c)) if plain else None)
     return _run("addmm", lambda: linear.call_no_grad(a, b.t(), bias), fallback)
 
 

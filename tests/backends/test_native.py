@@ -243,7 +243,8 @@ def test_native_add_override_launches_repeats_without_python(routed_add):
             got = x + y
         assert torch.equal(got, (x.double() + y.double()).float())
     assert seen == ["add.Tensor"], "the repeats went to the Python override"
-    assert routing._natives[("add.Tensor", key)].entries == 1
+    # float32 runs xkernels' kernel; the float64 references' signature, aten's kernel from C++
+    assert routing._natives[("add.Tensor", key)].entries == 2
     assert routing.routing_counts()["add.Tensor"] == {"xkernels": 3, "aten: dtype torch.float64": 3}
 
 
@@ -269,6 +270,111 @@ def test_native_add_override_defers_what_it_does_not_cover(routed_add):
     with xkernels.use_backend(xkernels.dispatch.select(device).name):
         torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
     assert len(seen) >= n + 4  # alpha and the scalar operand skip _add_repeat; the rest went to Python
+
+
+@pytest.fixture
+def add_calls(routed_add, monkeypatch):
+    """``routed_add``, and a list of the calls that reached the Python overrides (``_add`` /
+    ``_add_`` as the C++ overrides call them): (overload, other's kind, alpha). References and
+    comparisons add too: tests count the calls of the statement under test only."""
+    import xkernels
+    from xkernels import routing
+
+    calls = []
+    xkernels.disable()  # register again, with counting Python overrides the C++ ones call
+    for name in ("add.Tensor", "add_.Tensor"):
+        real = routing._OVERRIDES[name]
+        monkeypatch.setitem(routing._OVERRIDES, name, lambda x, y, *, alpha=1, real=real, name=name: (
+            calls.append((name, type(y).__name__, alpha)) or real(x, y, alpha=alpha)))
+    xkernels.enable(ops=["add"])
+    routing.routing_counts(reset=True)
+    return calls, routed_add[1]
+
+
+def test_native_add_override_runs_every_form_from_cpp(add_calls):
+    """Broadcasting, a number operand (each value its own signature), alpha, in place: after
+    the first call of a signature (the Python override decides and hands it over), every
+    repeat runs from C++; each result against float64, inputs unchanged, results NaN-poisoned
+    before each launch."""
+    from xkernels import routing
+
+    calls, device = add_calls
+    x0 = torch.randn(4, 3, 16, device=device)
+    b0 = torch.randn(16, device=device)
+    cases = [
+        ("broadcast", lambda x, b: x + b, lambda x, b: x + b),
+        ("number", lambda x, b: x + 1.5, lambda x, b: x + 1.5),
+        ("another number", lambda x, b: x + 2.5, lambda x, b: x + 2.5),  # not the 1.5 entry's launch
+        ("reflected number", lambda x, b: 1.0 + x, lambda x, b: x + 1.0),
+        ("int number", lambda x, b: x + 3, lambda x, b: x + 3),
+        ("alpha", lambda x, b: torch.add(x, x.flip(0), alpha=0.5), lambda x, b: x + 0.5 * x.flip(0)),
+    ]
+    for label, fn, ref in cases:
+        made = []
+        for _ in range(3):
+            x, b = torch.randn_like(x0), torch.randn_like(b0)
+            n = len(calls)
+            with Unchanged(x, b):
+                got = fn(x, b)
+            made += calls[n:]
+            want = ref(x.double(), b.double()).float()
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=label)
+            assert got.dtype == torch.float32 and got.shape == want.shape, label
+        assert len(made) == 1, (label, made)  # the first call only
+    made = []
+    for _ in range(3):  # in place, a broadcast operand
+        x, b = torch.randn_like(x0), torch.randn_like(b0)
+        want = (x.double() + b.double()).float()
+        n = len(calls)
+        x.add_(b)
+        made += calls[n:]
+        torch.testing.assert_close(x, want, rtol=1e-6, atol=1e-6)
+    assert made == [("add_.Tensor", "Tensor", 1)]
+    counts = routing.routing_counts()
+    assert counts["add.Tensor"]["xkernels"] >= 18 and counts["add_.Tensor"] == {"xkernels": 3}, counts
+
+
+def test_native_add_override_runs_aten_decisions_from_cpp(add_calls):
+    """Signatures the Python override leaves to aten (a non-contiguous operand, float64, mixed
+    dtypes, a number that promotes): their repeats call aten's kernel from C++, counted under
+    the Python override's reason, with aten's result dtype, strides and values."""
+    from xkernels import routing
+
+    calls, device = add_calls
+    x0 = torch.randn(6, 8, device=device)
+    cases = [  # (each case's call is spelled out below too, its operands made beforehand)
+        ("non-contiguous", lambda x: x.t() + x.t(), "aten: non-contiguous operand"),
+        ("uint8", lambda x: x.to(torch.uint8) + x.to(torch.uint8), "aten: dtype torch.uint8"),
+        ("mixed dtypes", lambda x: x.half() + x, "aten: mixed dtypes"),
+        ("promoting number", lambda x: x.int() + 1.5, "aten: scalar promotes the dtype"),
+    ]
+    for label, fn, why in cases:
+        inputs = [torch.randn_like(x0) for _ in range(3)]
+        routing.disable()
+        wants = [fn(x) for x in inputs]  # aten's own
+        routing.enable(ops=["add"])  # an empty C++ table: the first call teaches it
+        routing.routing_counts(reset=True)
+        made = []
+        for x, want in zip(inputs, wants):
+            a, b = {"non-contiguous": (x.t(), x.t()), "uint8": (x.to(torch.uint8),) * 2,
+                    "mixed dtypes": (x.half(), x), "promoting number": (x.int(), 1.5)}[label]
+            n = len(calls)
+            got = a + b
+            made += calls[n:]
+            assert got.dtype == want.dtype and got.stride() == want.stride() and torch.equal(got, want), label
+        counts = routing.routing_counts(reset=True)["add.Tensor"]
+        assert counts == {why: 3} and len(made) == 1, (label, counts, made)
+    y = torch.randn(8, 6, device=device)
+    made = []
+    for _ in range(3):  # in place, a non-contiguous operand
+        x = torch.randn_like(x0)
+        want = (x.double() + y.t().double()).float()
+        n = len(calls)
+        x.add_(y.t())
+        made += calls[n:]
+        torch.testing.assert_close(x, want, rtol=0, atol=1e-6)
+    assert made == [("add_.Tensor", "Tensor", 1)]
+    assert routing.routing_counts()["add_.Tensor"] == {"aten: non-contiguous operand": 3}
 
 
 def test_native_add_inplace_override(routed_add):
@@ -372,3 +478,23 @@ def test_native_matmul_overrides_call_aten_out_from_cpp(routed_matmul):
     # addmm with beta != 1: never from C++
     torch.testing.assert_close(torch.addmm(bias, a, b, beta=0.5),
                                torch.ops.aten.addmm.out(bias, a, b, beta=0.5, out=torch.empty(0, device=device)))
+    assert all(h.entries == 0 for h in routing._natives.values())
+
+
+def test_native_matmul_overrides_run_aten_decisions_from_cpp(routed_matmul):
+    """A signature the Python override leaves to aten (float64 here): its repeats call aten's
+    .out kernel from C++, counted under the Python override's reason."""
+    from xkernels import routing
+
+    seen, device = routed_matmul
+    routing.routing_counts(reset=True)
+    a, b, bias = (torch.randn(6, 5, device=device, dtype=torch.float64),
+                  torch.randn(5, 7, device=device, dtype=torch.float64), torch.randn(7, device=device, dtype=torch.float64))
+    for _ in range(3):  # against aten's .out kernels (never overridden)
+        assert torch.equal(a @ b, torch.ops.aten.mm.out(a, b, out=torch.empty(0, device=device, dtype=a.dtype)))
+        assert torch.equal(torch.addmm(bias, a, b),
+                           torch.ops.aten.addmm.out(bias, a, b, out=torch.empty(0, device=device, dtype=a.dtype)))
+    counts = routing.routing_counts()
+    assert counts["mm"] == {"aten: dtype torch.float64": 3} and counts["addmm"] == {"aten: dtype torch.float64": 3}
+    # the first call of each went through the Python override (whose _repeat found no route)
+    assert sorted(seen) == ["addmm", "mm"], seen

@@ -20,6 +20,13 @@ printed: ms per step (host, up to the sync), Python function calls per step, and
 functions by own time. With ``--aten``, the same steps under ``torch.profiler`` too: per aten op,
 calls and self CPU µs per step. Then, per way after the first, the functions (and aten ops)
 whose own time per step differs most from the first way's.
+
+``--alternate N`` first runs N rounds that switch way every step (a warm-up step after each
+switch, then one timed step): per way, the median host ms (wall clock and the thread's CPU time,
+which leaves out time the host's scheduler gave to others), wall ms and ms in Python's garbage
+collector, and per way after the first the median of the per-round ratios. This host's speed
+drifts by tens of percent over seconds; ways measured one after another inherit the drift, ways
+switched every step do not.
 """
 
 from __future__ import annotations
@@ -27,11 +34,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import gc
 import pstats
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -47,6 +57,7 @@ def main() -> int:
     ap.add_argument("--size", default="base", help="the zoo's size: base, or tiny (a CPU smoke run)")
     ap.add_argument("--ways", default="torch,patch", help="among torch, enable, patch (the first is the reference)")
     ap.add_argument("--aten", action="store_true", help="also profile the aten ops' host time (torch.profiler)")
+    ap.add_argument("--alternate", type=int, default=0, help="rounds that switch way every step (0: none)")
     args = ap.parse_args()
 
     import torch
@@ -78,6 +89,8 @@ def main() -> int:
 
     model.train(args.which == "step")
     ways = [w.strip() for w in args.ways.split(",") if w.strip()]
+    if args.alternate:
+        alternate(ways, args.alternate, model, call, sync)
     per_way: dict[str, dict[str, float]] = {}
     per_aten: dict[str, dict[str, tuple[float, float]]] = {}
     for way in ways:
@@ -144,6 +157,53 @@ def main() -> int:
             for d, n, k in diff2[:args.top]:
                 print(f"  {d:+9.1f} µs  {n:+6.1f}  {k}")
     return 0
+
+
+def alternate(ways: list[str], rounds: int, model: Any, call: Callable[[], None], sync: Callable[[], None]) -> None:
+    """``rounds`` rounds, each one timed step per way (after one warm-up step in that way)."""
+    import xkernels
+
+    gc_s = [0.0]
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            gc_s[0] += time.perf_counter() - started[0]
+
+    times: dict[str, list[tuple[float, float, float, float]]] = {w: [] for w in ways}
+    gc.callbacks.append(on_gc)
+    try:
+        for r in range(rounds):
+            for way in ways if r % 2 == 0 else ways[::-1]:
+                report = xkernels.patch(model) if way == "patch" else None
+                routing = xkernels.enabled() if way == "enable" else contextlib.nullcontext()
+                with routing:
+                    call()
+                    sync()
+                    gc_s[0] = 0.0
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    call()
+                    t1, c1 = time.perf_counter(), time.thread_time()
+                    sync()
+                    times[way].append(((t1 - t0) * 1e3, (c1 - c0) * 1e3, (time.perf_counter() - t0) * 1e3,
+                                       gc_s[0] * 1e3))
+                if report is not None:
+                    report.undo()
+    finally:
+        gc.callbacks.remove(on_gc)
+    med = statistics.median
+    print(f"== alternating ways every step, {rounds} rounds: median host ms (thread CPU ms), wall ms, gc ms")
+    for way in ways:
+        t = times[way]
+        line = (f"  {way:<8} host {med(x[0] for x in t):7.2f} ({med(x[1] for x in t):7.2f})  "
+                f"wall {med(x[2] for x in t):7.2f}  gc {med(x[3] for x in t):6.3f}")
+        if way != ways[0]:
+            ref = times[ways[0]]
+            ratio = [med(a[i] / b[i] for a, b in zip(ref, t)) for i in range(3)]
+            line += f"  vs {ways[0]}: wall {ratio[2]:.3f}x, host {ratio[0]:.3f}x, thread CPU {ratio[1]:.3f}x"
+        print(line)
 
 
 if __name__ == "__main__":
