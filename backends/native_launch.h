@@ -29,6 +29,7 @@ typedef CUresult (*retain_t)(void**, int);
 typedef CUresult (*errstr_t)(CUresult, const char**);
 typedef CUresult (*encode_t)(void*, int, uint32_t, void*, const uint64_t*, const uint64_t*, const uint32_t*,
                              const uint32_t*, int, int, int, int);
+typedef CUresult (*is_capturing_t)(void*, int*);
 
 struct Driver {
   launch_t launch = nullptr;
@@ -38,6 +39,7 @@ struct Driver {
   retain_t retain = nullptr;
   errstr_t errstr = nullptr;
   encode_t encode_tiled = nullptr;  // cuTensorMapEncodeTiled (CUDA 12+ drivers)
+  is_capturing_t is_capturing = nullptr;  // cuStreamIsCapturing
   std::string why = "not opened";
 };
 
@@ -56,6 +58,7 @@ inline const Driver& driver() {
     d.retain = (retain_t)dlsym(h, "cuDevicePrimaryCtxRetain");
     d.errstr = (errstr_t)dlsym(h, "cuGetErrorString");
     d.encode_tiled = (encode_t)dlsym(h, "cuTensorMapEncodeTiled");
+    d.is_capturing = (is_capturing_t)dlsym(h, "cuStreamIsCapturing");
     if (!(d.launch && d.ctx_get && d.ctx_set && d.dev_get && d.retain)) {
       d.launch = nullptr;
       d.why = "libcuda.so.1 lacks a driver function this launcher uses";
@@ -65,6 +68,16 @@ inline const Driver& driver() {
     return d;
   }();
   return d;
+}
+
+// Whether a CUDA graph is being captured on the current stream of cuda device `dev` (true where
+// the driver cannot tell, e.g. the legacy stream while another stream captures).
+inline bool capturing(const at::Device& dev) {
+  const Driver& d = driver();
+  if (!d.is_capturing) return true;
+  void* stream = c10::impl::getDeviceGuardImpl(dev.type())->getStream(dev).native_handle();
+  int status = 0;
+  return d.is_capturing(stream, &status) != 0 || status != 0;  // 0: CU_STREAM_CAPTURE_STATUS_NONE
 }
 
 constexpr size_t kMaxParams = 64;

@@ -7,7 +7,11 @@
 //   launch: allocate the result (or take an out= tensor, checking its overlap with the inputs as
 //           the op's check does) and launch the kernel with the call's tensors;
 //   linear: the device's BLAS as F.linear calls it (addmm_out / mm_out of the folded input);
-//   matmul: the device's BLAS as torch.matmul calls it for 2-D or equal-batch 3-D operands.
+//   matmul: the device's BLAS as torch.matmul calls it for 2-D or equal-batch 3-D operands;
+//   torch_linear: a training call (a tensor requires grad) that xkernels gives PyTorch's own ops:
+//           at::linear and the activation, recorded by autograd as F.linear's are. The only
+//           kind that runs a call with a tensor requiring grad; never while a CUDA graph is
+//           captured (the Python path decides then).
 // Routes name the call's tensors by parameter index (the op's params order); kResult is the result.
 #pragma once
 
@@ -40,7 +44,7 @@ inline std::atomic<bool>& poison_flag() {  // tests: results are NaN-filled befo
 }
 
 struct Route {
-  enum Kind { kLaunch, kLinear, kMatmul } kind = kLaunch;
+  enum Kind { kLaunch, kLinear, kMatmul, kTorchLinear } kind = kLaunch;
   Launch launch;
   std::vector<int> tensors;              // launch: per kernel tensor, a parameter or kResult; linear: x, weight,
                                          // bias (kAbsent); matmul: a, b
@@ -100,6 +104,19 @@ at::Tensor run_route(const Route& r, Get&& get) {
   const at::Tensor* a = get(r.tensors[0]);
   const at::Tensor* b = get(r.tensors[1]);
   if (!a || !b) return {};
+  if (r.kind == Route::kTorchLinear) {  // with autograd, as F.linear and xkernels' activate()
+    const at::Tensor* bias = r.tensors[2] == kAbsent ? nullptr : get(r.tensors[2]);
+    if ((r.tensors[2] != kAbsent && !bias) || (a->is_cuda() && capturing(a->device()))) return {};
+    at::Tensor y = at::linear(*a, *b, bias ? c10::optional<at::Tensor>(*bias) : c10::nullopt);
+    switch (r.act) {
+      case Route::kRelu: return at::relu(y);
+      case Route::kGelu: return at::gelu(y, "none");
+      case Route::kGeluTanh: return at::gelu(y, "tanh");
+      case Route::kSilu: return at::silu(y);
+      case Route::kLeakyRelu: return at::leaky_relu(y, r.slope);
+      default: return y;
+    }
+  }
   at::AutoDispatchBelowADInplaceOrView below;  // no gradient is recorded here (callers made sure)
   at::Tensor result = at::empty(r.size, a->options());
   if (poison && at::isFloatingType(result.scalar_type())) result.fill_(NAN);
@@ -140,8 +157,10 @@ inline std::shared_ptr<const Route> make_route(const py::tuple& spec) {
   TORCH_CHECK(spec.size() == 12, "xkernels native: a route spec has 12 fields");
   auto r = std::make_shared<Route>();
   const std::string kind = spec[0].cast<std::string>();
-  r->kind = kind == "launch" ? Route::kLaunch : kind == "linear" ? Route::kLinear : Route::kMatmul;
-  TORCH_CHECK(kind == "launch" || kind == "linear" || kind == "matmul", "xkernels native: unknown route kind ", kind);
+  r->kind = kind == "launch" ? Route::kLaunch : kind == "linear" ? Route::kLinear
+          : kind == "torch_linear" ? Route::kTorchLinear : Route::kMatmul;
+  TORCH_CHECK(kind == "launch" || kind == "linear" || kind == "matmul" || kind == "torch_linear",
+              "xkernels native: unknown route kind ", kind);
   if (r->kind == Route::kLaunch) r->launch = make_launch(spec[1]);
   r->tensors = spec[2].cast<std::vector<int>>();
   r->size = spec[3].cast<std::vector<int64_t>>();
@@ -161,9 +180,9 @@ inline std::shared_ptr<const Route> make_route(const py::tuple& spec) {
   }
   r->slope = spec[10].cast<double>();
   r->epilogue = spec[11].cast<bool>();
-  TORCH_CHECK(!r->epilogue || r->act == Route::kRelu || r->act == Route::kGeluTanh,
-              "xkernels native: the BLAS epilogue applies relu or the tanh GELU");
-  const size_t need = r->kind == Route::kLaunch ? 1 : r->kind == Route::kLinear ? 3 : 2;
+  TORCH_CHECK(!r->epilogue || (r->kind == Route::kLinear && (r->act == Route::kRelu || r->act == Route::kGeluTanh)),
+              "xkernels native: the BLAS epilogue applies relu or the tanh GELU of a linear route");
+  const size_t need = r->kind == Route::kLaunch ? 1 : r->kind == Route::kMatmul ? 2 : 3;
   TORCH_CHECK(r->tensors.size() >= need && (r->kind != Route::kLaunch || r->out != kAbsent ||
                                             r->tensors.size() >= 2 || r->tensors[0] != kResult),
               "xkernels native: a route spec names too few tensors");
@@ -182,6 +201,7 @@ struct Key {
   int64_t v[kMaxKey];
   int n = 0;
   bool ok = true;
+  bool grad = false;  // a tensor requires grad while grad mode is on
   void push(int64_t x) {
     if (n < kMaxKey)
       v[n++] = x;
@@ -212,10 +232,10 @@ struct Key {
   }
 };
 
-enum class Keyed { kOk, kNo, kGrad };
+enum class Keyed { kOk, kNo };
 
-// Appends one argument; kGrad: a tensor that requires grad while grad mode is on (autograd records
-// such a call: the op's Python path).
+// Appends one argument. A tensor that requires grad while grad mode is on (autograd records such
+// a call) is keyed as such and sets k.grad: only a torch_linear route is put under such a key.
 inline Keyed key_arg(Key& k, PyObject* o, bool grad) {
   if (o == Py_None) {
     k.push(1);
@@ -223,9 +243,10 @@ inline Keyed key_arg(Key& k, PyObject* o, bool grad) {
   }
   if (THPVariable_CheckExact(o)) {
     const at::Tensor& t = THPVariable_Unpack(o);
-    if (grad && t.requires_grad()) return Keyed::kGrad;
     if (t.layout() != c10::kStrided) return Keyed::kNo;
-    k.push(2);
+    const bool records = grad && t.requires_grad();
+    k.grad = k.grad || records;
+    k.push(records ? 8 : 2);
     k.push(static_cast<int64_t>(t.scalar_type()));
     k.push(static_cast<int64_t>(t.device().type()));
     k.push(t.device().index());
@@ -368,7 +389,9 @@ inline PyObject* route_table_call(PyObject* self, PyObject* const* args, size_t 
     Py_RETURN_NONE;
   }
   const std::shared_ptr<const Route> r = find(t, k);
-  if (!r || (r->kind == Route::kLaunch && r->launch.function && r->launch.hooked())) Py_RETURN_NONE;
+  if (!r || (r->kind == Route::kLaunch && r->launch.function && r->launch.hooked()) ||
+      (k.grad != (r->kind == Route::kTorchLinear)))
+    Py_RETURN_NONE;
   auto get = [&](int i) -> const at::Tensor* {
     PyObject* o = param_of(t, i, args, nargs, kwnames);
     return o && THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr;
@@ -404,12 +427,13 @@ inline PyObject* route_table_put(PyObject* self, PyObject* a) {
     names[j] = py::reinterpret_borrow<py::object>(kw);
     flat[nargs + j++] = v;
   }
+  auto route = make_route(py::reinterpret_borrow<py::tuple>(spec));
+  const bool training = route->kind == Route::kTorchLinear;  // keyed as a call autograd records
   Key k;
-  if (call_key(k, flat.data(), nargs, nkw ? names.ptr() : nullptr, false) != Keyed::kOk) {
+  if (call_key(k, flat.data(), nargs, nkw ? names.ptr() : nullptr, training) != Keyed::kOk || k.grad != training) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_FALSE;
   }
-  auto route = make_route(py::reinterpret_borrow<py::tuple>(spec));
   if (t->size >= t->limit) {
     t->slots->clear();
     t->size = 0;

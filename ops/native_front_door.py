@@ -39,15 +39,17 @@ ABSENT = -2
 class NativeSpec(NamedTuple):
     """What the native front door runs for a route's repeats (``backends/native_route.h``).
 
-    ``kind``: ``"launch"`` (allocate the result, or take the ``out`` parameter's tensor, and
-    launch ``launch`` with ``tensors``), ``"linear"`` (``F.linear`` on the BLAS: ``tensors`` =
-    (x, weight, bias or ``ABSENT``)) or ``"matmul"`` (``torch.matmul`` of 2-D or equal-batch 3-D
-    operands: ``tensors`` = (a, b)). ``tensors`` are parameter indices in the op's ``params``
-    order, ``RESULT`` for the result; ``size``/``stride``/``dtype`` the result's; ``overlap``: per
-    input that may alias ``out``, (parameter, extent in bytes, same layout as ``out``), checked
-    against ``out_extent`` as the op's check does. ``linear`` then applies ``activation``
-    (``slope``: leaky_relu's) as PyTorch's op in place, or with ``epilogue`` in the BLAS epilogue
-    (``torch._addmm_activation``: relu, gelu_tanh; a bias is required)."""
+    ``kind``: ``"launch"`` (allocate the result, or take the ``out`` parameter's tensor, and launch
+    ``launch`` with ``tensors``), ``"linear"`` (``F.linear`` on the BLAS: ``tensors`` = (x, weight,
+    bias or ``ABSENT``)), ``"matmul"`` (``torch.matmul`` of 2-D or equal-batch 3-D operands:
+    ``tensors`` = (a, b)) or ``"torch_linear"`` (a training call, with autograd: ``F.linear`` and
+    PyTorch's activation, as ``tensors`` = (x, weight, bias or ``ABSENT``); keyed with its tensors
+    that require grad, and the only kind run for such a call). ``tensors`` are parameter indices in
+    the op's ``params`` order, ``RESULT`` for the result; ``size``/``stride``/``dtype`` the
+    result's; ``overlap``: per input that may alias ``out``, (parameter, extent in bytes, same
+    layout as ``out``), checked against ``out_extent`` as the op's check does. ``linear`` then
+    applies ``activation`` (``slope``: leaky_relu's) as PyTorch's op in place, or with ``epilogue``
+    in the BLAS epilogue (``torch._addmm_activation``: relu, gelu_tanh; a bias is required)."""
 
     kind: str
     launch: Any = None
@@ -87,6 +89,16 @@ def teach(table: Any, args: tuple[Any, ...], kwargs: dict[str, Any], route: Any,
     spec = route.native(canon)
     if spec is not None:
         table.put(args, kwargs, tuple(spec))
+
+
+def teach_torch_linear(table: Any, args: tuple[Any, ...], kwargs: dict[str, Any], has_bias: bool,
+                       activation: str | None, negative_slope: float) -> None:
+    """Put a ``"torch_linear"`` route into ``linear``'s ``table`` for the training call ``args,
+    kwargs`` (x, weight, bias, activation[, negative_slope=]), which xkernels gives PyTorch's own
+    ops (``xkernels.nn``'s training policy): its repeats run ``F.linear`` and the activation
+    from C++, recorded by autograd as in Python. The key holds everything the policy reads."""
+    table.put(args, kwargs, tuple(NativeSpec("torch_linear", tensors=(0, 1, 2 if has_bias else ABSENT),
+                                             activation=activation, slope=float(negative_slope))))
 
 
 _prepared: set[int] = set()

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from xkernels import dispatch
+from xkernels.ops import native_front_door
 from xkernels.ops.matmul import linear
 from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
@@ -115,8 +116,12 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
     training = _grad_enabled() and _any_requires_grad(x, weight, bias)
     if training and not _trains_through_xkernels(x, weight) and not _capturing(x):
         # PyTorch's F.linear and activation, its own autograd: see training_pays (not while a CUDA
-        # graph is captured: its replays cost no host time)
+        # graph is captured: its replays cost no host time). The native table runs the repeats.
         y = torch.nn.functional.linear(x, weight, bias)
+        if table is not None:
+            native_front_door.teach_torch_linear(table, (x, weight, bias, activation),
+                                                 {"negative_slope": negative_slope} if activation == "leaky_relu" else {},
+                                                 bias is not None, activation, negative_slope)
         return y if activation is None else activate(y, activation, negative_slope)
     key = (x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)

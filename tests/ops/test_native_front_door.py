@@ -271,6 +271,54 @@ class _Double(torch.nn.Module):
         return 2 * w
 
 
+@pytest.mark.parametrize("activation", [None, "gelu", "leaky_relu"])
+def test_training_calls_given_to_pytorch_repeat_from_the_table(backend, device, ext, monkeypatch, activation):
+    """A training call the training policy gives PyTorch's ops (``nn._trains_through_xkernels``
+    False, as on a host-bound GPU): its repeats run ``F.linear`` and the activation from the
+    table, recorded by autograd: outputs and every gradient bit-equal to ``torch.nn.Linear`` and
+    the activation's, the graph kept (``requires_grad``, a grad_fn). Frozen weights and no_grad are other keys:
+    each right too."""
+    from xkernels import nn as xnn
+    from xkernels.ops.matmul.vendor import activate
+
+    monkeypatch.setattr(xnn, "_trains_through_xkernels", lambda x, w: False)
+    layer = xkernels.nn.Linear(40, 24, activation=activation, negative_slope=0.2, device=device)
+    ref = torch.nn.Linear(40, 24, device=device)
+    with torch.no_grad():
+        ref.weight.copy_(layer.weight)
+        ref.bias.copy_(layer.bias)
+    linear._native.take_hits()
+    for i in range(4):
+        x = rand((3, 6, 40), torch.float32, device).requires_grad_(True)
+        xr = x.detach().clone().requires_grad_(True)
+        y = layer(x)
+        want = activate(ref(xr), activation, 0.2)
+        assert y.requires_grad and y.grad_fn is not None
+        assert torch.equal(y, want)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        want.backward(dy)
+        for got, exp in ((x.grad, xr.grad), (layer.weight.grad, ref.weight.grad), (layer.bias.grad, ref.bias.grad)):
+            assert torch.equal(got, exp)
+        for p in (*layer.parameters(), *ref.parameters()):
+            p.grad = None
+        if i == 0:
+            assert linear._native.take_hits() == 0  # the first call teaches the table
+    assert linear._native.take_hits() == 3
+    layer.weight.requires_grad_(False)  # frozen: another key (the weight records nothing)
+    ref.weight.requires_grad_(False)
+    for _ in range(2):
+        x = rand((3, 6, 40), torch.float32, device).requires_grad_(True)
+        assert torch.equal(layer(x), activate(ref(x), activation, 0.2))
+    assert linear._native.take_hits() == 1
+    with torch.no_grad():  # no gradient: the op's own route, never the training one
+        x = rand((3, 6, 40), torch.float32, device)
+        y = layer(x)
+        assert not y.requires_grad
+        assert_close(y, reference_linear(x.double(), layer.weight.double(), layer.bias.double(), activation, 0.2),
+                     torch.float32, scale=40 ** 0.5)
+
+
 def test_enable_launches_matmul_routes_from_cpp(monkeypatch):
     """Under ``enable()``, mm / addmm repeats whose route is xkernels' kernel launch from the C++
     overrides (its BLAS route: aten's ``.out`` kernel from C++): on cuda where a GPU is present,
