@@ -365,3 +365,36 @@ def test_enable_launches_matmul_routes_from_cpp(monkeypatch):
         assert sum(ours.values()) == 4, counts
         if device.type == "cpu":
             assert ours == {"xkernels": 4}, counts
+
+
+def test_training_route_declines_while_a_cuda_graph_is_captured(backend, device, ext, monkeypatch):
+    """While a CUDA graph is captured the policy trains through xkernels (replays cost no host
+    time): the table's torch_linear route must not run then, and the Python path decides."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a cuda device")
+    from xkernels import nn as xnn
+
+    monkeypatch.setattr(xnn, "_trains_through_xkernels", lambda x, w: False)
+    layer = xkernels.nn.Linear(64, 32, device=device)
+    x = rand((8, 64), torch.float32, device).requires_grad_(True)
+    for _ in range(2):  # taught, then a repeat from the table
+        layer(x)
+    assert linear._native.take_hits() == 1
+    recorded = []
+    real = xnn.RouteCache.recorded
+    monkeypatch.setattr(xnn.RouteCache, "recorded", lambda self, *a: recorded.append(1) or real(self, *a))
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        layer(x)  # warm the path on the side stream
+        recorded.clear()
+        linear._native.take_hits()
+        with torch.cuda.graph(graph, stream=stream):
+            y = layer(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    assert linear._native.take_hits() == 0 and recorded == [1], "the table ran a training call while captured"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(y, reference_linear(x.detach().double(), layer.weight.detach().double(),
+                                     layer.bias.detach().double(), None, 0.01), torch.float32, scale=8)
