@@ -12,5 +12,5 @@ XKERNELS_NATIVE=0 timeout 120 python3 -m xkernels.bench --host --rounds 9 > $OUT
 echo "host native off rc=$? $(( $(date +%s)-t0 ))s"; cat $OUT/host-native-off.txt
 models=${1:-all}
 timeout $(( 560 - ($(date +%s)-t0) )) python3 -m xkernels.bench --model $models --mode eager --way torch,enable,patch \
-  --dtype bfloat16 --rounds 5 --json $OUT/bench-models-eager.json > $OUT/bench-models-eager.txt 2>&1
+  --dtype bfloat16 --json $OUT/bench-models-eager.json > $OUT/bench-models-eager.txt 2>&1
 echo "models rc=$? $(( $(date +%s)-t0 ))s"; tail -30 $OUT/bench-models-eager.txt
