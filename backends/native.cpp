@@ -304,6 +304,7 @@ void push_tensor(Key& k, const at::Tensor& t) {
 
 Key key_of(std::initializer_list<const at::Tensor*> ts) {
   Key k;
+  k.reserve(48);
   for (const at::Tensor* t : ts) push_tensor(k, *t);
   return k;
 }
