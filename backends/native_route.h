@@ -63,16 +63,20 @@ struct Route {
 };
 
 // Runs `r` with the call's tensors (`get(i)`: parameter i's tensor, nullptr where it is none);
-// an undefined tensor where it declined (nothing was written: a misaligned pointer, out= partly
-// overlapping an input, a launch that declined).
+// an undefined tensor where it declined (nothing was written: a tensor on another CUDA device than
+// the current one, a misaligned pointer, out= partly overlapping an input, a launch that declined).
 template <class Get>
 at::Tensor run_route(const Route& r, Get&& get) {
   const bool poison = poison_flag().load(std::memory_order_relaxed);
   if (r.kind == Route::kLaunch) {
+    // the launch runs on the current device's context: a tensor of another CUDA device declines
+    const at::Tensor* first = get(r.out != kAbsent ? r.out : r.tensors[0] == kResult ? r.tensors[1] : r.tensors[0]);
+    if (!first || (first->is_cuda() && r.launch.function &&
+                   c10::impl::getDeviceGuardImpl(c10::kCUDA)->getDevice().index() != first->device().index()))
+      return {};
     at::Tensor result;
     if (r.out != kAbsent) {
-      const at::Tensor* o = get(r.out);
-      if (!o) return {};
+      const at::Tensor* o = first;
       result = *o;
       const auto po = reinterpret_cast<uintptr_t>(result.data_ptr());
       for (const auto& [param, extent, same] : r.overlap) {
@@ -82,8 +86,6 @@ at::Tensor run_route(const Route& r, Get&& get) {
         if (po < pt + extent && pt < po + static_cast<uintptr_t>(r.out_extent) && !(same && po == pt)) return {};
       }
     } else {
-      const at::Tensor* first = get(r.tensors[0] == kResult ? r.tensors[1] : r.tensors[0]);
-      if (!first) return {};
       result = at::empty_strided(r.size, r.stride, first->options().dtype(r.dtype));
       if (poison && at::isFloatingType(r.dtype)) result.fill_(NAN);
     }
@@ -396,12 +398,6 @@ inline PyObject* route_table_call(PyObject* self, PyObject* const* args, size_t 
     PyObject* o = param_of(t, i, args, nargs, kwnames);
     return o && THPVariable_CheckExact(o) ? &THPVariable_Unpack(o) : nullptr;
   };
-  if (r->kind == Route::kLaunch && r->launch.function) {  // the launch's device must be the current one
-    const at::Tensor* first = get(r->tensors[0] == kResult ? r->tensors[1] : r->tensors[0]);
-    if (!first || (first->is_cuda() &&
-                   c10::impl::getDeviceGuardImpl(c10::kCUDA)->getDevice().index() != first->device().index()))
-      Py_RETURN_NONE;
-  }
   at::Tensor result = run_route(*r, get);
   if (!result.defined()) Py_RETURN_NONE;
   ++t->hits;
