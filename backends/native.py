@@ -24,6 +24,7 @@ stay. ``XKERNELS_NATIVE=0`` turns it off; ``XKERNELS_NATIVE=wait`` builds in the
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import os
@@ -52,6 +53,23 @@ _reason: str | None = None
 _builder: threading.Thread | None = None
 #: called with the module once it is loaded (layers above register here; this module imports none)
 on_load: list[Any] = []
+#: held while the extension is loaded; set under it at interpreter exit (``_stop_loading``)
+_load_lock = threading.Lock()
+_exiting = False
+
+
+def _stop_loading() -> None:
+    """At interpreter exit: a load in progress finishes first, and no build thread loads the
+    extension afterwards. A daemon thread still inside the extension's C++ (its module init, the
+    on_load listeners) when the interpreter finalizes is ended by ``pthread_exit``, whose
+    unwinding through C++ aborts the process ("terminate called without an active exception").
+    A thread still waiting on the compiler is in C only, and ends quietly."""
+    global _exiting
+    with _load_lock:
+        _exiting = True
+
+
+atexit.register(_stop_loading)
 
 
 def setting() -> str:
@@ -111,9 +129,13 @@ def _build() -> None:
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
-        _module = _load(out)
-        for listener in on_load:  # e.g. xkernels.dispatch: the use_backend blocks open already
-            listener(_module)
+        with _load_lock:
+            if _exiting:
+                _reason = "the interpreter is exiting"
+                return
+            _module = _load(out)
+            for listener in on_load:  # e.g. xkernels.dispatch: the use_backend blocks open already
+                listener(_module)
     except Exception as exc:  # keep the Python paths, say why once
         _reason = f"{type(exc).__name__}: {exc}"[:800]
         warnings.warn(f"xkernels: the native extension ({SOURCE.name}) is unavailable, repeated op calls and the "

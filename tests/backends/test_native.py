@@ -65,6 +65,24 @@ def test_turned_off(monkeypatch):
     assert native.module(wait=True) is None and native.unavailable_reason() == "XKERNELS_NATIVE=0"
 
 
+def test_no_load_once_the_interpreter_exits(ext, monkeypatch):
+    """After the exit hook (``_stop_loading``, registered with atexit) a build does not load the
+    extension: a daemon build thread inside its C++ while the interpreter finalizes would abort
+    the process. Quietly: no warning."""
+    import warnings
+
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_reason", None)
+    monkeypatch.setattr(native, "_builder", None)
+    monkeypatch.setattr(native, "_exiting", False)
+    monkeypatch.setenv("XKERNELS_NATIVE", "1")
+    native._stop_loading()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert native.module(wait=True) is None
+    assert native.unavailable_reason() == "the interpreter is exiting"
+
+
 def _training(kind, dtype, device, *, residual=True, weight=True, bias=True, offset=0.0, with_ds=True,
               needs=(True, True, True, True), dy_strided=False, calls=4):
     """``calls`` training calls of one signature with fresh data: per call the outputs, every
