@@ -744,7 +744,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (auto a : args) flat.push_back(a.ptr());
     xk::Key k;
     int fm = at::impl::torch_function_mode_enabled(), dm = c10::impl::TorchDispatchModeTLS::any_modes_set();
-    auto r = xk::call_key(k, flat.data(), flat.size(), nullptr, false);
+    auto r = xk::call_key(k, flat.data(), flat.size(), nullptr, xk::GradKey::kNone);
     return py::make_tuple(fm, dm, (int)r, k.n, (bool)xk::context_vars().override_var);
   });
   m.def("set_context_vars", [](py::object override_var, py::object forced_var) {

@@ -236,9 +236,14 @@ struct Key {
 
 enum class Keyed { kOk, kNo };
 
-// Appends one argument. A tensor that requires grad while grad mode is on (autograd records such
-// a call) is keyed as such and sets k.grad: only a torch_linear route is put under such a key.
-inline Keyed key_arg(Key& k, PyObject* o, bool grad) {
+// How a tensor that requires grad is keyed: grad mode off (kNone: as any tensor); on, in a table
+// without torch_linear routes (kDecline: the call is not keyed, at the first such tensor); on, in
+// a table with some (kMark: keyed as such, setting k.grad; only a torch_linear route is put under
+// such a key).
+enum class GradKey { kNone, kDecline, kMark };
+
+// Appends one argument.
+inline Keyed key_arg(Key& k, PyObject* o, GradKey grad) {
   if (o == Py_None) {
     k.push(1);
     return Keyed::kOk;
@@ -246,7 +251,8 @@ inline Keyed key_arg(Key& k, PyObject* o, bool grad) {
   if (THPVariable_CheckExact(o)) {
     const at::Tensor& t = THPVariable_Unpack(o);
     if (t.layout() != c10::kStrided) return Keyed::kNo;
-    const bool records = grad && t.requires_grad();
+    const bool records = grad != GradKey::kNone && t.requires_grad();
+    if (records && grad == GradKey::kDecline) return Keyed::kNo;
     k.grad = k.grad || records;
     k.push(records ? 8 : 2);
     k.push(static_cast<int64_t>(t.scalar_type()));
@@ -302,7 +308,7 @@ inline ContextVars& context_vars() {
 }
 
 // The key of a call (args[0:nargs], then kwnames' values); kOk with `k` filled, else why not.
-inline Keyed call_key(Key& k, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, bool grad) {
+inline Keyed call_key(Key& k, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, GradKey grad) {
   if (at::impl::torch_function_mode_enabled() || c10::impl::TorchDispatchModeTLS::any_modes_set())
     return Keyed::kNo;
   const ContextVars& cv = context_vars();
@@ -352,6 +358,7 @@ struct RouteTableObject {
   std::vector<PyObject*>* params;  // the op's parameter names, in order (owned references)
   std::unordered_map<uint64_t, std::vector<Slot>>* slots;
   size_t size, limit;
+  size_t grad_routes;  // torch_linear routes held: only then is a call with a tensor requiring grad keyed
   int64_t hits;
 };
 
@@ -386,7 +393,9 @@ inline PyObject* route_table_call(PyObject* self, PyObject* const* args, size_t 
   if (t->size == 0) Py_RETURN_NONE;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   Key k;
-  if (call_key(k, args, nargs, kwnames, at::GradMode::is_enabled()) != Keyed::kOk) {
+  const GradKey grad = !at::GradMode::is_enabled() ? GradKey::kNone
+                       : t->grad_routes ? GradKey::kMark : GradKey::kDecline;
+  if (call_key(k, args, nargs, kwnames, grad) != Keyed::kOk) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NONE;
   }
@@ -426,13 +435,15 @@ inline PyObject* route_table_put(PyObject* self, PyObject* a) {
   auto route = make_route(py::reinterpret_borrow<py::tuple>(spec));
   const bool training = route->kind == Route::kTorchLinear;  // keyed as a call autograd records
   Key k;
-  if (call_key(k, flat.data(), nargs, nkw ? names.ptr() : nullptr, training) != Keyed::kOk || k.grad != training) {
+  if (call_key(k, flat.data(), nargs, nkw ? names.ptr() : nullptr, training ? GradKey::kMark : GradKey::kNone) !=
+          Keyed::kOk ||
+      k.grad != training) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_FALSE;
   }
   if (t->size >= t->limit) {
     t->slots->clear();
-    t->size = 0;
+    t->size = t->grad_routes = 0;
   }
   auto& bucket = (*t->slots)[k.hash()];
   std::vector<int64_t> key(k.v, k.v + k.n);
@@ -444,6 +455,7 @@ inline PyObject* route_table_put(PyObject* self, PyObject* a) {
   }
   bucket.push_back({std::move(key), std::move(route)});
   ++t->size;
+  t->grad_routes += training;
   Py_RETURN_TRUE;
   END_HANDLE_TH_ERRORS
 }
@@ -451,7 +463,7 @@ inline PyObject* route_table_put(PyObject* self, PyObject* a) {
 inline PyObject* route_table_clear(PyObject* self, PyObject*) {
   auto* t = reinterpret_cast<RouteTableObject*>(self);
   t->slots->clear();
-  t->size = 0;
+  t->size = t->grad_routes = 0;
   Py_RETURN_NONE;
 }
 
@@ -484,7 +496,7 @@ inline PyObject* route_table_new(PyTypeObject* type, PyObject* a, PyObject* kw) 
     t->params->push_back(n);
   }
   t->slots = new std::unordered_map<uint64_t, std::vector<Slot>>();
-  t->size = 0;
+  t->size = t->grad_routes = 0;
   t->limit = 1024;
   t->hits = 0;
   return reinterpret_cast<PyObject*>(t);
