@@ -9,7 +9,8 @@
 // Python, the backward launch and what it allocates.
 //
 //   spec.apply(x, residual, weight, bias) -> (y, s) with a native grad_fn, or None (the launch
-//                                            declined: the caller takes the Python route)
+//                                            declined, or saved-tensor hooks are in effect: the
+//                                            caller takes the Python route, whose saves they pack)
 //
 // The grad_fn (AddNormBackward) launches the backward kernel and reduces d(w)/d(b) with ATen,
 // never taking the GIL. Anything its one recorded backward does not cover (no dy, other grad
@@ -50,10 +51,6 @@
 namespace py = pybind11;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
-
-namespace torch::autograd {
-void deleteNode(Node* function);  // declared by torch versions whose nodes are shared_ptrs
-}
 
 namespace {
 
@@ -191,20 +188,12 @@ struct AddNormBackward : public Node {
   }
 };
 
-using NodePtr = decltype(torch::autograd::Edge::function);
-
-template <class T, class P = NodePtr>
-P make_node() {
-  if constexpr (std::is_same_v<P, std::shared_ptr<Node>>) {
-    return P(new T(), torch::autograd::deleteNode);
-  } else {
-    return c10::make_intrusive<T>();
-  }
-}
+using xk::make_node;
 
 py::object apply(const std::shared_ptr<AddNormSpec>& spec, const at::Tensor& x, const py::object& r_obj,
                  const py::object& w_obj, const py::object& b_obj) {
   at::Tensor r = or_undefined(r_obj), w = or_undefined(w_obj), b = or_undefined(b_obj);
+  if (xk::saved_tensor_hooks()) return py::none();  // the Python route: its saves are packed
   auto opts = x.options().dtype(spec->dtype);
   at::Tensor y = at::empty(spec->size, opts);
   at::Tensor s = at::empty(spec->size, opts);

@@ -9,31 +9,55 @@
 //   linear: the device's BLAS as F.linear calls it (addmm_out / mm_out of the folded input);
 //   matmul: the device's BLAS as torch.matmul calls it for 2-D or equal-batch 3-D operands;
 //   torch_linear: a training call (a tensor requires grad) that xkernels gives PyTorch's own ops:
-//           at::linear and the activation, recorded by autograd as F.linear's are. The only
-//           kind that runs a call with a tensor requiring grad; never while a CUDA graph is
-//           captured (the Python path decides then).
+//           at::linear and the activation, with autograd. The only kind that runs a call with a
+//           tensor requiring grad; never while a CUDA graph is captured (the Python path decides
+//           then). Where the call allows (`one_node`) they are recorded as one grad_fn,
+//           LinearBackward, computing PyTorch's gradients with PyTorch's own ATen calls; else
+//           autograd records at::linear's and the activation's nodes, as for F.linear.
 // Routes name the call's tensors by parameter index (the op's params order); kResult is the result.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/SavedTensorHooks.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "native_launch.h"
 
+namespace torch::autograd {
+void deleteNode(Node* function);  // declared by torch versions whose nodes are shared_ptrs
+}
+
 namespace xk {
+
+using NodePtr = decltype(torch::autograd::Edge::function);
+
+// A new grad_fn of type T, in the pointer type this torch's edges hold.
+template <class T, class P = NodePtr>
+P make_node() {
+  if constexpr (std::is_same_v<P, std::shared_ptr<torch::autograd::Node>>) {
+    return P(new T(), torch::autograd::deleteNode);
+  } else {
+    return c10::make_intrusive<T>();
+  }
+}
 
 constexpr int kResult = -1;
 constexpr int kAbsent = -2;
@@ -61,6 +85,139 @@ struct Route {
 
   ~Route() { drop_python(launch); }
 };
+
+// The activation of a linear route, out of place (as xkernels' activate()).
+inline at::Tensor activate(const Route& r, const at::Tensor& y) {
+  switch (r.act) {
+    case Route::kRelu: return at::relu(y);
+    case Route::kGelu: return at::gelu(y, "none");
+    case Route::kGeluTanh: return at::gelu(y, "tanh");
+    case Route::kSilu: return at::silu(y);
+    case Route::kLeakyRelu: return at::leaky_relu(y, r.slope);
+    default: return y;
+  }
+}
+
+// torch_linear's grad_fn: F.linear + the activation as one node, where PyTorch records four to
+// six (the input's and output's views, AddmmBackward0 / MmBackward0, TBackward0, the
+// activation's); each costs the autograd engine's thread host time in a host-bound training step.
+// The gradients are PyTorch's, from the same ATen calls on the same layouts (`one_node` admits
+// only calls where mm_mat1_backward / mm_mat2_backward take their row-major / column-major
+// branches below): the activation's backward of the pre-activation (relu's threshold_backward of
+// the pre-activation zeroes the same entries as of its result), dx = dy.mm(w) reshaped to the
+// input, dw = dy.t().mm(x) (TBackward0 of mm_mat2_backward's transposed product), the bias's
+// sum_to (a sum over the rows, keepdim, viewed). Saved as SavedVariables of inputs (unpacked
+// without the node): version checks as PyTorch's nodes. A create_graph backward
+// records these ATen calls; with an activation it recomputes the pre-activation from the saved
+// operands first, so that second-order gradients flow through it as through PyTorch's graph.
+struct LinearBackward : public torch::autograd::Node {
+  torch::autograd::SavedVariable x, weight, bias;  // x: for dw or an activation; weight: for dx or an
+                                                   // activation; bias: with an activation
+  torch::autograd::SavedVariable pre;              // the pre-activation (with an activation)
+  std::vector<int64_t> x_size;
+  int64_t n = 0;
+  Route::Act act = Route::kNone;
+  double slope = 0.01;
+  bool has_bias = false;
+
+  std::string name() const override { return "xkernels::LinearBackward"; }
+
+  void release_variables() override {
+    x.reset_data();
+    weight.reset_data();
+    bias.reset_data();
+    pre.reset_data();
+  }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    torch::autograd::variable_list out(3);
+    at::Tensor dy = grads[0];
+    if (!dy.defined()) return out;
+    const bool need_x = should_compute_output(0), need_w = should_compute_output(1),
+               need_b = has_bias && should_compute_output(2);
+    if (act != Route::kNone) {
+      at::Tensor h;
+      if (at::GradMode::is_enabled()) {  // create_graph: the pre-activation with its history
+        const at::Tensor b = has_bias ? bias.unpack() : at::Tensor();
+        h = at::linear(x.unpack(), weight.unpack(), b.defined() ? c10::optional<at::Tensor>(b) : c10::nullopt);
+      } else {
+        h = pre.unpack();
+      }
+      switch (act) {
+        case Route::kRelu: dy = at::threshold_backward(dy, h, 0); break;
+        case Route::kGelu: dy = at::gelu_backward(dy, h, "none"); break;
+        case Route::kGeluTanh: dy = at::gelu_backward(dy, h, "tanh"); break;
+        case Route::kSilu: dy = at::silu_backward(dy, h); break;
+        case Route::kLeakyRelu: dy = at::leaky_relu_backward(dy, h, slope, false); break;
+        default: break;
+      }
+    }
+    const at::Tensor dy2 = dy.dim() == 2 ? dy : dy.reshape({-1, n});
+    if (need_x) {
+      const at::Tensor dx2 = dy2.mm(weight.unpack());
+      out[0] = x_size.size() == 2 ? dx2 : dx2.reshape(x_size);
+    }
+    if (need_w) {
+      const at::Tensor xs = x.unpack();
+      out[1] = dy2.t().mm(xs.dim() == 2 ? xs : xs.reshape({-1, xs.size(-1)}));
+    }
+    if (need_b) out[2] = dy2.sum({0}, /*keepdim=*/true).view({n});
+    return out;
+  }
+};
+
+// Whether saved-tensor hooks are in effect (torch.autograd.graph.saved_tensors_hooks: activation
+// checkpointing, offloading). A native grad_fn then steps aside: the call records what its Python
+// path records, so that the tensors a checkpointed forward saves are the ones its recomputation
+// saves whichever path each took (torch.utils.checkpoint compares them), and each is packed.
+inline bool saved_tensor_hooks() { return at::SavedTensorDefaultHooks::get_hooks().has_value(); }
+
+// Whether a torch_linear call is recorded as one LinearBackward: a contiguous input of 2+
+// dimensions, a contiguous 2-D weight, a contiguous 1-D bias or none, one dtype, more than one row,
+// input feature and output feature (so that PyTorch's mm backwards take the branches
+// LinearBackward computes), no autocast (it casts the operands, which autograd records), no
+// forward-mode gradient, no saved-tensor hooks. Anything else records at::linear's own nodes.
+inline bool one_node(const at::Tensor& x, const at::Tensor& w, const at::Tensor* b) {
+  if (x.dim() < 2 || w.dim() != 2 || !x.is_contiguous() || !w.is_contiguous() || x.scalar_type() != w.scalar_type())
+    return false;
+  const int64_t k = x.size(-1);
+  if (k < 2 || w.size(0) < 2 || w.size(1) != k || x.numel() / k < 2) return false;
+  if (x._fw_grad(0).defined() || w._fw_grad(0).defined()) return false;
+  if (b && (b->dim() != 1 || !b->is_contiguous() || b->scalar_type() != x.scalar_type() || b->_fw_grad(0).defined()))
+    return false;
+  return !at::autocast::is_autocast_enabled(x.device().type()) && !saved_tensor_hooks();
+}
+
+inline at::Tensor linear_one_node(const Route& r, const at::Tensor& x, const at::Tensor& w, const at::Tensor* b) {
+  at::Tensor pre, y;
+  {
+    // at::linear below autograd: its kernels and its branches (addmm of the folded input with a
+    // bias, else matmul's mm), no node recorded and no view tracked (the result is the node's)
+    at::AutoDispatchBelowADInplaceOrView below;
+    pre = at::linear(x, w, b ? c10::optional<at::Tensor>(*b) : c10::nullopt);
+    y = activate(r, pre);
+  }
+  const at::Tensor none;
+  const at::Tensor& bias = b ? *b : none;
+  if (!torch::autograd::compute_requires_grad(x, w, bias)) return y;
+  auto node = make_node<LinearBackward>();
+  auto* raw = static_cast<LinearBackward*>(node.get());
+  raw->set_next_edges(torch::autograd::collect_next_edges(x, w, bias));
+  const bool act = r.act != Route::kNone;
+  raw->act = r.act;
+  raw->slope = r.slope;
+  raw->n = w.size(0);
+  raw->has_bias = b != nullptr;
+  raw->x_size = x.sizes().vec();
+  if (act || raw->should_compute_output(1)) raw->x = torch::autograd::SavedVariable(x, false);
+  if (act || raw->should_compute_output(0)) raw->weight = torch::autograd::SavedVariable(w, false);
+  if (act) {
+    if (b) raw->bias = torch::autograd::SavedVariable(*b, false);
+    raw->pre = torch::autograd::SavedVariable(pre, false);
+  }
+  torch::autograd::set_history(y, node);
+  return y;
+}
 
 // Runs `r` with the call's tensors (`get(i)`: parameter i's tensor, nullptr where it is none);
 // an undefined tensor where it declined (nothing was written: a tensor on another CUDA device than
@@ -109,15 +266,9 @@ at::Tensor run_route(const Route& r, Get&& get) {
   if (r.kind == Route::kTorchLinear) {  // with autograd, as F.linear and xkernels' activate()
     const at::Tensor* bias = r.tensors[2] == kAbsent ? nullptr : get(r.tensors[2]);
     if ((r.tensors[2] != kAbsent && !bias) || (a->is_cuda() && capturing(a->device()))) return {};
+    if (one_node(*a, *b, bias)) return linear_one_node(r, *a, *b, bias);
     at::Tensor y = at::linear(*a, *b, bias ? c10::optional<at::Tensor>(*bias) : c10::nullopt);
-    switch (r.act) {
-      case Route::kRelu: return at::relu(y);
-      case Route::kGelu: return at::gelu(y, "none");
-      case Route::kGeluTanh: return at::gelu(y, "tanh");
-      case Route::kSilu: return at::silu(y);
-      case Route::kLeakyRelu: return at::leaky_relu(y, r.slope);
-      default: return y;
-    }
+    return activate(r, y);
   }
   at::AutoDispatchBelowADInplaceOrView below;  // no gradient is recorded here (callers made sure)
   at::Tensor result = at::empty(r.size, a->options());

@@ -112,6 +112,30 @@ def test_tiny_bert_loss_curve_with_patch(backend, device):
     assert_model_close(got, want, ref64)
 
 
+@pytest.mark.parametrize("linears", ["xkernels", "pytorch"])
+def test_tiny_bert_loss_curve_with_patch_and_checkpointing(backend, device, monkeypatch, linears):
+    """transformers' non-reentrant gradient checkpointing on a patched model: each layer's forward
+    is recomputed in the backward, and torch.utils.checkpoint fails where the recomputation saves
+    other tensors than the forward did (a first call's Python path against a repeat's native
+    grad_fn). The loss curve follows PyTorch's (without checkpointing), with the linears' training
+    calls through xkernels or given to PyTorch's ops (``linears``, the training policy's two
+    answers)."""
+    from xkernels import nn as xnn
+
+    if linears == "pytorch":
+        monkeypatch.setattr(xnn, "_trains_through_xkernels", lambda x, w: False)
+    ids = [torch.randint(0, 50, (2, 6), device=device) for _ in range(STEPS)]
+    data = [(i, torch.randn(2, 6, 32, device=device)) for i in ids]
+    data64 = [(i, t.double()) for i, t in data]
+    forward = lambda m, x: m(x).last_hidden_state
+    model, want, ref64 = _three_curves(lambda: _tiny_bert().to(device), data, "adam", data64, forward)
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert len(xkernels.patch(model).fused) == 1
+    got = _curve(model, data, "adam", forward)
+    assert_model_close(got, want, ref64)
+
+
 def test_patched_model_compiles_fullgraph(backend, device):
     """torch.compile(fullgraph=True) traces a patched model without a graph break (aot_eager: the
     graph runs eagerly) and gives the eager result and gradients."""

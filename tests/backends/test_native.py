@@ -184,6 +184,36 @@ def _native_call(device):
     return x, w, y, s
 
 
+def test_native_steps_aside_for_saved_tensor_hooks(ext, backend, device, fresh):
+    """Under saved-tensor hooks the native grad_fn steps aside for the Python one, whose saves the
+    hooks pack; non-reentrant activation checkpointing then gives the uncheckpointed gradients bit
+    for bit, from the signature's first call on (its forward and recomputation saving alike)."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not backend.runs_triton:
+        pytest.skip("no kernel route on this backend: nothing is recorded natively")
+    x, w, y, s = _native_call(device)
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        y, s = add_layer_norm(x, None, w, None, 1e-5)
+    assert y.grad_fn.name() != "AddNormBackward" and packed
+    b = rand((32,), torch.float32, device).requires_grad_()
+
+    def block(x, r):
+        y, s = add_layer_norm(x, r, w, b, 1e-5)
+        return y * 2 + s
+
+    for i in range(4):
+        x0, r0 = rand((4, 32), torch.float32, device), rand((4, 32), torch.float32, device)
+        grads = []
+        for wrap in (lambda f, *a: checkpoint(f, *a, use_reentrant=False), lambda f, *a: f(*a)):
+            x, r = x0.clone().requires_grad_(), r0.clone().requires_grad_()
+            out = wrap(block, x, r)
+            grads.append(torch.autograd.grad(out.sum(), (x, r, w, b)))
+        for got, want in zip(*grads):
+            assert torch.equal(got, want), f"call {i}"
+
+
 def test_native_errors(ext, backend, device, fresh):
     """What PyTorch refuses for a Python autograd.Function, the native grad_fn refuses too."""
     if not backend.runs_triton:

@@ -319,6 +319,142 @@ def test_training_calls_given_to_pytorch_repeat_from_the_table(backend, device, 
                      torch.float32, scale=40 ** 0.5)
 
 
+def _one_node_pair(device, activation, shape, bias=True, dtype=torch.float32):
+    """An ``xkernels.nn.Linear`` whose training calls go to PyTorch's ops (policy monkeypatched by
+    the caller) and a ``torch.nn.Linear`` with the same parameters."""
+    k = shape[-1]
+    layer = xkernels.nn.Linear(k, 24, bias=bias, activation=activation, negative_slope=0.2, device=device,
+                               dtype=dtype)
+    ref = torch.nn.Linear(k, 24, bias=bias, device=device, dtype=dtype)
+    with torch.no_grad():
+        ref.weight.copy_(layer.weight)
+        if bias:
+            ref.bias.copy_(layer.bias)
+    return layer, ref
+
+
+def _grads_equal(layer, ref, x, xr, y, want, create_graph=False):
+    """Backward of the same ``dy`` through both; every gradient bit-equal. Returns the grads."""
+    dy = torch.randn_like(y)
+    ins = [t for t in (x, layer.weight, layer.bias) if t is not None and t.requires_grad]
+    ins_r = [t for t in (xr, ref.weight, ref.bias) if t is not None and t.requires_grad]
+    got = torch.autograd.grad(y, ins, dy, create_graph=create_graph)
+    exp = torch.autograd.grad(want, ins_r, dy, create_graph=create_graph)
+    for g, e in zip(got, exp, strict=True):
+        assert torch.equal(g, e), (g - e).abs().max()
+    return got, exp
+
+
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu", "leaky_relu"]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("shape,bias", [((5, 40), True), ((3, 6, 40), True), ((2, 3, 4, 40), True),
+                                        ((3, 6, 40), False), ((7, 40), False)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_training_repeats_record_one_linear_node(backend, device, ext, monkeypatch, activation, shape, bias, dtype):
+    """A training call given to PyTorch's ops repeats from the table as one grad_fn
+    (``xkernels::LinearBackward``): output and every gradient bit-equal to ``torch.nn.Linear`` +
+    the activation's for each activation, 2-D to 4-D inputs, with and without bias, float32 and
+    bfloat16, frozen
+    weights and an input that needs no gradient; the input is left unchanged."""
+    from xkernels import nn as xnn
+    from xkernels.ops.matmul.vendor import activate
+
+    monkeypatch.setattr(xnn, "_trains_through_xkernels", lambda x, w: False)
+    layer, ref = _one_node_pair(device, activation, shape, bias, dtype)
+    linear._native.take_hits()
+    for i, (x_grad, w_grad) in enumerate([(True, True)] * 3 + [(True, False)] * 2 + [(False, True)] * 2):
+        layer.weight.requires_grad_(w_grad)
+        ref.weight.requires_grad_(w_grad)
+        x = rand(shape, dtype, device).requires_grad_(x_grad)
+        xr = x.detach().clone().requires_grad_(x_grad)
+        with Unchanged(x):
+            y = layer(x)
+            want = activate(ref(xr), activation, 0.2)
+            assert torch.equal(y, want)
+            assert y.requires_grad
+            if i in (1, 2, 4, 6):  # a repeat of its key: from the table, one node
+                assert y.grad_fn.name() == "xkernels::LinearBackward", y.grad_fn
+            _grads_equal(layer, ref, x, xr, y, want)
+    assert linear._native.take_hits() == 4
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "relu"])
+def test_one_linear_node_keeps_autograds_contracts(backend, device, ext, monkeypatch, activation):
+    """The one-node record behaves as PyTorch's nodes: an in-place change of the output is
+    differentiated; an in-place change of a saved input fails the backward loudly; under
+    saved-tensor hooks it steps aside for PyTorch's nodes (non-reentrant activation checkpointing,
+    its first call and repeats, gives torch's gradients);
+    a ``create_graph`` backward gives torch's second-order gradients; autocast and a
+    non-contiguous input record PyTorch's own nodes (and are right)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from xkernels import nn as xnn
+    from xkernels.ops.matmul.vendor import activate
+
+    monkeypatch.setattr(xnn, "_trains_through_xkernels", lambda x, w: False)
+    layer, ref = _one_node_pair(device, activation, (3, 6, 40))
+    fresh = lambda: rand((3, 6, 40), torch.float32, device).requires_grad_(True)  # noqa: E731
+    layer(fresh())  # teaches the table
+    # the output changed in place
+    x = fresh()
+    xr = x.detach().clone().requires_grad_(True)
+    y = layer(x)
+    assert y.grad_fn.name() == "xkernels::LinearBackward"
+    y.mul_(3.0)
+    want = activate(ref(xr), activation, 0.2) * 3.0  # (torch's relu saves its result: not in place)
+    _grads_equal(layer, ref, x, xr, y, want)
+    # a saved input changed in place: PyTorch's version-counter error
+    x = fresh()
+    h = x * 1.0
+    y = layer(h)
+    with torch.no_grad():
+        h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    # saved-tensor hooks (activation checkpointing): PyTorch's own nodes, whose saves they pack,
+    # so that a checkpointed forward and its recomputation save the same tensors whichever of the
+    # Python path (the teaching call) and the table each took
+    packed = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        y = layer(fresh())
+    assert y.grad_fn.name() != "xkernels::LinearBackward" and packed
+    for first in (True, False):
+        if first:
+            linear._forget()  # the checkpointed forward teaches the table; its recomputation repeats
+        x = fresh()
+        xr = x.detach().clone().requires_grad_(True)
+        y = checkpoint(layer, x, use_reentrant=False)
+        want = checkpoint(lambda t: activate(ref(t), activation, 0.2), xr, use_reentrant=False)
+        assert torch.equal(y, want)
+        _grads_equal(layer, ref, x, xr, y, want)
+    # second order
+    x = fresh()
+    xr = x.detach().clone().requires_grad_(True)
+    y = layer(x)
+    want = activate(ref(xr), activation, 0.2)
+    got, exp = _grads_equal(layer, ref, x, xr, y, want, create_graph=True)
+    g2 = torch.autograd.grad(sum((g * g).sum() for g in got), [x, layer.weight, layer.bias], allow_unused=True)
+    e2 = torch.autograd.grad(sum((g * g).sum() for g in exp), [xr, ref.weight, ref.bias], allow_unused=True)
+    for a, b in zip(g2, e2, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # autocast and a non-contiguous input: PyTorch's own nodes
+    xt = rand((3, 40, 6), torch.float32, device).transpose(1, 2).requires_grad_(True)
+    for _ in range(2):
+        y = layer(xt)
+    assert y.grad_fn.name() != "xkernels::LinearBackward"
+    assert torch.equal(y, activate(ref(xt), activation, 0.2))
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        for _ in range(2):
+            y = layer(fresh())
+            want = activate(ref(fresh()), activation, 0.2)
+        assert y.grad_fn.name() != "xkernels::LinearBackward"
+        assert y.dtype == want.dtype == torch.bfloat16
+
+
 def test_enable_launches_matmul_routes_from_cpp(monkeypatch):
     """Under ``enable()``, mm / addmm repeats whose route is xkernels' kernel launch from the C++
     overrides (its BLAS route: aten's ``.out`` kernel from C++): on cuda where a GPU is present,
