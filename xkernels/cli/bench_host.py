@@ -15,6 +15,8 @@ Each form: warmed up (its first call plans and leaves its route), then ``--round
 and the minimum over rounds of µs per call. The last rows are whole patched blocks (a BERT output
 block, a Llama decoder layer's add+norm steps, a Llama MLP) against torch's modules
 (``bench_host_blocks.py``); their full-path column counts the full paths of one forward's op calls.
+The ``training:`` rows time a forward and backward per call with gradients required (a linear
+layer, with GELU, the BERT output block, ``F.linear`` under ``enabled()``).
 The same command before and after a change of the front door, on the same machine, is the
 comparison.
 """
@@ -34,7 +36,7 @@ import torch.nn.functional as F
 
 import xkernels
 from xkernels import nn as xnn
-from xkernels.cli.bench_host_blocks import block_forms
+from xkernels.cli.bench_host_blocks import block_forms, training_forms
 from xkernels.ops import add, broadcast, linear, matmul
 
 Form = tuple[str, Callable[[], Any], Callable[[], Any]]
@@ -141,8 +143,10 @@ def measure(device: torch.device, calls: int, rounds: int) -> list[dict[str, Any
     plain = contextlib.nullcontext
     table = [(f, plain) for f in forms(device)] + [(f, xkernels.enabled) for f in routed_forms(device)]
     table += [(f, plain) for f in block_forms(device, _dtype(device))]
+    trains = training_forms(device, _dtype(device))
+    table += [(f, xkernels.enabled if "enabled()" in f[0] else plain) for f in trains]
     for (label, ours, theirs), ctx in table:
-        with torch.no_grad():
+        with contextlib.nullcontext() if label.startswith("training: ") else torch.no_grad():
             with ctx():
                 for _ in range(3):
                     ours()  # the first call plans and leaves the route; the next ones repeat

@@ -11,6 +11,12 @@ it fuses a transformers model's; transformers itself is not needed):
   post-attention RMSNorm, and the last residual add;
 * ``Llama MLP``: ``down(act(gate(x)) * up(x))``.
 
+The training rows (:func:`training_forms`) time one forward and backward per call, gradients
+required of the input and the parameters (modules in eval mode: no dropout), as a training step
+runs them: a linear layer as ``xkernels.nn.Linear`` (its training policy decides, as in a patched
+model: on a host-bound GPU, PyTorch's ops from the native table), the same with GELU, the BERT
+output block, and ``F.linear`` under ``enabled()``.
+
 Sizes: BERT-base's 768 features; a TinyLlama-sized layer (hidden 2048, intermediate 5632) on
 cuda, a small one (256, 704) on the CPU, where the torch column computes and is for scale only.
 Host time does not depend on the size (the launch is the same), the device's work does.
@@ -136,4 +142,27 @@ def block_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
         ("BERT output block", lambda: bert_p(bert_x, bert_in), lambda: bert(bert_x, bert_in)),
         ("Llama decoder layer (add+norm steps)", lambda: layer_p(h), lambda: layer(h)),
         ("Llama MLP", lambda: mlp_p(x), lambda: mlp(x)),
+    ]
+
+
+def training_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
+    """(label, xkernels' forward + backward, torch's) of the training rows (module doc)."""
+    from xkernels import nn as xnn
+
+    r = lambda *s, grad=False: torch.randn(*s, device=device, dtype=dtype).requires_grad_(grad)  # noqa: E731
+    lin = torch.nn.Linear(768, 768, device=device, dtype=dtype)
+    lin_x = xnn.Linear.from_linear(copy.deepcopy(lin))
+    up = torch.nn.Linear(768, 3072, device=device, dtype=dtype)
+    up_x = xnn.Linear.from_linear(copy.deepcopy(up), "gelu")
+    bert = BertSelfOutput(768).to(device=device, dtype=dtype).eval()
+    bert_p = _patched(bert, {"residual add + norm (output block)": 1})
+    x, h, dy, dy_up = r(1, 16, 768, grad=True), r(1, 16, 768, grad=True), r(1, 16, 768), r(1, 16, 3072)
+    w, b = r(768, 768, grad=True), r(768, grad=True)
+    gelu = torch.nn.functional.gelu
+    linear = torch.nn.functional.linear
+    return [
+        ("training: nn.Linear module", lambda: lin_x(x).backward(dy), lambda: lin(x).backward(dy)),
+        ("training: nn.Linear + GELU", lambda: up_x(x).backward(dy_up), lambda: gelu(up(x)).backward(dy_up)),
+        ("training: BERT output block", lambda: bert_p(x, h).backward(dy), lambda: bert(x, h).backward(dy)),
+        ("training: enabled(): F.linear", lambda: linear(x, w, b).backward(dy), lambda: linear(x, w, b).backward(dy)),
     ]
