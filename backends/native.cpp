@@ -24,6 +24,7 @@
 
 #include <array>
 #include <map>
+#include <unordered_map>
 #include <tuple>
 #include <cmath>
 #include <cstring>
@@ -280,20 +281,11 @@ struct Entry {
   std::shared_ptr<const xk::Route> route;  // parameters: the xkernels op's (add: x, y, out; linear: x, w, b; ...)
 };
 
-using Key = std::vector<int64_t>;
-
-void push_tensor(Key& k, const at::Tensor& t) {
-  k.push_back(static_cast<int64_t>(t.scalar_type()));
-  k.push_back(static_cast<int64_t>(t.device().type()));
-  k.push_back(t.device().index());
-  k.push_back(t.dim());
-  for (auto v : t.sizes()) k.push_back(v);
-  for (auto v : t.strides()) k.push_back(v);
-}
+using xk::Key;  // the front door's key (a fixed array and its hash), tensors encoded alike
+using xk::push_tensor;
 
 Key key_of(std::initializer_list<const at::Tensor*> ts) {
   Key k;
-  k.reserve(48);
   for (const at::Tensor* t : ts) push_tensor(k, *t);
   return k;
 }
@@ -309,14 +301,19 @@ int64_t bits_of(double d) {
 
 void push_scalar(Key& k, const c10::Scalar& s) {
   if (s.isBoolean()) {
-    k.insert(k.end(), {kTagBool, s.toBool()});
+    k.push(kTagBool);
+    k.push(s.toBool());
   } else if (s.isIntegral(false)) {
-    k.insert(k.end(), {kTagInt, s.toLong()});
+    k.push(kTagInt);
+    k.push(s.toLong());
   } else if (s.isFloatingPoint()) {
-    k.insert(k.end(), {kTagFloat, bits_of(s.toDouble())});
+    k.push(kTagFloat);
+    k.push(bits_of(s.toDouble()));
   } else {
     auto c = s.toComplexDouble();
-    k.insert(k.end(), {kTagComplex, bits_of(c.real()), bits_of(c.imag())});
+    k.push(kTagComplex);
+    k.push(bits_of(c.real()));
+    k.push(bits_of(c.imag()));
   }
 }
 
@@ -338,7 +335,6 @@ c10::Scalar number_of(const at::Tensor& t) {
 // kind and value) and alpha's kind and value.
 Key add_key(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
   Key k;
-  k.reserve(32);
   push_tensor(k, self);
   if (is_number(other))
     push_scalar(k, number_of(other));
@@ -353,7 +349,9 @@ struct Override {
   py::object py_fn;  // routing._add / _add_ / _mm / _bmm / _addmm
   std::unique_ptr<torch::Library> lib;
   std::mutex lock;
-  std::map<Key, std::shared_ptr<const Entry>> table;
+  // by key hash: (the key's values, its entry); `size` entries in all
+  std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<const Entry>>>> table;
+  size_t size = 0;
   std::atomic<int64_t> hits{0};         // calls launched here on xkernels' kernel
   std::map<std::string, Counter> vendor_hits;  // per reason for aten, the calls that ran its kernel from here
   size_t limit = 1024;
@@ -365,9 +363,19 @@ struct Override {
   }
 
   std::shared_ptr<const Entry> find(const Key& k) {
+    if (!k.ok) return nullptr;  // longer than a key holds: the Python override decides
+    const uint64_t h = k.hash();
     std::lock_guard<std::mutex> g(lock);
-    auto it = table.find(k);
-    return it == table.end() ? nullptr : it->second;
+    auto it = table.find(h);
+    if (it == table.end()) return nullptr;
+    for (const auto& [key, e] : it->second)
+      if (k.same(key)) return e;
+    return nullptr;
+  }
+
+  void clear() {  // under `lock`
+    table.clear();
+    size = 0;
   }
   ~Override() {
     lib.reset();
@@ -612,10 +620,20 @@ void remove_override(Override& ov) {
       if (o.get() == &ov) o.reset();
 }
 
-void store(Override& ov, Key k, std::shared_ptr<Entry> e) {
+void store(Override& ov, const Key& k, std::shared_ptr<Entry> e) {
+  if (!k.ok) return;
+  const uint64_t h = k.hash();
   std::lock_guard<std::mutex> g(ov.lock);
-  if (ov.table.size() >= ov.limit) ov.table.clear();
-  ov.table[std::move(k)] = std::move(e);
+  if (ov.size >= ov.limit) ov.clear();
+  auto& bucket = ov.table[h];
+  for (auto& [key, old] : bucket) {
+    if (k.same(key)) {
+      old = std::move(e);
+      return;
+    }
+  }
+  bucket.emplace_back(k.vec(), std::move(e));
+  ++ov.size;
 }
 
 // mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs xkernels' kernel from
@@ -663,7 +681,7 @@ void remember_add(Override& ov, const at::Tensor& self, const py::object& other,
                     e->route->out == (ov.op == kAddInplace ? 2 : xk::kAbsent),
                 "xkernels native override: an add route launches a kernel into a new result (add) or self (add_)");
   }
-  store(ov, std::move(k), std::move(e));
+  store(ov, k, std::move(e));
 }
 
 // mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel (its
@@ -711,7 +729,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("remove", &remove_override)
       .def("clear", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
-        o.table.clear();
+        o.clear();
       })
       .def("take_hits", [](Override& o) {  // (launches, {reason for aten: calls}) since the last take
         py::dict vendor;
@@ -722,19 +740,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       })
       .def_property_readonly("entries", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
-        return o.table.size();
+        return o.size;
       });
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
   m.def("set_poison", [](bool on) {
     xk::poison_flag() = on;  // tests: a launched route's result is NaN-filled before its launch
-  });
-  m.def("debug_key", [](py::tuple args) {
-    std::vector<PyObject*> flat;
-    for (auto a : args) flat.push_back(a.ptr());
-    xk::Key k;
-    int fm = at::impl::torch_function_mode_enabled(), dm = c10::impl::TorchDispatchModeTLS::any_modes_set();
-    auto r = xk::call_key(k, flat.data(), flat.size(), nullptr, xk::GradKey::kNone);
-    return py::make_tuple(fm, dm, (int)r, k.n, (bool)xk::context_vars().override_var);
   });
   m.def("set_context_vars", [](py::object override_var, py::object forced_var) {
     // the front door's key reads these (xkernels.dispatch's use_backend, xkernels.tuning's force)

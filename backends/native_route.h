@@ -376,6 +376,10 @@ struct Key {
       push(w);
     }
   }
+  bool same(const std::vector<int64_t>& stored) const {
+    return stored.size() == static_cast<size_t>(n) && std::memcmp(stored.data(), v, n * sizeof(int64_t)) == 0;
+  }
+  std::vector<int64_t> vec() const { return std::vector<int64_t>(v, v + n); }
   uint64_t hash() const {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(n);
     for (int i = 0; i < n; ++i) {
@@ -384,6 +388,16 @@ struct Key {
     return h;
   }
 };
+
+// A tensor's part of a key: dtype, device, dimensions, sizes, strides (after the caller's tag).
+inline void push_tensor(Key& k, const at::Tensor& t) {
+  k.push(static_cast<int64_t>(t.scalar_type()));
+  k.push(static_cast<int64_t>(t.device().type()));
+  k.push(t.device().index());
+  k.push(t.dim());
+  for (auto s : t.sizes()) k.push(s);
+  for (auto s : t.strides()) k.push(s);
+}
 
 enum class Keyed { kOk, kNo };
 
@@ -406,12 +420,7 @@ inline Keyed key_arg(Key& k, PyObject* o, GradKey grad) {
     if (records && grad == GradKey::kDecline) return Keyed::kNo;
     k.grad = k.grad || records;
     k.push(records ? 8 : 2);
-    k.push(static_cast<int64_t>(t.scalar_type()));
-    k.push(static_cast<int64_t>(t.device().type()));
-    k.push(t.device().index());
-    k.push(t.dim());
-    for (auto s : t.sizes()) k.push(s);
-    for (auto s : t.strides()) k.push(s);
+    push_tensor(k, t);
     return Keyed::kOk;
   }
   if (PyBool_Check(o)) {
@@ -519,8 +528,7 @@ inline std::shared_ptr<const Route> find(RouteTableObject* t, const Key& k) {
   auto it = t->slots->find(k.hash());
   if (it == t->slots->end()) return nullptr;
   for (const Slot& s : it->second) {
-    if (s.key.size() == static_cast<size_t>(k.n) && std::memcmp(s.key.data(), k.v, k.n * sizeof(int64_t)) == 0)
-      return s.route;
+    if (k.same(s.key)) return s.route;
   }
   return nullptr;
 }
@@ -597,7 +605,7 @@ inline PyObject* route_table_put(PyObject* self, PyObject* a) {
     t->size = t->grad_routes = 0;
   }
   auto& bucket = (*t->slots)[k.hash()];
-  std::vector<int64_t> key(k.v, k.v + k.n);
+  std::vector<int64_t> key = k.vec();
   for (Slot& s : bucket) {
     if (s.key == key) {
       s.route = std::move(route);

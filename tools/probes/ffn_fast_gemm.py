@@ -189,6 +189,7 @@ def _own_name(c):
     sub = f" sub{c['EPI_SPLIT']}" if c["EPI_SPLIT"] > 1 else ""
     x = f" x{c['per_sm']}" if c["per_sm"] > 1 else ""
     w = f" w{c['num_warps']}" if c["num_warps"] != 8 else ""
+    w += f" g{c['GROUP_M']}" if c["GROUP_M"] != 8 else ""
     st = " ptr-store" if c["store"] == "ptr" else ""
     return f"{c['mode']} {c['BLOCK_M']}x{c['BLOCK_N']}x{c['BLOCK_K']} s{c['num_stages']}{sub}{x}{w}{st} {c['erf']}"
 
@@ -206,6 +207,14 @@ OWN = [
     _own(128, 128, 3, mode="ws", warps=4, store="ptr"),
     _own(128, 128, 4, mode="ws", warps=4, store="ptr"),
     _own(128, 256, 4, mode="flat", split=4),        # persistent, flattened, deep pipeline, one program per SM
+    # around the best so far (flat 128x128x64 s3 sub2 x2): pipeline depth, C slices, tile order, K step
+    _own(128, 128, 2, mode="flat", split=2, per_sm=2),
+    _own(128, 128, 4, mode="flat", split=2),
+    _own(128, 128, 3, mode="flat", split=4, per_sm=2),
+    _own(128, 128, 3, mode="flat", split=2, per_sm=2, group=16),
+    _own(128, 128, 2, mode="flat", split=2, bk=128),
+    _own(128, 64, 4, mode="flat", per_sm=2, warps=4),
+    _own(64, 256, 2, mode="flat", split=2, per_sm=2, warps=4),
 ]
 _TMA = {"BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "TMA": True}
 #: the package's TMA kernel (ops/matmul/kernels.py) under forced configs

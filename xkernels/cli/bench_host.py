@@ -11,7 +11,8 @@ is computed (results are uninitialised) and what is timed is xkernels' own host 
 column there is torch computing on the CPU: shown for scale only, not comparable.
 
 Each form: warmed up (its first call plans and leaves its route), then ``--rounds`` rounds of
-``--calls`` back-to-back calls, the forms' rounds interleaved with torch's; reported: the median
+``--calls`` back-to-back calls, the forms' rounds interleaved with torch's (the order reversed on
+odd rounds, so neither side always runs first); reported: the median
 and the minimum over rounds of µs per call. The last rows are whole patched blocks (a BERT output
 block, a Llama decoder layer's add+norm steps, a Llama MLP) against torch's modules
 (``bench_host_blocks.py``); their full-path column counts the full paths of one forward's op calls.
@@ -100,8 +101,9 @@ def stubbed_launch() -> Iterator[None]:
 def _rounds(fns: list[Callable[[], Any]], calls: int, rounds: int, cuda: bool,
             wrap: list[Callable[[], contextlib.AbstractContextManager[Any]]]) -> list[list[float]]:
     out: list[list[float]] = [[] for _ in fns]
-    for _ in range(rounds):
-        for fn, times, ctx in zip(fns, out, wrap):
+    for r in range(rounds):
+        order = list(zip(fns, out, wrap))
+        for fn, times, ctx in order if r % 2 == 0 else order[::-1]:  # neither side always first
             with ctx():
                 gc.collect()
                 gc.disable()
