@@ -117,8 +117,11 @@ def _hot_vendor(plan: MatmulPlan, call: MatmulCall) -> VendorRoute:
         def matmul_entry(a: torch.Tensor, b: torch.Tensor, out: None = None) -> torch.Tensor:
             return torch.matmul(a, b)
 
+        # the table runs mm / bmm on the caller's operands: only where the check kept their shapes
+        # (no batch folded into M, no 1-D operand promoted: the result has the operands' rank)
         a, b = call.a, call.b
-        if (a.dim() == 2 and b.dim() == 2) or (a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]):
+        kept = len(call.out_shape) == a.dim() == b.dim()
+        if kept and (a.dim() == 2 or (a.dim() == 3 and a.shape[0] == b.shape[0])):
             spec = NativeSpec("matmul", tensors=(0, 1), size=tuple(call.out_shape))  # mm / bmm, as torch.matmul
             matmul_entry.native = lambda canon: spec  # type: ignore[attr-defined]
         return AtenRoute(matmul_entry, "torch.matmul")

@@ -161,6 +161,13 @@ def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
                 if i == 1:
                     op._native.take_hits()
             assert op._native.take_hits() == 3, op.name
+        # matmul forms the check reshapes (a batch folded into M, a 1-D operand promoted): the
+        # table's mm / bmm would see the caller's shapes, so it does not take them
+        for a_shape, b_shape in (((2, 6, 40), (40, 24)), ((40,), (40, 24)), ((6, 40), (40,))):
+            for _ in range(4):
+                a, b = rand(a_shape, torch.float32, device), rand(b_shape, torch.float32, device)
+                assert torch.equal(_guarded(lambda: matmul(a, b), a, b), torch.matmul(a, b))
+            assert matmul._native.take_hits() == 0, (a_shape, b_shape)
         # a 3-D input that is not contiguous: F.linear does not fold it, nor does the table take it
         x = rand((3, 40, 2), torch.float32, device).transpose(1, 2)
         w = rand((24, 40), torch.float32, device)
