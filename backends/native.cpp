@@ -743,9 +743,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return o.size;
       });
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
-  m.def("set_map_cache", [](bool on) {
-    xk::map_cache_flag() = on;  // probes: off, every TMA map is encoded per launch
-  });
   m.def("set_poison", [](bool on) {
     xk::poison_flag() = on;  // tests: a launched route's result is NaN-filled before its launch
   });

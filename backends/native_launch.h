@@ -13,7 +13,6 @@
 
 #include <cstring>
 #include <string>
-#include <mutex>
 #include <vector>
 
 namespace xk {
@@ -85,22 +84,14 @@ constexpr size_t kMaxParams = 64;
 constexpr size_t kMaxMaps = 4;
 constexpr size_t kMaxRank = 5;
 
-// A TMA tensor map of the kernel, encoded from its base pointer (as cuda_launch.c's record does;
-// reused while the base is the last one: Launch::MapCache): dims and box innermost first, strides
-// in bytes (rank - 1 of them).
+// A TMA tensor map of the kernel, encoded per call from its base pointer (as cuda_launch.c's
+// record does): dims and box innermost first, strides in bytes (rank - 1 of them).
 struct MapSpec {
   int param = 0, dtype = 0, swizzle = 0, fill = 0;
   uint32_t rank = 0;
   uint64_t dims[kMaxRank] = {}, strides[kMaxRank] = {};
   uint32_t box[kMaxRank] = {}, elem_strides[kMaxRank] = {1, 1, 1, 1, 1};
 };
-
-// Whether a launch reuses the tensor map it encoded for the same base pointer (on unless a probe
-// turns it off to time what the encoding costs).
-inline std::atomic<bool>& map_cache_flag() {
-  static std::atomic<bool> on{true};
-  return on;
-}
 
 inline bool hook_calls(const py::object& hook) {  // a Triton launch hook chain with hooks installed
   if (!hook) return false;
@@ -117,15 +108,6 @@ struct Launch {
   std::vector<MapSpec> maps;
   py::object pylaunch;            // Python launch function of the tensors, returning whether it launched
   py::object enter_hook, exit_hook;  // Triton's launch hook chains (checked where the GIL is held)
-  // Per tensor map, the last base pointer and the map encoded for it: a map is fixed but for its
-  // base (the route's signature fixes dims, strides, box), and a weight's base is the same call
-  // after call, so its encoding (cuTensorMapEncodeTiled) is done once.
-  struct MapCache {
-    std::mutex lock;
-    uint64_t base[kMaxMaps] = {};
-    alignas(128) unsigned char map[kMaxMaps][128] = {};
-  };
-  std::shared_ptr<MapCache> map_cache = std::make_shared<MapCache>();
 
   bool empty() const { return !function && !pylaunch; }
 
@@ -160,15 +142,6 @@ struct Launch {
       }
       const size_t k = static_cast<size_t>(-1 - ptr_slot[i]);
       const MapSpec& m = maps[k];
-      params[m.param] = map_buf[k];
-      const bool cached = map_cache_flag().load(std::memory_order_relaxed);
-      if (cached) {
-        std::lock_guard<std::mutex> g(map_cache->lock);
-        if (map_cache->base[k] == p && p != 0) {
-          std::memcpy(map_buf[k], map_cache->map[k], 128);
-          continue;
-        }
-      }
       TORCH_CHECK(d.encode_tiled, "xkernels native launch: the driver has no cuTensorMapEncodeTiled");
       std::memset(map_buf[k], 0, 128);
       CUresult e = d.encode_tiled(map_buf[k], m.dtype, m.rank, reinterpret_cast<void*>(p), m.dims, m.strides, m.box,
@@ -179,11 +152,7 @@ struct Launch {
         if (d.errstr) d.errstr(e, &msg);
         TORCH_CHECK(false, "xkernels native launch: cuTensorMapEncodeTiled failed: ", msg);
       }
-      if (cached) {
-        std::lock_guard<std::mutex> g(map_cache->lock);
-        map_cache->base[k] = p;
-        std::memcpy(map_cache->map[k], map_buf[k], 128);
-      }
+      params[m.param] = map_buf[k];
     }
     const c10::Device dev = ts[0].device();
     void* ctx = nullptr;
