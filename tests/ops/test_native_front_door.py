@@ -176,6 +176,28 @@ def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
         assert linear._native.take_hits() == 0
 
 
+@pytest.mark.parametrize("rows", [16, 512])
+def test_repeats_follow_each_calls_pointers_and_data(backend, device, ext, rows):
+    """Repeats from the table with calls alternating between inputs held alive (other pointers),
+    an output written through ``out=``, and a weight changed in place between calls (same
+    pointer, new data): each gives the result of its own operands."""
+    cuda = device.type == "cuda"
+    dt, n = (torch.bfloat16, 768) if cuda else (torch.float32, 48)  # (the interpreter computes slowly)
+    rows = rows if cuda else rows // 16
+    w, b = rand((n, n), dt, device), rand((n,), dt, device)
+    xs = [rand((rows, n), dt, device) for _ in range(3)]
+    o = torch.empty((rows, n), dtype=dt, device=device)
+    for i in range(8):
+        x = xs[i % 3]
+        if i % 4 == 3:
+            with torch.no_grad():
+                w.mul_(-0.5)
+        want = x.double() @ w.double().t() + b.double()
+        assert_close(linear(x, w, b), want, dt, scale=n ** 0.5)
+        assert_close(matmul(x, w.t(), out=o), want - b.double(), dt, scale=n ** 0.5)
+    assert linear._native.take_hits() + matmul._native.take_hits() > 0
+
+
 def test_what_the_table_does_not_run_goes_to_python(backend, device, ext, monkeypatch):
     x, y = rand((6, 40), torch.float32, device), rand((6, 40), torch.float32, device)
     for _ in range(2):
