@@ -12,8 +12,10 @@ column there is torch computing on the CPU: shown for scale only, not comparable
 
 Each form: warmed up (its first call plans and leaves its route), then ``--rounds`` rounds of
 ``--calls`` back-to-back calls, the forms' rounds interleaved with torch's (the order reversed on
-odd rounds, so neither side always runs first); reported: the median
-and the minimum over rounds of µs per call. The last rows are whole patched blocks (a BERT output
+odd rounds, so neither side always runs first); reported: the median and the minimum over rounds
+of µs per call, and the median over rounds of torch's time over xkernels' in the same round
+(``torch/xk``: above 1, xkernels' call costs the host less; a drift of the host's speed meets
+both sides of a round). The last rows are whole patched blocks (a BERT output
 block, a Llama decoder layer's add+norm steps, a Llama MLP) against torch's modules
 (``bench_host_blocks.py``); their full-path column counts the full paths of one forward's op calls.
 The ``training:`` rows time a forward and backward per call with gradients required (a linear
@@ -160,6 +162,7 @@ def measure(device: torch.device, calls: int, rounds: int) -> list[dict[str, Any
                     ours()
         rows.append({"form": label, "us_median": statistics.median(mine), "us_min": min(mine),
                      "torch_us_median": statistics.median(torch_times), "torch_us_min": min(torch_times),
+                     "torch_over_ours": statistics.median(t / m for t, m in zip(torch_times, mine)),
                      "full_path": full[0] / calls})
     return rows
 
@@ -188,8 +191,10 @@ def run(device_name: str | None, calls: int, rounds: int) -> int:
         return 2
     with ctx:
         rows = measure(device, calls, rounds)
-    print(f"{'form':42} {'xkernels us':>16} {'torch us':>16}  full paths per call (0: every repeat hot)")
+    print(f"{'form':42} {'xkernels us':>16} {'torch us':>16} {'torch/xk':>8}  full paths per call "
+          "(0: every repeat hot)")
     for r in rows:
         print(f"{r['form']:42} {r['us_median']:8.2f} ({r['us_min']:5.2f}) "
-              f"{r['torch_us_median']:8.2f} ({r['torch_us_min']:5.2f})  {r['full_path']:.2f}", flush=True)
+              f"{r['torch_us_median']:8.2f} ({r['torch_us_min']:5.2f}) {r['torch_over_ours']:7.3f}x  "
+              f"{r['full_path']:.2f}", flush=True)
     return 0
