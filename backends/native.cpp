@@ -38,6 +38,7 @@
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/linear_native.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #ifdef XK_ATEN_CUDA
 #include <ATen/ops/add_cuda_dispatch.h>
@@ -620,6 +621,75 @@ void remove_override(Override& ov) {
       if (o.get() == &ov) o.reset();
 }
 
+// -- enable()'s aten::linear: F.linear's training calls as one grad_fn --------------------------
+// A kernel of aten::linear on the Autograd key of CUDA / CPU (aten's own is
+// CompositeImplicitAutograd: it decomposes into addmm / mm, each routed by the overrides above).
+// A call with a gradient to record that LinearBackward covers (xk::one_node), on plain tensors,
+// outside any dispatch mode or functorch transform, is recorded as that one grad_fn: at::linear's
+// decomposition runs below autograd (its addmm / mm still reach the overrides above) and the
+// backward makes PyTorch's own ATen calls. Anything else runs aten's composite kernel, exactly as
+// the dispatcher would.
+struct LinearOverride {
+  std::unique_ptr<torch::Library> lib;
+  std::atomic<int64_t> hits{0};  // calls recorded as one grad_fn
+};
+
+std::mutex g_linear_lock;
+std::shared_ptr<LinearOverride> g_linear[2];  // AutogradCUDA, AutogradCPU
+
+bool plain_tensor(const at::Tensor& t) {
+  static const c10::DispatchKeySet other({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                          c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                          c10::DispatchKey::FuncTorchGradWrapper});
+  return t.layout() == c10::kStrided && !t.is_nested() && !t.key_set().has_any(other);
+}
+
+template <int Slot>
+at::Tensor linear_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  const at::Tensor* bp = b.has_value() && b->defined() ? &*b : nullptr;
+  // (a use_backend() block does not matter here: the addmm / mm inside decide the backend)
+  if (!t_in_python && at::GradMode::is_enabled() && !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
+      !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) &&
+      plain_tensor(x) && plain_tensor(w) && (!bp || plain_tensor(*bp)) &&
+      torch::autograd::compute_requires_grad(x, w, bp ? *bp : at::Tensor()) && xk::one_node(x, w, bp)) {
+    std::shared_ptr<LinearOverride> ov;
+    {
+      std::lock_guard<std::mutex> g(g_linear_lock);
+      ov = g_linear[Slot];
+    }
+    if (ov) ov->hits++;
+    return xk::linear_one_node(xk::Route::kNone, 0.0, x, w, bp);
+  }
+  return at::native::linear(x, w, b);
+}
+
+std::shared_ptr<LinearOverride> override_linear(const std::string& key) {
+  const int slot = slot_of(key);
+  TORCH_CHECK(slot < 2, "xkernels native override: linear's one-grad_fn kernel is for CUDA and CPU, not ", key);
+  auto ov = std::make_shared<LinearOverride>();
+  {
+    std::lock_guard<std::mutex> g(g_linear_lock);
+    TORCH_CHECK(!g_linear[slot], "xkernels native override: linear on ", key, " is registered already");
+    g_linear[slot] = ov;
+  }
+  QuietWarnings quiet;  // "Overriding a previously registered kernel"
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  const auto dk = slot == 0 ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
+  ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dk, __FILE__, __LINE__);
+  if (slot == 0)
+    ov->lib->impl("linear", TORCH_FN(linear_kernel<0>));
+  else
+    ov->lib->impl("linear", TORCH_FN(linear_kernel<1>));
+  return ov;
+}
+
+void remove_linear(LinearOverride& ov) {
+  ov.lib.reset();  // aten's composite kernel is in effect again
+  std::lock_guard<std::mutex> g(g_linear_lock);
+  for (auto& o : g_linear)
+    if (o.get() == &ov) o.reset();
+}
+
 void store(Override& ov, const Key& k, std::shared_ptr<Entry> e) {
   if (!k.ok) return;
   const uint64_t h = k.hash();
@@ -742,6 +812,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         std::lock_guard<std::mutex> g(o.lock);
         return o.size;
       });
+  py::class_<LinearOverride, std::shared_ptr<LinearOverride>>(m, "LinearOverride")
+      .def("remove", &remove_linear)
+      .def("clear", [](LinearOverride&) {})
+      .def_property_readonly("entries", [](LinearOverride&) { return 0; })  // it remembers no signatures
+      .def("take_hits", [](LinearOverride& o) {  // (0, {"one grad_fn": calls}) since the last take
+        py::dict why;
+        if (int64_t n = o.hits.exchange(0)) why[py::str("one grad_fn (xkernels::LinearBackward)")] = n;
+        return py::make_tuple(0, why);
+      });
+  m.def("override_linear", &override_linear, py::arg("key"));
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
   m.def("set_poison", [](bool on) {
     xk::poison_flag() = on;  // tests: a launched route's result is NaN-filled before its launch

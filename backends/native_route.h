@@ -86,14 +86,14 @@ struct Route {
   ~Route() { drop_python(launch); }
 };
 
-// The activation of a linear route, out of place (as xkernels' activate()).
-inline at::Tensor activate(const Route& r, const at::Tensor& y) {
-  switch (r.act) {
+// A linear route's activation, out of place (as xkernels' activate()); slope: leaky_relu's.
+inline at::Tensor activate(Route::Act act, double slope, const at::Tensor& y) {
+  switch (act) {
     case Route::kRelu: return at::relu(y);
     case Route::kGelu: return at::gelu(y, "none");
     case Route::kGeluTanh: return at::gelu(y, "tanh");
     case Route::kSilu: return at::silu(y);
-    case Route::kLeakyRelu: return at::leaky_relu(y, r.slope);
+    case Route::kLeakyRelu: return at::leaky_relu(y, slope);
     default: return y;
   }
 }
@@ -188,14 +188,17 @@ inline bool one_node(const at::Tensor& x, const at::Tensor& w, const at::Tensor*
   return !at::autocast::is_autocast_enabled(x.device().type()) && !saved_tensor_hooks();
 }
 
-inline at::Tensor linear_one_node(const Route& r, const at::Tensor& x, const at::Tensor& w, const at::Tensor* b) {
+// F.linear + the activation `act` (slope: leaky_relu's) recorded as one LinearBackward (callers
+// checked `one_node`).
+inline at::Tensor linear_one_node(Route::Act act_kind, double slope, const at::Tensor& x, const at::Tensor& w,
+                                  const at::Tensor* b) {
   at::Tensor pre, y;
   {
     // at::linear below autograd: its kernels and its branches (addmm of the folded input with a
     // bias, else matmul's mm), no node recorded and no view tracked (the result is the node's)
     at::AutoDispatchBelowADInplaceOrView below;
     pre = at::linear(x, w, b ? c10::optional<at::Tensor>(*b) : c10::nullopt);
-    y = activate(r, pre);
+    y = activate(act_kind, slope, pre);
   }
   const at::Tensor none;
   const at::Tensor& bias = b ? *b : none;
@@ -203,9 +206,9 @@ inline at::Tensor linear_one_node(const Route& r, const at::Tensor& x, const at:
   auto node = make_node<LinearBackward>();
   auto* raw = static_cast<LinearBackward*>(node.get());
   raw->set_next_edges(torch::autograd::collect_next_edges(x, w, bias));
-  const bool act = r.act != Route::kNone;
-  raw->act = r.act;
-  raw->slope = r.slope;
+  const bool act = act_kind != Route::kNone;
+  raw->act = act_kind;
+  raw->slope = slope;
   raw->n = w.size(0);
   raw->has_bias = b != nullptr;
   raw->x_size = x.sizes().vec();
@@ -266,9 +269,9 @@ at::Tensor run_route(const Route& r, Get&& get) {
   if (r.kind == Route::kTorchLinear) {  // with autograd, as F.linear and xkernels' activate()
     const at::Tensor* bias = r.tensors[2] == kAbsent ? nullptr : get(r.tensors[2]);
     if ((r.tensors[2] != kAbsent && !bias) || (a->is_cuda() && capturing(a->device()))) return {};
-    if (one_node(*a, *b, bias)) return linear_one_node(r, *a, *b, bias);
+    if (one_node(*a, *b, bias)) return linear_one_node(r.act, r.slope, *a, *b, bias);
     at::Tensor y = at::linear(*a, *b, bias ? c10::optional<at::Tensor>(*bias) : c10::nullopt);
-    return activate(r, y);
+    return activate(r.act, r.slope, y);
   }
   at::AutoDispatchBelowADInplaceOrView below;  // no gradient is recorded here (callers made sure)
   at::Tensor result = at::empty(r.size, a->options());

@@ -23,7 +23,12 @@ the same aten op, whose kernel is never overridden, so a routed call can never r
 ``aten::linear`` and ``aten::matmul`` are CompositeImplicitAutograd: aten decomposes them into
 ``addmm`` / ``mm`` / ``bmm`` above the backend keys, so they are routed as those (``ops=["linear"]``
 routes ``addmm`` and ``mm``; ``ops=["matmul"]`` routes ``mm`` and ``bmm``). A kernel of their own
-on a backend key would take them away from autograd. Fused activations need ``xkernels.patch``.
+on a backend key would take them away from autograd. ``ops=["linear"]`` also registers, where the
+native extension is loaded, a C++ kernel of ``aten::linear`` on the Autograd key of CUDA / CPU:
+a training call it covers is recorded as one grad_fn (``xkernels::LinearBackward``, PyTorch's
+gradients from PyTorch's ATen calls, fewer autograd nodes for the host), its addmm / mm still
+routed; every other call runs aten's composite kernel (``backends/native.cpp``). Fused
+activations need ``xkernels.patch``.
 """
 
 from __future__ import annotations
@@ -51,11 +56,14 @@ OP_GROUPS: dict[str, tuple[str, ...]] = {
     "bmm": ("bmm",),
     "addmm": ("addmm",),
     "matmul": ("mm", "bmm"),
-    "linear": ("addmm", "mm"),
+    "linear": ("addmm", "mm", "linear"),
     "add.Tensor": ("add.Tensor",),
     "add_.Tensor": ("add_.Tensor",),
 }
-ALL_ATEN = ("add.Tensor", "add_.Tensor", "mm", "bmm", "addmm")
+ALL_ATEN = ("add.Tensor", "add_.Tensor", "mm", "bmm", "addmm", "linear")
+#: aten overloads routed only from C++ (no Python override: nothing is registered for them while
+#: the native extension is not loaded)
+NATIVE_ONLY = frozenset({"linear"})
 
 _lock = threading.RLock()
 _selected: frozenset[str] = frozenset()
@@ -179,7 +187,7 @@ def _native_override(name: str, key: str) -> Any:
         if mod is None:
             native.module()  # a later enable() finds it built
         return None
-    handle = mod.override_op(name, key, _OVERRIDES[name])
+    handle = mod.override_linear(key) if name == "linear" else mod.override_op(name, key, _OVERRIDES[name])
     _natives[(name, key)] = handle
     return _NativeOverride(handle, (name, key))
 
@@ -212,6 +220,8 @@ def _apply(selected: frozenset[str]) -> None:
             _natives.pop(slot, None)
         for name, key in sorted(wanted - set(_libraries)):
             lib = _native_override(name, key)
+            if lib is None and name in NATIVE_ONLY:
+                continue  # a later enable() registers it once the extension is loaded
             if lib is None:
                 lib = torch.library.Library("aten", "IMPL")
                 with warnings.catch_warnings():  # "Overriding a previously registered kernel": the point here

@@ -546,3 +546,47 @@ def test_native_matmul_overrides_run_aten_decisions_from_cpp(routed_matmul):
     assert counts["mm"] == {"aten: dtype torch.float64": 3} and counts["addmm"] == {"aten: dtype torch.float64": 3}
     # the first call of each went through the Python override (whose _repeat found no route)
     assert sorted(seen) == ["addmm", "mm"], seen
+
+
+def test_enable_records_linear_training_calls_as_one_node(routed_matmul):
+    """Under ``enable(ops=["linear"])`` with the extension loaded, ``F.linear``'s training calls
+    are recorded as one grad_fn (aten::linear's C++ kernel on the Autograd key), their addmm / mm
+    still routed: outputs and every gradient bit-equal to torch's own (the routes here are the
+    device's BLAS), counted; a call outside what the node covers (no gradient, a non-contiguous
+    input, saved-tensor hooks) runs aten's composite kernel, and disable() restores it."""
+    import xkernels
+    from xkernels import routing
+
+    seen, device = routed_matmul
+    key = "CUDA" if device.type == "cuda" else "CPU"
+    assert isinstance(routing._libraries[("linear", key)], routing._NativeOverride)
+    routing.routing_counts(reset=True)
+    for shape in ((6, 5), (2, 3, 5)):
+        for i in range(3):
+            x = torch.randn(shape, device=device, requires_grad=True)
+            w = torch.randn(7, 5, device=device, requires_grad=True)
+            b = torch.randn(7, device=device, requires_grad=True)
+            y = torch.nn.functional.linear(x, w, b)
+            assert y.grad_fn.name() == "xkernels::LinearBackward"
+            dy = torch.randn_like(y)
+            got = torch.autograd.grad(y, (x, w, b), dy)
+            # PyTorch's graph of the same call: at::linear's decomposition, recorded by autograd
+            xr, wr, br = (t.detach().clone().requires_grad_() for t in (x, w, b))
+            yr = torch.addmm(br, xr.reshape(-1, 5), wr.t()).view(*shape[:-1], 7)
+            assert yr.grad_fn.name() == "ViewBackward0" or yr.grad_fn.name() == "AddmmBackward0"
+            want = torch.autograd.grad(yr, (xr, wr, br), dy)
+            assert torch.equal(y, yr)
+            for g, e in zip(got, want):
+                assert torch.equal(g, e)
+    counts = routing.routing_counts()
+    assert counts["linear"] == {"one grad_fn (xkernels::LinearBackward)": 6}, counts
+    x, w = torch.randn(5, 6, device=device).t().requires_grad_(), torch.randn(7, 5, device=device)
+    assert torch.nn.functional.linear(x, w).grad_fn.name() != "xkernels::LinearBackward"  # not contiguous
+    with torch.no_grad():
+        assert torch.nn.functional.linear(x, w).grad_fn is None
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        y = torch.nn.functional.linear(x.detach().contiguous().requires_grad_(), w)
+        assert y.grad_fn.name() != "xkernels::LinearBackward"
+    xkernels.disable()
+    x = torch.randn(6, 5, device=device, requires_grad=True)
+    assert torch.nn.functional.linear(x, torch.randn(7, 5, device=device)).grad_fn.name() != "xkernels::LinearBackward"
