@@ -562,7 +562,7 @@ def test_enable_records_linear_training_calls_as_one_node(routed_matmul):
     assert isinstance(routing._libraries[("linear", key)], routing._NativeOverride)
     routing.routing_counts(reset=True)
     for shape in ((6, 5), (2, 3, 5)):
-        for i in range(3):
+        for _ in range(3):
             x = torch.randn(shape, device=device, requires_grad=True)
             w = torch.randn(7, 5, device=device, requires_grad=True)
             b = torch.randn(7, device=device, requires_grad=True)
