@@ -516,8 +516,10 @@ def test_enable_launches_matmul_routes_from_cpp(monkeypatch):
             a, w, bias = (rand((6, 40), torch.float32, device), rand((40, 24), torch.float32, device),
                           rand((24,), torch.float32, device))
             with Unchanged(a, w, bias):
-                assert_close(a @ w, a.double() @ w.double(), torch.float32)
-                assert_close(torch.addmm(bias, a, w), a.double() @ w.double() + bias.double(), torch.float32)
+                # (K = 40: the matmul suite's tolerance, which grows with sqrt(K))
+                assert_close(a @ w, a.double() @ w.double(), torch.float32, scale=40 ** 0.5)
+                assert_close(torch.addmm(bias, a, w), a.double() @ w.double() + bias.double(), torch.float32,
+                             scale=40 ** 0.5)
         counts = routing.routing_counts()
     finally:
         xkernels.disable()
