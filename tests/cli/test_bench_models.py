@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 
 import pytest
 import torch
@@ -60,7 +61,7 @@ def test_tiny_llama_patched_on_the_interpreter(tmp_path, capsys):
         assert (r["patch_replaced"], r["patch_fused"], r["patch_left"]) == (11, 0, 0)  # q, k, v, o, down x 2 + lm_head
         assert r["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
                                 "linear": 11}
-        assert r["rounds"] == 1 and r["wall_round_ms"] == [r["wall_ms"]]  # tiny: one round
+        assert r["rounds"] == r["wall_steps"] == 1 and r["wall_round_ms"] == [r["wall_ms"]]  # tiny: one round
     assert "gated mlp 2" in out and "llama            eager     patch        forward " in out
 
 
@@ -153,30 +154,74 @@ def test_compile_mode_on_cpu(tmp_path, capsys):
     assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "linear + activation": 2, "linear": 11}
 
 
-def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
-    """Each round times every way with the model in that way's state (patch applied and undone
-    around it), the order reversed every other round; medians and p20/p80 over the rounds."""
-    require_transformers()
+def _way_state(model):
     import xkernels
+
+    patched = any(isinstance(m, xkernels.nn.Linear | xkernels.nn.Conv1D) for m in model.modules())
+    return ("patch" if patched else "torch") + ("+enable" if xkernels.routing._selected else "")
+
+
+def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
+    """Each round times every way's device and host time with the model in that way's state
+    (patch applied and undone around it), the order reversed every other round; wall time comes
+    from per-step rounds (``_alternating_walls``); medians and p20/p80 over the rounds, speedups
+    the medians of per-round ratios."""
+    require_transformers()
     from xkernels.harness import resolve_target
 
     seen = []
 
     def fake_time(runner, target, settings):
-        patched = any(isinstance(m, xkernels.nn.Linear | xkernels.nn.Conv1D) for m in runner.model.modules())
-        seen.append(("patch" if patched else "torch") + ("+enable" if xkernels.routing._selected else ""))
-        return {p: (float(len(seen)), 1.0, 2.0 * len(seen)) for p in ("forward", "forward+backward")}
+        seen.append(_way_state(runner.model))
+        return {p: (1.0, 2.0 * len(seen)) for p in ("forward", "forward+backward")}
+
+    def fake_walls(ways, runners, model, target, rounds):
+        assert rounds == 3  # a tiny model: one step round per round (else STEP_ROUNDS_PER_ROUND)
+        return {(w, p): [float(i + 1 + 10 * ways.index(w)) for i in range(rounds)]
+                for w in ways for p in ("forward", "forward+backward")}
 
     monkeypatch.setattr(bench_models, "_time", fake_time)
+    monkeypatch.setattr(bench_models, "_alternating_walls", fake_walls)
     rows = bench_models.run(bench_models.zoo_spec("gpt2", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
                             rounds=3, ways=("torch", "patch", "enable"), log=lambda s: None)
     assert seen == ["torch", "patch", "torch+enable", "torch+enable", "patch", "torch", "torch", "patch",
                     "torch+enable"]
     fwd = next(r for r in rows if r["way"] == "patch" and r["pass"] == "forward")
-    assert fwd["wall_round_ms"] == [2.0, 5.0, 8.0] and fwd["wall_ms"] == 5.0
-    assert fwd["wall_p20_ms"] == pytest.approx(3.2) and fwd["wall_p80_ms"] == pytest.approx(6.8)
-    assert fwd["speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1] and fwd["device_speedup"] == 1.0
-    assert fwd["host_round_ms"] == [4.0, 10.0, 16.0] and fwd["host_speedup"] == fwd["speedup"]
+    n = 3
+    assert fwd["wall_round_ms"] == [11.0 + i for i in range(n)] and fwd["wall_steps"] == n
+    assert fwd["wall_ms"] == statistics.median(11.0 + i for i in range(n))
+    assert fwd["speedup"] == pytest.approx(statistics.median((1.0 + i) / (11.0 + i) for i in range(n)))
+    assert fwd["host_round_ms"] == [4.0, 10.0, 16.0] and fwd["device_speedup"] == 1.0
+    assert fwd["host_speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1]
+
+
+def test_alternating_walls_switch_way_every_step():
+    """Per round and pass: a warm-up and a timed step of each way in that way's state, the ways
+    switching every step, their order reversed every other round."""
+    require_transformers()
+    from xkernels.harness import model_zoo, resolve_target
+
+    target = resolve_target(backend="cpu")
+    built = model_zoo.build(model_zoo.zoo_config("gpt2", "tiny"), "--model gpt2", torch.float32, target.device, 1, 4,
+                            zoo_name="gpt2", size="tiny")
+    seen = []
+
+    class Runner:
+        model = built.model
+
+        def forward(self):
+            seen.append(("forward", _way_state(built.model)))
+
+        def train_step(self):
+            seen.append(("forward+backward", _way_state(built.model)))
+
+    ways = ["torch", "patch"]
+    walls = bench_models._alternating_walls(ways, {w: Runner() for w in ways}, built.model, target, 2)
+    assert set(walls) == {(w, p) for w in ways for p in ("forward", "forward+backward")}
+    assert all(len(v) == 2 and all(t >= 0 for t in v) for v in walls.values())
+    steps = [(p, w) for r in range(2) for p in ("forward", "forward+backward")
+             for w in (ways if r % 2 == 0 else ways[::-1]) for _ in range(2)]
+    assert seen == steps
 
 
 def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):

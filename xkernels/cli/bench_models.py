@@ -14,9 +14,12 @@ each with the backend's events: *wall* time (the model as the host drives it; wh
 queues kernels slower than the device runs them, host time) and *device* time (the device held
 busy until the host has queued the whole call: the kernels alone). The ways are timed in
 interleaved rounds on the same model (``patch`` applied and undone around each; the order
-reversed every other round), so that a drift of the host's speed meets them alike: per way the
-median over rounds and the 20th/80th percentiles, speedups the median of per-round ratios to
-torch. Each way first runs once for its output and gradients, compared with the torch way's.
+reversed every other round), so that a drift of the host's speed meets them alike: device and
+host time in turns of a few calls per way, wall time one step at a time with the ways switching
+every step (a warm-up step after each switch; ``STEP_ROUNDS_PER_ROUND`` such rounds per round).
+Per way: the median over rounds and the 20th/80th percentiles; speedups: the median of per-round
+ratios to torch. Each way first runs once for its output and gradients, compared with the torch
+way's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ MODEL_SETTINGS = perf.Settings(warmup=2, warmup_s=0.05, min_reps=3, max_reps=20,
 TINY_SETTINGS = perf.Settings(warmup=1, warmup_s=0.0, min_reps=1, max_reps=3, budget_s=0.0, flush=False)
 #: timing rounds per way (each a full measurement; the host's speed drifts between them)
 ROUNDS = 9
+#: rounds of per-step wall samples (ways switching every step) per timing round
+STEP_ROUNDS_PER_ROUND = 3
 
 
 @dataclass
@@ -155,13 +160,15 @@ def _run_mode(mode: str, built: model_zoo.Built, base: dict[str, Any], target: T
             if way == "torch":  # nothing to compare the others with
                 return errors
     timed = [w for w in order if w in checked]
-    times: dict[tuple[str, str], list[tuple[float, float, float]]] = {(w, p): [] for w in timed for p in PASSES}
+    times: dict[tuple[str, str], list[tuple[float, float]]] = {(w, p): [] for w in timed for p in PASSES}
     try:
         for r in range(rounds):
             for way in timed if r % 2 == 0 else timed[::-1]:
                 with _Way(way, model):
                     for p, timing in _time(runners[way], target, settings).items():
                         times[(way, p)].append(timing)
+        steps = rounds if settings is TINY_SETTINGS else rounds * STEP_ROUNDS_PER_ROUND  # tiny: a smoke run
+        walls = _alternating_walls(timed, runners, model, target, steps)
     except Exception as exc:  # a replay or compiled call failing while timed: this mode's rows are lost
         errors.append({**base, "mode": mode, "way": way, "pass": "-", "error": f"while timed: {_first_line(exc)}"})
         log(f"  {mode} {way}: {errors[-1]['error']}")
@@ -172,26 +179,30 @@ def _run_mode(mode: str, built: model_zoo.Built, base: dict[str, Any], target: T
     for way in timed:
         for p in PASSES:
             rows.append(_row({**base, "mode": mode, "way": way, "pass": p}, times[(way, p)], times[("torch", p)],
-                             checked[way], runners[way].setup_s, built.tokens))
+                             walls[(way, p)], walls[("torch", p)], checked[way], runners[way].setup_s,
+                             built.tokens))
     for runner in runners.values():
         runner.release()
     return rows + errors
 
 
-def _row(head: dict[str, Any], mine: list[tuple[float, float, float]], theirs: list[tuple[float, float, float]],
-         checked: dict[str, Any], setup_s: float, tokens: int) -> dict[str, Any]:
-    wall, dev, host = [w for w, _, _ in mine], [d for _, d, _ in mine], [h for _, _, h in mine]
+def _row(head: dict[str, Any], mine: list[tuple[float, float]], theirs: list[tuple[float, float]],
+         wall: list[float], torch_wall: list[float], checked: dict[str, Any], setup_s: float,
+         tokens: int) -> dict[str, Any]:
+    """A row: device and host from the turns (``mine``, ``theirs``: per round (device, host)),
+    wall from the per-step samples (``wall``, ``torch_wall``: per step round)."""
+    dev, host = [d for d, _ in mine], [h for _, h in mine]
     row = {**head, "wall_ms": _quantile(wall, 0.5), "wall_p20_ms": _quantile(wall, 0.2),
            "wall_p80_ms": _quantile(wall, 0.8), "device_ms": _quantile(dev, 0.5),
            "device_p20_ms": _quantile(dev, 0.2), "device_p80_ms": _quantile(dev, 0.8),
            "host_ms": _quantile(host, 0.5), "host_p20_ms": _quantile(host, 0.2), "host_p80_ms": _quantile(host, 0.8),
-           "torch_wall_ms": _quantile([w for w, _, _ in theirs], 0.5),
-           "torch_device_ms": _quantile([d for _, d, _ in theirs], 0.5),
-           "torch_host_ms": _quantile([h for _, _, h in theirs], 0.5),
-           "speedup": _quantile([t[0] / m[0] for t, m in zip(theirs, mine)], 0.5),
-           "device_speedup": _quantile([t[1] / m[1] for t, m in zip(theirs, mine)], 0.5),
-           "host_speedup": _quantile([t[2] / m[2] for t, m in zip(theirs, mine)], 0.5),
-           "tokens_per_s": tokens / (_quantile(wall, 0.5) * 1e-3), "rounds": len(mine),
+           "torch_wall_ms": _quantile(torch_wall, 0.5),
+           "torch_device_ms": _quantile([d for d, _ in theirs], 0.5),
+           "torch_host_ms": _quantile([h for _, h in theirs], 0.5),
+           "speedup": _quantile([t / m for t, m in zip(torch_wall, wall)], 0.5),
+           "device_speedup": _quantile([t[0] / m[0] for t, m in zip(theirs, mine)], 0.5),
+           "host_speedup": _quantile([t[1] / m[1] for t, m in zip(theirs, mine)], 0.5),
+           "tokens_per_s": tokens / (_quantile(wall, 0.5) * 1e-3), "rounds": len(mine), "wall_steps": len(wall),
            "wall_round_ms": wall, "device_round_ms": dev, "host_round_ms": host, "setup_s": setup_s,
            "max_abs_dev": checked["dev"]}
     if head["pass"] == "forward+backward":
@@ -241,10 +252,32 @@ def _outputs(runner: Any, ref: dict[str, Any]) -> dict[str, Any]:
     return {"dev": (out.double() - ref["out"].double()).abs().max().item(), "gdev": _grad_deviation(grads, ref["grads"])}
 
 
-def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tuple[float, float, float]]:
-    """Per pass: (wall, device, host) ms. *Wall*: the device is held only ``perf.HOLD_US`` ahead, so
-    where the host is slower than the kernels (a whole model's eager forward usually is) the host's
-    time shows. *Device*: the device is held for twice the host's time per call first, so the
+def _alternating_walls(ways: list[str], runners: dict[str, Any], model: torch.nn.Module, target: Target,
+                       rounds: int) -> dict[tuple[str, str], list[float]]:
+    """Wall ms per (way, pass): ``rounds`` rounds, each one step of every way per pass (a warm-up
+    step in that way first), the ways switching every step and their order reversed every other
+    round. A way's sample and torch's are then tens of milliseconds apart, not the seconds of a
+    turn: an H100 host's drift over seconds had put BERT-base's patched forward at 0.87x in
+    turn-based rounds and 1.12x switching every step (results/2026-11-27-h100-one-linear-node)."""
+    walls: dict[tuple[str, str], list[float]] = {(w, p): [] for w in ways for p in PASSES}
+    for r in range(rounds):
+        for p, attr in zip(PASSES, ("forward", "train_step")):
+            for way in ways if r % 2 == 0 else ways[::-1]:
+                with _Way(way, model):
+                    fn = getattr(runners[way], attr)
+                    fn()
+                    target.backend.synchronize(target.device)
+                    t0 = time.perf_counter()
+                    fn()
+                    target.backend.synchronize(target.device)
+                    walls[(way, p)].append((time.perf_counter() - t0) * 1e3)
+    model.zero_grad(set_to_none=True)
+    return walls
+
+
+def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tuple[float, float]]:
+    """Per pass: (device, host) ms (wall: :func:`_alternating_walls`). *Device*: the device is
+    held for twice the host's time per call first, so the
     kernels run back to back: their own speed, without the host's. *Host*: the host's own time to
     queue one pass, started on an idle device (``perf_counter`` around the call; median of
     ``settings.min_reps`` calls). Where the host is the slower side (a host-bound model) the device
@@ -255,12 +288,13 @@ def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tup
     result = {}
     for p, fn in zip(PASSES, (runner.forward, runner.train_step)):
         call = lambda _: fn()
-        t = perf.time_calls(call, [None], target, settings)
+        for _ in range(max(settings.warmup, 1)):
+            fn()
         t0 = time.perf_counter()
         fn()
         host_us = (time.perf_counter() - t0) * 1e6  # queueing one call, at most (it may wait on the device)
         d = perf.time_calls(call, [None], target, settings, hold_us=max(perf.HOLD_US, 2 * host_us))
-        result[p] = (t.median_ms, d.median_ms, host_ms(fn, target, max(settings.min_reps, 1)))
+        result[p] = (d.median_ms, host_ms(fn, target, max(settings.min_reps, 1)))
     runner.model.zero_grad(set_to_none=True)
     return result
 
