@@ -27,7 +27,7 @@ on a backend key would take them away from autograd. ``ops=["linear"]`` also reg
 native extension is loaded, a C++ kernel of ``aten::linear`` on the Autograd key of CUDA / CPU:
 a training call it covers is recorded as one grad_fn (``xkernels::LinearBackward``, PyTorch's
 gradients from PyTorch's ATen calls, fewer autograd nodes for the host), its addmm / mm still
-routed; every other call runs aten's composite kernel (``backends/native.cpp``). Fused
+routed; every other call runs aten's composite kernel (``backends/native_overrides.h``). Fused
 activations need ``xkernels.patch``.
 """
 
@@ -160,7 +160,7 @@ def dispatch_keys() -> list[str]:
 
 
 class _NativeOverride:
-    """An override registered from C++ (``backends/native.cpp``: ``override_op``): a repeated
+    """An override registered from C++ (``backends/native_overrides.h``: ``override_op``): a repeated
     signature the Python override handed over is run there without entering Python; the rest
     calls the Python override. ``_destroy`` restores aten's kernel, as a
     ``torch.library.Library``'s does."""

@@ -1,0 +1,548 @@
+// enable()'s overrides registered from C++: aten::add.Tensor / add_.Tensor / mm / bmm / addmm on a
+// backend dispatch key (Override), and aten::linear on the Autograd key (LinearOverride).
+// Included by native.cpp only (its pybind module binds them); see xkernels/routing.py for how
+// they are registered and docs/patching.md for what they run.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/linear_native.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#ifdef XK_ATEN_CUDA
+#include <ATen/ops/add_cuda_dispatch.h>
+#include <ATen/ops/addmm_cuda_dispatch.h>
+#include <ATen/ops/bmm_cuda_dispatch.h>
+#include <ATen/ops/mm_cuda_dispatch.h>
+#endif
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "native_route.h"
+
+namespace xk::overrides {
+
+namespace py = pybind11;
+
+// -- enable()'s overrides, registered from C++ ------------------------------------------------
+// aten::add.Tensor / add_.Tensor / mm / bmm / addmm on a backend dispatch key. A call whose
+// signature (every operand's dtype, device, sizes and strides, a wrapped number's value, alpha)
+// the Python override decided before and handed over is run here: `remember_route` / `remember_add`
+// with a route (xkernels' kernel: allocate or take self, launch), `remember_vendor` /
+// `remember_add` without one (the Python override's decision was aten's own kernel: the device's
+// BLAS route, or an operand xkernels leaves to aten, such as a non-contiguous one). Any other
+// call, every call made while the Python override runs on this thread, and every call while a
+// use_backend() block is open, goes to the Python override (routing.py), which decides as it
+// always did.
+thread_local bool t_in_python = false;
+// use_backend() blocks open anywhere in the process (xkernels.dispatch keeps the count): while
+// one is, a call may belong to another backend than the one an entry was remembered for.
+std::atomic<int> g_overrides_active{0};
+
+enum OpIndex { kAdd = 0, kAddInplace, kMm, kBmm, kAddmm, kOps };
+const char* const kOpNames[kOps] = {"add.Tensor", "add_.Tensor", "mm", "bmm", "addmm"};
+
+using Counter = std::shared_ptr<std::atomic<int64_t>>;
+
+struct Entry {
+  bool vendor = false;  // aten's own kernel (its .out overload); else `route`
+  Counter count;        // vendor: the calls of the Python override's reason for aten, run here
+  std::shared_ptr<const xk::Route> route;  // parameters: the xkernels op's (add: x, y, out; linear: x, w, b; ...)
+};
+
+using xk::Key;  // the front door's key (a fixed array and its hash), tensors encoded alike
+using xk::push_tensor;
+
+Key key_of(std::initializer_list<const at::Tensor*> ts) {
+  Key k;
+  for (const at::Tensor* t : ts) push_tensor(k, *t);
+  return k;
+}
+
+// A number in a key: its kind's tag (no dtype's value) and its bits.
+enum NumberTag : int64_t { kTagBool = -7001, kTagInt = -7002, kTagFloat = -7003, kTagComplex = -7004 };
+
+int64_t bits_of(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+void push_scalar(Key& k, const c10::Scalar& s) {
+  if (s.isBoolean()) {
+    k.push(kTagBool);
+    k.push(s.toBool());
+  } else if (s.isIntegral(false)) {
+    k.push(kTagInt);
+    k.push(s.toLong());
+  } else if (s.isFloatingPoint()) {
+    k.push(kTagFloat);
+    k.push(bits_of(s.toDouble()));
+  } else {
+    auto c = s.toComplexDouble();
+    k.push(kTagComplex);
+    k.push(bits_of(c.real()));
+    k.push(bits_of(c.imag()));
+  }
+}
+
+bool is_number(const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_wrapped_number(); }
+
+// A wrapped number's value (the 1.5 of `x + 1.5`: a 0-d CPU tensor of double, int64, bool or
+// complex double), as the Python number PyTorch hands a Python kernel.
+c10::Scalar number_of(const at::Tensor& t) {
+  const void* p = t.data_ptr();
+  switch (t.scalar_type()) {
+    case at::kDouble: return *static_cast<const double*>(p);
+    case at::kLong: return *static_cast<const int64_t*>(p);
+    case at::kBool: return *static_cast<const bool*>(p);
+    default: return t.item();
+  }
+}
+
+// add / add_ (self, other, alpha): self's signature, other's (a tensor's, or a wrapped number's
+// kind and value) and alpha's kind and value.
+Key add_key(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  Key k;
+  push_tensor(k, self);
+  if (is_number(other))
+    push_scalar(k, number_of(other));
+  else
+    push_tensor(k, other);
+  push_scalar(k, alpha);
+  return k;
+}
+
+struct Override {
+  int op = 0;
+  py::object py_fn;  // routing._add / _add_ / _mm / _bmm / _addmm
+  std::unique_ptr<torch::Library> lib;
+  std::mutex lock;
+  // by key hash: (the key's values, its entry); `size` entries in all
+  std::unordered_map<uint64_t, std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<const Entry>>>> table;
+  size_t size = 0;
+  std::atomic<int64_t> hits{0};         // calls launched here on xkernels' kernel
+  std::map<std::string, Counter> vendor_hits;  // per reason for aten, the calls that ran its kernel from here
+  size_t limit = 1024;
+
+  Counter counter(const std::string& why) {  // under `lock`
+    auto& c = vendor_hits[why];
+    if (!c) c = std::make_shared<std::atomic<int64_t>>(0);
+    return c;
+  }
+
+  std::shared_ptr<const Entry> find(const Key& k) {
+    if (!k.ok) return nullptr;  // longer than a key holds: the Python override decides
+    const uint64_t h = k.hash();
+    std::lock_guard<std::mutex> g(lock);
+    auto it = table.find(h);
+    if (it == table.end()) return nullptr;
+    for (const auto& [key, e] : it->second)
+      if (k.same(key)) return e;
+    return nullptr;
+  }
+
+  void clear() {  // under `lock`
+    table.clear();
+    size = 0;
+  }
+  ~Override() {
+    lib.reset();
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      py_fn = py::object();
+      table.clear();
+    } else {
+      py_fn.release();
+    }
+  }
+};
+
+constexpr int kSlots = 3;  // CUDA, CPU, PrivateUse1
+std::mutex g_over_lock;
+std::shared_ptr<Override> g_over[kOps][kSlots];
+
+std::shared_ptr<Override> current(int op, int slot) {
+  std::lock_guard<std::mutex> g(g_over_lock);
+  auto o = g_over[op][slot];
+  TORCH_CHECK(o, "xkernels: the native ", kOpNames[op], " override ran after it was removed");
+  return o;
+}
+
+py::object scalar_to_py(const c10::Scalar& a) {
+  if (a.isBoolean()) return py::bool_(a.toBool());
+  if (a.isIntegral(false)) return py::int_(a.toLong());
+  if (a.isFloatingPoint()) return py::float_(a.toDouble());
+  return py::cast(c10::complex<double>(a.toComplexDouble()));
+}
+
+// As PyTorch hands a Python kernel its arguments: a wrapped number (the 1.5 of `x + 1.5`) as a
+// Python number, not a 0-d tensor.
+py::object as_py(const at::Tensor& t) {
+  if (t.defined() && is_number(t)) return scalar_to_py(t.item());
+  return py::cast(t);
+}
+
+bool is_one(const c10::Scalar& a) { return a.isIntegral(false) && a.toLong() == 1; }
+
+bool may_run_here() { return !t_in_python && g_overrides_active.load(std::memory_order_relaxed) == 0; }
+
+struct InPython {
+  bool was = t_in_python;
+  InPython() { t_in_python = true; }
+  ~InPython() { t_in_python = was; }
+};
+
+// aten's own kernel of an overridden op on the slot's dispatch key, called directly (through the
+// dispatcher the call would come back to the override): at::cuda:: (where the build links
+// libtorch_cuda: XK_ATEN_CUDA) and at::cpu:: are the very functions aten registered, allocation
+// and all; elsewhere the op's .out overload, which is never overridden.
+template <int Slot>
+struct Aten {
+  static at::Tensor add(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) return at::cuda::add(self, other, alpha);
+#endif
+    if constexpr (Slot == 1) return at::cpu::add(self, other, alpha);
+    const bool cpu_scalar = self.dim() == 0 && self.is_cpu() && !is_number(other);
+    at::Tensor out = at::empty({0}, self.options()
+                                        .dtype(at::result_type(self, other))
+                                        .device(cpu_scalar ? other.device() : self.device()));
+    return at::add_out(out, self, other, alpha);
+  }
+  static void add_(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) {
+      at::cuda::add_(self, other, alpha);
+      return;
+    }
+#endif
+    if constexpr (Slot == 1) {
+      at::cpu::add_(self, other, alpha);
+      return;
+    }
+    at::add_out(self, self, other, alpha);
+  }
+  template <bool Batched>
+  static at::Tensor matmul(const at::Tensor& a, const at::Tensor& b) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) return Batched ? at::cuda::bmm(a, b) : at::cuda::mm(a, b);
+#endif
+    if constexpr (Slot == 1) return Batched ? at::cpu::bmm(a, b) : at::cpu::mm(a, b);
+    at::Tensor out = Batched ? at::empty({a.size(0), a.size(1), b.size(2)}, a.options())
+                             : at::empty({a.size(0), b.size(1)}, a.options());
+    return Batched ? at::bmm_out(out, a, b) : at::mm_out(out, a, b);
+  }
+  static at::Tensor addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+#ifdef XK_ATEN_CUDA
+    if constexpr (Slot == 0) return at::cuda::addmm(bias, a, b);
+#endif
+    if constexpr (Slot == 1) return at::cpu::addmm(bias, a, b);
+    at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+    return at::addmm_out(out, bias, a, b, 1, 1);
+  }
+};
+
+// add (Inplace false) and add_ (true) from a remembered entry; an undefined tensor where the
+// signature has none or its launch declined (the Python override decides).
+template <int Slot, bool Inplace>
+at::Tensor add_here(Override& ov, const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  if (!may_run_here() || !other.defined() || is_number(self)) return {};
+  auto e = ov.find(add_key(self, other, alpha));
+  if (!e) return {};
+  if (e->vendor) {  // aten's own kernel
+    ++*e->count;
+    if (!Inplace) return Aten<Slot>::add(self, other, alpha);
+    Aten<Slot>::add_(const_cast<at::Tensor&>(self), other, alpha);
+    return self;
+  }
+  const bool number = is_number(other);
+  const at::Tensor* args[3] = {&self, number ? nullptr : &other, Inplace ? &self : nullptr};
+  at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 3 ? args[i] : nullptr; });
+  if (out.defined()) ov.hits++;
+  return out;
+}
+
+template <int Slot>
+at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  auto ov = current(kAdd, Slot);
+  if (at::Tensor out = add_here<Slot, false>(*ov, self, other, alpha); out.defined()) return out;
+  py::gil_scoped_acquire gil;
+  InPython in;
+  py::object r = ov->py_fn(as_py(self), as_py(other), py::arg("alpha") = scalar_to_py(alpha));
+  return r.cast<at::Tensor>();
+}
+
+template <int Slot>
+at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
+  auto ov = current(kAddInplace, Slot);
+  if (add_here<Slot, true>(*ov, self, other, alpha).defined()) return self;
+  py::gil_scoped_acquire gil;
+  InPython in;
+  ov->py_fn(self, as_py(other), py::arg("alpha") = scalar_to_py(alpha));
+  return self;
+}
+
+// mm (Batched false) and bmm (true)
+template <int Slot, bool Batched>
+at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
+  auto ov = current(Batched ? kBmm : kMm, Slot);
+  const int64_t dims = Batched ? 3 : 2;
+  if (may_run_here() && a.dim() == dims && b.dim() == dims) {
+    if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
+      ++*e->count;
+      return Aten<Slot>::template matmul<Batched>(a, b);
+    } else if (e && e->route) {  // xkernels' kernel, launched from its route
+      const at::Tensor* args[2] = {&a, &b};
+      at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 2 ? args[i] : nullptr; });
+      if (out.defined()) {
+        ov->hits++;
+        return out;
+      }
+    }
+  }
+  py::gil_scoped_acquire gil;
+  InPython in;
+  py::object r = ov->py_fn(a, b);
+  return r.cast<at::Tensor>();
+}
+
+template <int Slot>
+at::Tensor addmm_kernel(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, const c10::Scalar& beta,
+                        const c10::Scalar& alpha) {
+  auto ov = current(kAddmm, Slot);
+  if (may_run_here() && is_one(beta) && is_one(alpha) && bias.dim() == 1 && a.dim() == 2 && b.dim() == 2) {
+    if (auto e = ov->find(key_of({&bias, &a, &b})); e && e->vendor) {
+      ++*e->count;
+      return Aten<Slot>::addmm(bias, a, b);
+    } else if (e && e->route) {  // xkernels' kernel, launched from its route
+      const at::Tensor* args[3] = {&bias, &a, &b};
+      at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 3 ? args[i] : nullptr; });
+      if (out.defined()) {
+        ov->hits++;
+        return out;
+      }
+    }
+  }
+  py::gil_scoped_acquire gil;
+  InPython in;
+  py::object r = ov->py_fn(bias, a, b, py::arg("beta") = scalar_to_py(beta), py::arg("alpha") = scalar_to_py(alpha));
+  return r.cast<at::Tensor>();
+}
+
+int slot_of(const std::string& key) {
+  if (key == "CUDA") return 0;
+  if (key == "CPU") return 1;
+  if (key == "PrivateUse1") return 2;
+  TORCH_CHECK(false, "xkernels native override: unsupported dispatch key ", key);
+}
+
+c10::DispatchKey dispatch_key(int slot) {
+  return slot == 0 ? c10::DispatchKey::CUDA : slot == 1 ? c10::DispatchKey::CPU : c10::DispatchKey::PrivateUse1;
+}
+
+template <int Slot>
+void impl_op(torch::Library& lib, int op) {
+  switch (op) {
+    case kAdd: lib.impl("add.Tensor", TORCH_FN(add_kernel<Slot>)); break;
+    case kAddInplace: lib.impl("add_.Tensor", TORCH_FN(add_inplace_kernel<Slot>)); break;
+    case kMm: lib.impl("mm", TORCH_FN((matmul_kernel<Slot, false>))); break;
+    case kBmm: lib.impl("bmm", TORCH_FN((matmul_kernel<Slot, true>))); break;
+    default: lib.impl("addmm", TORCH_FN(addmm_kernel<Slot>)); break;
+  }
+}
+
+struct QuietWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+// Registers the override of aten overload `name` on dispatch key `key`; the returned handle's
+// `remove()` (or its destruction) restores aten's kernel.
+std::shared_ptr<Override> override_op(const std::string& name, const std::string& key, py::object py_fn) {
+  int op = -1;
+  for (int i = 0; i < kOps; ++i)
+    if (name == kOpNames[i]) op = i;
+  TORCH_CHECK(op >= 0, "xkernels native override: no native override of ", name);
+  const int slot = slot_of(key);
+  auto ov = std::make_shared<Override>();
+  ov->op = op;
+  ov->py_fn = std::move(py_fn);
+  {
+    std::lock_guard<std::mutex> g(g_over_lock);
+    TORCH_CHECK(!g_over[op][slot], "xkernels native override: ", name, " on ", key, " is registered already");
+    g_over[op][slot] = ov;
+  }
+  QuietWarnings quiet;  // "Overriding a previously registered kernel": the point here
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dispatch_key(slot), __FILE__, __LINE__);
+  if (slot == 0) impl_op<0>(*ov->lib, op);
+  if (slot == 1) impl_op<1>(*ov->lib, op);
+  if (slot == 2) impl_op<2>(*ov->lib, op);
+  return ov;
+}
+
+void remove_override(Override& ov) {
+  ov.lib.reset();  // aten's kernel is in effect again
+  std::lock_guard<std::mutex> g(g_over_lock);
+  for (auto& row : g_over)
+    for (auto& o : row)
+      if (o.get() == &ov) o.reset();
+}
+
+// -- enable()'s aten::linear: F.linear's training calls as one grad_fn --------------------------
+// A kernel of aten::linear on the Autograd key of CUDA / CPU (aten's own is
+// CompositeImplicitAutograd: it decomposes into addmm / mm, each routed by the overrides above).
+// A call with a gradient to record that LinearBackward covers (xk::one_node), on plain tensors,
+// outside any dispatch mode or functorch transform, is recorded as that one grad_fn: at::linear's
+// decomposition runs below autograd (its addmm / mm still reach the overrides above) and the
+// backward makes PyTorch's own ATen calls. Anything else runs aten's composite kernel, exactly as
+// the dispatcher would.
+struct LinearOverride {
+  std::unique_ptr<torch::Library> lib;
+  std::atomic<int64_t> hits{0};  // calls recorded as one grad_fn
+};
+
+std::mutex g_linear_lock;
+std::shared_ptr<LinearOverride> g_linear[2];  // AutogradCUDA, AutogradCPU
+
+bool plain_tensor(const at::Tensor& t) {
+  static const c10::DispatchKeySet other({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                          c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                          c10::DispatchKey::FuncTorchGradWrapper});
+  return t.layout() == c10::kStrided && !t.is_nested() && !t.key_set().has_any(other);
+}
+
+template <int Slot>
+at::Tensor linear_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
+  const at::Tensor* bp = b.has_value() && b->defined() ? &*b : nullptr;
+  // (a use_backend() block does not matter here: the addmm / mm inside decide the backend)
+  if (!t_in_python && at::GradMode::is_enabled() && !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
+      !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) &&
+      plain_tensor(x) && plain_tensor(w) && (!bp || plain_tensor(*bp)) &&
+      torch::autograd::compute_requires_grad(x, w, bp ? *bp : at::Tensor()) && xk::one_node(x, w, bp)) {
+    std::shared_ptr<LinearOverride> ov;
+    {
+      std::lock_guard<std::mutex> g(g_linear_lock);
+      ov = g_linear[Slot];
+    }
+    if (ov) ov->hits++;
+    return xk::linear_one_node(xk::Route::kNone, 0.0, x, w, bp);
+  }
+  return at::native::linear(x, w, b);
+}
+
+std::shared_ptr<LinearOverride> override_linear(const std::string& key) {
+  const int slot = slot_of(key);
+  TORCH_CHECK(slot < 2, "xkernels native override: linear's one-grad_fn kernel is for CUDA and CPU, not ", key);
+  auto ov = std::make_shared<LinearOverride>();
+  {
+    std::lock_guard<std::mutex> g(g_linear_lock);
+    TORCH_CHECK(!g_linear[slot], "xkernels native override: linear on ", key, " is registered already");
+    g_linear[slot] = ov;
+  }
+  QuietWarnings quiet;  // "Overriding a previously registered kernel"
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  const auto dk = slot == 0 ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
+  ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dk, __FILE__, __LINE__);
+  if (slot == 0)
+    ov->lib->impl("linear", TORCH_FN(linear_kernel<0>));
+  else
+    ov->lib->impl("linear", TORCH_FN(linear_kernel<1>));
+  return ov;
+}
+
+void remove_linear(LinearOverride& ov) {
+  ov.lib.reset();  // aten's composite kernel is in effect again
+  std::lock_guard<std::mutex> g(g_linear_lock);
+  for (auto& o : g_linear)
+    if (o.get() == &ov) o.reset();
+}
+
+void store(Override& ov, const Key& k, std::shared_ptr<Entry> e) {
+  if (!k.ok) return;
+  const uint64_t h = k.hash();
+  std::lock_guard<std::mutex> g(ov.lock);
+  if (ov.size >= ov.limit) ov.clear();
+  auto& bucket = ov.table[h];
+  for (auto& [key, old] : bucket) {
+    if (k.same(key)) {
+      old = std::move(e);
+      return;
+    }
+  }
+  bucket.emplace_back(k.vec(), std::move(e));
+  ++ov.size;
+}
+
+// mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs xkernels' kernel from
+// `spec` (ops/native_front_door.py's NativeSpec, its parameters the aten op's arguments).
+void remember_route(Override& ov, const std::vector<at::Tensor>& ts, const py::tuple& spec) {
+  TORCH_CHECK(ov.op >= kMm && ts.size() == (ov.op == kAddmm ? 3u : 2u),
+              "xkernels native override: remember_route() takes mm/bmm (a, b) or addmm (bias, a, b)");
+  auto e = std::make_shared<Entry>();
+  e->route = xk::make_route(spec);
+  TORCH_CHECK(e->route->kind == xk::Route::kLaunch && e->route->out == xk::kAbsent,
+              "xkernels native override: a matmul override's route launches a kernel into a new result");
+  store(ov, ov.op == kAddmm ? key_of({&ts[0], &ts[1], &ts[2]}) : key_of({&ts[0], &ts[1]}), std::move(e));
+}
+
+// The key of a Python number as add_key makes it from the wrapped number the kernel receives.
+c10::Scalar scalar_of(const py::handle& v, const char* what) {
+  if (PyBool_Check(v.ptr())) return v.cast<bool>();
+  if (PyLong_Check(v.ptr())) return v.cast<int64_t>();
+  if (PyFloat_Check(v.ptr())) return v.cast<double>();
+  if (PyComplex_Check(v.ptr())) return c10::complex<double>(PyComplex_RealAsDouble(v.ptr()), PyComplex_ImagAsDouble(v.ptr()));
+  TORCH_CHECK(false, "xkernels native override: remember_add() takes a number as ", what);
+}
+
+// add / add_ (self, other, alpha), other a tensor or a Python number: this signature runs
+// `spec` (the add op's route: parameters x, y, out), or aten's own kernel where `spec` is None
+// (its calls counted under `why`, the Python override's reason).
+void remember_add(Override& ov, const at::Tensor& self, const py::object& other, const py::object& alpha,
+                  const py::object& spec, const std::string& why) {
+  TORCH_CHECK(ov.op == kAdd || ov.op == kAddInplace, "xkernels native override: remember_add() is for add");
+  Key k;
+  push_tensor(k, self);
+  if (THPVariable_Check(other.ptr()))
+    push_tensor(k, other.cast<at::Tensor>());
+  else
+    push_scalar(k, scalar_of(other, "'other'"));
+  push_scalar(k, scalar_of(alpha, "'alpha'"));
+  auto e = std::make_shared<Entry>();
+  if (spec.is_none()) {
+    e->vendor = true;
+    std::lock_guard<std::mutex> g(ov.lock);
+    e->count = ov.counter(why);
+  } else {
+    e->route = xk::make_route(spec.cast<py::tuple>());
+    TORCH_CHECK(e->route->kind == xk::Route::kLaunch &&
+                    e->route->out == (ov.op == kAddInplace ? 2 : xk::kAbsent),
+                "xkernels native override: an add route launches a kernel into a new result (add) or self (add_)");
+  }
+  store(ov, k, std::move(e));
+}
+
+// mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs aten's .out kernel (its
+// calls counted under `why`, the Python override's reason).
+void remember_vendor(Override& ov, const std::vector<at::Tensor>& ts, const std::string& why) {
+  TORCH_CHECK(ov.op >= kMm && ts.size() == (ov.op == kAddmm ? 3u : 2u),
+              "xkernels native override: remember_vendor() takes mm/bmm (a, b) or addmm (bias, a, b)");
+  auto e = std::make_shared<Entry>();
+  e->vendor = true;
+  {
+    std::lock_guard<std::mutex> g(ov.lock);
+    e->count = ov.counter(why);
+  }
+  store(ov, ov.op == kAddmm ? key_of({&ts[0], &ts[1], &ts[2]}) : key_of({&ts[0], &ts[1]}), std::move(e));
+}
+
+}  // namespace xk::overrides
