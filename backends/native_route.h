@@ -170,7 +170,9 @@ struct LinearBackward : public torch::autograd::Node {
 // checkpointing, offloading). A native grad_fn then steps aside: the call records what its Python
 // path records, so that the tensors a checkpointed forward saves are the ones its recomputation
 // saves whichever path each took (torch.utils.checkpoint compares them), and each is packed.
-inline bool saved_tensor_hooks() { return at::SavedTensorDefaultHooks::get_hooks().has_value(); }
+inline bool saved_tensor_hooks() {  // (the stack itself: get_hooks() copies its top's Python objects)
+  return !at::SavedTensorDefaultHooks::get_tls_state().stack.empty();
+}
 
 // Whether a torch_linear call is recorded as one LinearBackward: a contiguous input of 2+
 // dimensions, a contiguous 2-D weight, a contiguous 1-D bias or none, one dtype, more than one row,
