@@ -1,6 +1,7 @@
 // The native extension: native autograd for xkernels' fused ops (here: a repeated training call
-// recorded and differentiated without Python), the ops' native front door (native_route.h) and
-// enable()'s overrides (native_overrides.h), bound into one module below. See native.py for how it
+// recorded and differentiated without Python), the ops' native front door (native_route.h; the
+// op classes' call slot that runs it, native_call.h) and enable()'s overrides
+// (native_overrides.h), bound into one module below. See native.py for how it
 // is built and loaded, and ops/fused/add_norm_native.py for how the add + norm route uses it.
 //
 // AddNormSpec: one signature's (and one eps/offset value's) add + LayerNorm / RMSNorm, as its
@@ -40,6 +41,7 @@
 #include "native_launch.h"
 #include "native_route.h"
 #include "native_overrides.h"
+#include "native_call.h"
 
 namespace py = pybind11;
 using torch::autograd::Node;
@@ -292,16 +294,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         std::lock_guard<std::mutex> g(o.lock);
         return o.size;
       });
-  py::class_<LinearOverride, std::shared_ptr<LinearOverride>>(m, "LinearOverride")
-      .def("remove", &remove_linear)
-      .def("clear", [](LinearOverride&) {})
-      .def_property_readonly("entries", [](LinearOverride&) { return 0; })  // it remembers no signatures
-      .def("take_hits", [](LinearOverride& o) {  // (0, {"one grad_fn": calls}) since the last take
+  py::class_<CompositeOverride, std::shared_ptr<CompositeOverride>>(m, "CompositeOverride")
+      .def("remove", &remove_composite)
+      .def("clear", [](CompositeOverride&) {})
+      .def_property_readonly("entries", [](CompositeOverride&) { return 0; })  // it remembers no signatures
+      .def("take_hits", [](CompositeOverride& o) {  // (0, {"one grad_fn": calls}) since the last take
         py::dict why;
         if (int64_t n = o.hits.exchange(0)) why[py::str("one grad_fn (xkernels::LinearBackward)")] = n;
         return py::make_tuple(0, why);
       });
-  m.def("override_linear", &override_linear, py::arg("key"));
+  m.def("override_composite", &override_composite, py::arg("name"), py::arg("key"));
   m.def("set_overrides_active", [](int n) { g_overrides_active = n; });
   m.def("set_poison", [](bool on) {
     xk::poison_flag() = on;  // tests: a launched route's result is NaN-filled before its launch
@@ -317,6 +319,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   if (PyType_Ready(&xk::route_table_type()) < 0) throw py::error_already_set();
   Py_INCREF(&xk::route_table_type());
   m.add_object("RouteTable", py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(&xk::route_table_type())));
+  m.def("install_op_call", [](py::object cls) {
+    // an op class's call slot runs its RouteTable from C (native_call.h)
+    const bool done = xk::install_op_call(cls.ptr());
+    if (PyErr_Occurred()) throw py::error_already_set();
+    return done;
+  });
+  m.def("op_call_installed", [](py::object cls) { return xk::op_call_installed(cls.ptr()); });
   m.def("override_op", &override_op, py::arg("name"), py::arg("key"), py::arg("python_override"));
   m.def("driver_error", [] { return xk::driver().why; });
 #ifdef XK_ATEN_CUDA

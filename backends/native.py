@@ -45,7 +45,7 @@ from xkernels.cache import cache_root
 SOURCE = Path(__file__).with_name("native.cpp")
 #: every file the build reads (native.cpp includes the headers), hashed into the cache path
 SOURCES = (SOURCE, SOURCE.with_name("native_launch.h"), SOURCE.with_name("native_route.h"),
-           SOURCE.with_name("native_overrides.h"))
+           SOURCE.with_name("native_overrides.h"), SOURCE.with_name("native_call.h"))
 NAME = "xkernels_native"
 
 _lock = threading.Lock()

@@ -6,7 +6,7 @@
 // A Route is one of
 //   launch: allocate the result (or take an out= tensor, checking its overlap with the inputs as
 //           the op's check does) and launch the kernel with the call's tensors;
-//   linear: the device's BLAS as F.linear calls it (addmm_out / mm_out of the folded input);
+//   linear: the device's BLAS as F.linear calls it (addmm / mm of the folded input);
 //   matmul: the device's BLAS as torch.matmul calls it for 2-D or equal-batch 3-D operands;
 //   torch_linear: a training call (a tensor requires grad) that xkernels gives PyTorch's own ops:
 //           at::linear and the activation, with autograd. The only kind that runs a call with a
@@ -276,9 +276,13 @@ at::Tensor run_route(const Route& r, Get&& get) {
     return activate(r.act, r.slope, y);
   }
   at::AutoDispatchBelowADInplaceOrView below;  // no gradient is recorded here (callers made sure)
-  at::Tensor result = at::empty(r.size, a->options());
-  if (poison && at::isFloatingType(result.scalar_type())) result.fill_(NAN);
+  // The BLAS allocates its result (contiguous, as the route's); the tests' poisoning needs the
+  // result first, so it is then allocated here and the .out overload fills it.
+  const bool poisoned = poison && at::isFloatingType(a->scalar_type());
+  at::Tensor result;
+  if (poisoned) result = at::empty(r.size, a->options()).fill_(NAN);
   if (r.kind == Route::kMatmul) {
+    if (!poisoned) return a->dim() == 2 ? at::mm(*a, *b) : at::bmm(*a, *b);
     if (a->dim() == 2)
       at::mm_out(result, *a, *b);
     else
@@ -286,18 +290,24 @@ at::Tensor run_route(const Route& r, Get&& get) {
     return result;
   }
   const at::Tensor* bias = r.tensors[2] == kAbsent ? nullptr : get(r.tensors[2]);
-  const int64_t n = b->size(0), k = b->size(1), m = result.numel() / n;
+  const int64_t n = b->size(0), k = b->size(1), m = a->numel() / k;
   at::Tensor x2 = a->dim() == 2 ? *a : a->view({m, k});
-  at::Tensor out2 = result.dim() == 2 ? result : result.view({m, n});
-  if (r.epilogue) {
-    if (!bias) return {};
-    at::_addmm_activation_out(out2, *bias, x2, b->t(), 1, 1, r.act == Route::kGeluTanh);
-    return result;
+  if (r.epilogue && !bias) return {};
+  if (!poisoned) {
+    at::Tensor out2 = r.epilogue ? at::_addmm_activation(*bias, x2, b->t(), 1, 1, r.act == Route::kGeluTanh)
+                      : bias     ? at::addmm(*bias, x2, b->t())
+                                 : at::mm(x2, b->t());
+    result = a->dim() == 2 ? out2 : out2.view(r.size);
+  } else {
+    at::Tensor out2 = result.dim() == 2 ? result : result.view({m, n});
+    if (r.epilogue)
+      at::_addmm_activation_out(out2, *bias, x2, b->t(), 1, 1, r.act == Route::kGeluTanh);
+    else if (bias)
+      at::addmm_out(out2, *bias, x2, b->t());
+    else
+      at::mm_out(out2, x2, b->t());
   }
-  if (bias)
-    at::addmm_out(out2, *bias, x2, b->t());
-  else
-    at::mm_out(out2, x2, b->t());
+  if (r.epilogue) return result;
   switch (r.act) {
     case Route::kRelu: at::relu_(result); break;
     case Route::kGelu: at::gelu_(result, "none"); break;

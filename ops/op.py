@@ -2,6 +2,8 @@
 
 ``op(*args, **kwargs)`` (``Op.__call__``):
 
+0. where the native extension is loaded, a repeat its route table holds runs from C: the class's
+   call slot (``backends/native_call.h``) calls the table first; what it declines comes here;
 1. while ``torch.compile``/``torch.export`` trace (``torch.compiler.is_compiling()``): the
    registered custom op ``torch.ops.xkernels.<op>`` (``op.library_call``, ``ops/library.py``);
 2. grad mode on and a tensor argument requiring grad (``_recorded``): a signature whose route
@@ -126,9 +128,13 @@ class Op(Signature):
         registry.listeners.append(self._forget)
 
     def attach_native(self, mod: Any) -> None:
-        """Give this op a native route table (``ops/native_front_door.py``), once."""
+        """Give this op a native route table (``ops/native_front_door.py``), once, and its class
+        the call slot that runs the table from C (``backends/native_call.h``: a repeat then costs
+        no Python frame), where the class's ``__call__`` is this one."""
         if self._native is None and REGISTERED.get(self.name) is self:
             self._native = native_front_door.new_table(mod, tuple(p.name for p in self.params))
+            if type(self).__call__ is Op.__call__:
+                mod.install_op_call(type(self))
 
     def _forget(self) -> None:
         self._plans.clear()

@@ -6,6 +6,8 @@ overlapping ``out=``, a mode, a tensor subclass) goes to the Python front door a
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -153,14 +155,19 @@ def test_the_blas_routes_run_from_the_table(backend, device, ext, monkeypatch):
             (matmul, lambda: (rand((2, 6, 40), torch.float32, device), rand((2, 40, 24), torch.float32, device)),
              lambda a, b: matmul(a, b), torch.matmul),
         ]
-        for op, make, call, want in cases:
-            for i in range(5):
-                args = make()
-                got = _guarded(lambda: call(*args), *args)
-                assert torch.equal(got, want(*args)) and got.is_contiguous()
-                if i == 1:
-                    op._native.take_hits()
-            assert op._native.take_hits() == 3, op.name
+        # poisoned, the table allocates each result and calls the .out kernels; else the BLAS
+        # allocates it (mm / addmm / bmm)
+        for poison in (True, False):
+            ext.set_poison(poison)
+            for op, make, call, want in cases:
+                for i in range(5):
+                    args = make()
+                    got = _guarded(lambda: call(*args), *args)
+                    assert torch.equal(got, want(*args)) and got.is_contiguous(), (op.name, poison)
+                    if i == 1:
+                        op._native.take_hits()
+                assert op._native.take_hits() == 3, (op.name, poison)
+        ext.set_poison(True)
         # matmul forms the check reshapes (a batch folded into M, a 1-D operand promoted): the
         # table's mm / bmm would see the caller's shapes, so it does not take them
         for a_shape, b_shape in (((2, 6, 40), (40, 24)), ((40,), (40, 24)), ((6, 40), (40,))):
@@ -565,3 +572,60 @@ def test_training_route_declines_while_a_cuda_graph_is_captured(backend, device,
     torch.cuda.synchronize()
     assert_close(y, reference_linear(x.detach().double(), layer.weight.detach().double(),
                                      layer.bias.detach().double(), None, 0.01), torch.float32, scale=8)
+
+
+def _python_calls(fn):
+    """``fn()``'s result and the code objects of the Python functions it called."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is not fn.__code__:
+            seen.append(frame.f_code)
+
+    sys.setprofile(profile)
+    try:
+        result = fn()
+    finally:
+        sys.setprofile(None)
+    return result, seen
+
+
+def test_a_repeat_runs_from_the_op_class_call_slot_without_python(backend, device, ext, monkeypatch):
+    """Each public op's class calls its route table from C (``backends/native_call.h``): a repeat
+    the table runs enters no Python function at all, a call it declines runs ``Op.__call__``, and
+    the class keeps its Python ``__call__`` (what torch.compile traces, and what runs without the
+    extension)."""
+    from xkernels.ops.op import REGISTERED, Op
+
+    for op in REGISTERED.values():
+        assert ext.op_call_installed(type(op)) == (type(op).__call__ is Op.__call__), op.name
+        assert type(op).__call__ is Op.__call__ or not ext.op_call_installed(type(op))
+    with every_matmul_to_vendor(monkeypatch):
+        x, w, b = (rand((6, 40), torch.float32, device), rand((24, 40), torch.float32, device),
+                   rand((24,), torch.float32, device))
+        for _ in range(2):
+            linear(x, w, b)
+        got, calls = _python_calls(lambda: linear(x, w, b))
+        assert calls == [] and torch.equal(got, torch.nn.functional.linear(x, w, b))
+        # declined by the table (a weight requiring grad while grad mode is on): Python records it
+        wg = w.clone().requires_grad_()
+        got, calls = _python_calls(lambda: linear(x, wg, b))
+        assert Op.__call__.__code__ in calls and got.requires_grad
+        assert torch.equal(got.detach(), torch.nn.functional.linear(x, w, b))
+    y = rand((6, 40), torch.float32, device)
+    for _ in range(2):
+        add(x, y)
+    got, calls = _python_calls(lambda: add(x, y))
+    # a kernel route: the interpreters launch in Python (Triton's interpreter), cuda from C
+    assert Op.__call__.__code__ not in calls and (calls == [] or not got.is_cuda), [c.co_name for c in calls]
+    assert_close(got, x.double() + y.double(), torch.float32)
+
+
+def test_reassigning_an_op_class_call_drops_the_slot(ext):
+    """CPython recomputes a class's call slot when its ``__call__`` is assigned: the new one runs."""
+    cls = type("Reassigned", (type(add),), {})
+    assert ext.install_op_call(cls) and ext.op_call_installed(cls)
+    op = object.__new__(cls)  # no Op.__init__: nothing registers
+    cls.__call__ = lambda self, *args, **kwargs: "python"
+    assert not ext.op_call_installed(cls) and op(1, 2) == "python"
+    assert not ext.install_op_call(int)  # a static type's slot is left alone
