@@ -1,5 +1,6 @@
 // enable()'s overrides registered from C++: aten::add.Tensor / add_.Tensor / mm / bmm / addmm on a
-// backend dispatch key (Override), and aten::linear on the Autograd key (LinearOverride).
+// backend dispatch key (Override), and aten::linear / aten::matmul on the Autograd key
+// (CompositeOverride).
 // Included by native.cpp only (its pybind module binds them); see xkernels/routing.py for how
 // they are registered and docs/patching.md for what they run.
 #pragma once
@@ -9,6 +10,7 @@
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/linear_native.h>
+#include <ATen/ops/matmul_native.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
 #ifdef XK_ATEN_CUDA
 #include <ATen/ops/add_cuda_dispatch.h>
@@ -398,21 +400,31 @@ void remove_override(Override& ov) {
       if (o.get() == &ov) o.reset();
 }
 
-// -- enable()'s aten::linear: F.linear's training calls as one grad_fn --------------------------
-// A kernel of aten::linear on the Autograd key of CUDA / CPU (aten's own is
-// CompositeImplicitAutograd: it decomposes into addmm / mm, each routed by the overrides above).
-// A call with a gradient to record that LinearBackward covers (xk::one_node), on plain tensors,
-// outside any dispatch mode or functorch transform, is recorded as that one grad_fn: at::linear's
-// decomposition runs below autograd (its addmm / mm still reach the overrides above) and the
-// backward makes PyTorch's own ATen calls. Anything else runs aten's composite kernel, exactly as
-// the dispatcher would.
-struct LinearOverride {
+// -- enable()'s aten::linear and aten::matmul, on the Autograd key ------------------------------
+// Kernels of aten::linear / aten::matmul on the Autograd key of CUDA / CPU (aten's own are
+// CompositeImplicitAutograd: they decompose into addmm / mm / bmm, each routed by the overrides
+// above). On plain tensors, outside any dispatch mode or functorch transform:
+// - linear, a call with a gradient to record that LinearBackward covers (xk::one_node): recorded
+//   as that one grad_fn; at::linear's decomposition runs below autograd (its addmm / mm still
+//   reach the overrides above) and the backward makes PyTorch's own ATen calls;
+// - either, a call with nothing to record (no tensor requiring grad while grad mode is on, no
+//   forward-mode tangent): aten's decomposition below autograd, as an inference call runs. Its
+//   addmm / mm / bmm reach the overrides above without the autograd and view-tracking layers of
+//   the weight's transpose, the folded input's views and the product: the same kernels on the
+//   same tensors, a host cost below torch's own call. (The one difference: a result that is a
+//   view of the product, a 3-D linear's, is not tracked as a view of that temporary.)
+// Anything else runs aten's composite kernel, exactly as the dispatcher would.
+enum CompositeIndex { kLinear = 0, kMatmul, kComposites };
+const char* const kCompositeNames[kComposites] = {"linear", "matmul"};
+
+struct CompositeOverride {
+  int op = kLinear;
   std::unique_ptr<torch::Library> lib;
-  std::atomic<int64_t> hits{0};  // calls recorded as one grad_fn
+  std::atomic<int64_t> hits{0};  // linear: calls recorded as one grad_fn
 };
 
-std::mutex g_linear_lock;
-std::shared_ptr<LinearOverride> g_linear[2];  // AutogradCUDA, AutogradCPU
+std::mutex g_composite_lock;
+std::shared_ptr<CompositeOverride> g_composite[kComposites][2];  // AutogradCUDA, AutogradCPU
 
 bool plain_tensor(const at::Tensor& t) {
   static const c10::DispatchKeySet other({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
@@ -421,50 +433,86 @@ bool plain_tensor(const at::Tensor& t) {
   return t.layout() == c10::kStrided && !t.is_nested() && !t.key_set().has_any(other);
 }
 
+bool plain_call(std::initializer_list<const at::Tensor*> ts) {
+  if (t_in_python || c10::impl::TorchDispatchModeTLS::any_modes_set() ||
+      c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode))
+    return false;
+  for (const at::Tensor* t : ts)
+    if (t && !plain_tensor(*t)) return false;
+  return true;
+}
+
+// Nothing for autograd to do: no gradient recorded (grad mode off, or no tensor requires grad)
+// and no forward-mode tangent to carry.
+bool nothing_to_record(std::initializer_list<const at::Tensor*> ts) {
+  const bool grad = at::GradMode::is_enabled();
+  for (const at::Tensor* t : ts)
+    if (t && ((grad && t->requires_grad()) || t->_fw_grad(0).defined())) return false;
+  return true;
+}
+
 template <int Slot>
 at::Tensor linear_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   const at::Tensor* bp = b.has_value() && b->defined() ? &*b : nullptr;
   // (a use_backend() block does not matter here: the addmm / mm inside decide the backend)
-  if (!t_in_python && at::GradMode::is_enabled() && !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
-      !c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) &&
-      plain_tensor(x) && plain_tensor(w) && (!bp || plain_tensor(*bp)) &&
-      torch::autograd::compute_requires_grad(x, w, bp ? *bp : at::Tensor()) && xk::one_node(x, w, bp)) {
-    std::shared_ptr<LinearOverride> ov;
-    {
-      std::lock_guard<std::mutex> g(g_linear_lock);
-      ov = g_linear[Slot];
-    }
-    if (ov) ov->hits++;
-    return xk::linear_one_node(xk::Route::kNone, 0.0, x, w, bp);
+  if (!plain_call({&x, &w, bp})) return at::native::linear(x, w, b);
+  if (nothing_to_record({&x, &w, bp})) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::native::linear(x, w, b);
   }
-  return at::native::linear(x, w, b);
+  if (!at::GradMode::is_enabled() || !torch::autograd::compute_requires_grad(x, w, bp ? *bp : at::Tensor()) ||
+      !xk::one_node(x, w, bp))
+    return at::native::linear(x, w, b);
+  std::shared_ptr<CompositeOverride> ov;
+  {
+    std::lock_guard<std::mutex> g(g_composite_lock);
+    ov = g_composite[kLinear][Slot];
+  }
+  if (ov) ov->hits++;
+  return xk::linear_one_node(xk::Route::kNone, 0.0, x, w, bp);
 }
 
-std::shared_ptr<LinearOverride> override_linear(const std::string& key) {
+at::Tensor matmul_composite_kernel(const at::Tensor& a, const at::Tensor& b) {
+  if (plain_call({&a, &b}) && nothing_to_record({&a, &b})) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return at::native::matmul(a, b);
+  }
+  return at::native::matmul(a, b);
+}
+
+std::shared_ptr<CompositeOverride> override_composite(const std::string& name, const std::string& key) {
+  int op = -1;
+  for (int i = 0; i < kComposites; ++i)
+    if (name == kCompositeNames[i]) op = i;
+  TORCH_CHECK(op >= 0, "xkernels native override: no Autograd-key kernel of ", name);
   const int slot = slot_of(key);
-  TORCH_CHECK(slot < 2, "xkernels native override: linear's one-grad_fn kernel is for CUDA and CPU, not ", key);
-  auto ov = std::make_shared<LinearOverride>();
+  TORCH_CHECK(slot < 2, "xkernels native override: ", name, "'s Autograd-key kernel is for CUDA and CPU, not ", key);
+  auto ov = std::make_shared<CompositeOverride>();
+  ov->op = op;
   {
-    std::lock_guard<std::mutex> g(g_linear_lock);
-    TORCH_CHECK(!g_linear[slot], "xkernels native override: linear on ", key, " is registered already");
-    g_linear[slot] = ov;
+    std::lock_guard<std::mutex> g(g_composite_lock);
+    TORCH_CHECK(!g_composite[op][slot], "xkernels native override: ", name, " on ", key, " is registered already");
+    g_composite[op][slot] = ov;
   }
   QuietWarnings quiet;  // "Overriding a previously registered kernel"
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   const auto dk = slot == 0 ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
   ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dk, __FILE__, __LINE__);
-  if (slot == 0)
+  if (op == kMatmul)
+    ov->lib->impl("matmul", TORCH_FN(matmul_composite_kernel));
+  else if (slot == 0)
     ov->lib->impl("linear", TORCH_FN(linear_kernel<0>));
   else
     ov->lib->impl("linear", TORCH_FN(linear_kernel<1>));
   return ov;
 }
 
-void remove_linear(LinearOverride& ov) {
+void remove_composite(CompositeOverride& ov) {
   ov.lib.reset();  // aten's composite kernel is in effect again
-  std::lock_guard<std::mutex> g(g_linear_lock);
-  for (auto& o : g_linear)
-    if (o.get() == &ov) o.reset();
+  std::lock_guard<std::mutex> g(g_composite_lock);
+  for (auto& row : g_composite)
+    for (auto& o : row)
+      if (o.get() == &ov) o.reset();
 }
 
 void store(Override& ov, const Key& k, std::shared_ptr<Entry> e) {

@@ -23,12 +23,15 @@ the same aten op, whose kernel is never overridden, so a routed call can never r
 ``aten::linear`` and ``aten::matmul`` are CompositeImplicitAutograd: aten decomposes them into
 ``addmm`` / ``mm`` / ``bmm`` above the backend keys, so they are routed as those (``ops=["linear"]``
 routes ``addmm`` and ``mm``; ``ops=["matmul"]`` routes ``mm`` and ``bmm``). A kernel of their own
-on a backend key would take them away from autograd. ``ops=["linear"]`` also registers, where the
-native extension is loaded, a C++ kernel of ``aten::linear`` on the Autograd key of CUDA / CPU:
-a training call it covers is recorded as one grad_fn (``xkernels::LinearBackward``, PyTorch's
-gradients from PyTorch's ATen calls, fewer autograd nodes for the host), its addmm / mm still
-routed; every other call runs aten's composite kernel (``backends/native_overrides.h``). Fused
-activations need ``xkernels.patch``.
+on a backend key would take them away from autograd. Where the native extension is loaded,
+``ops=["linear"]`` / ``ops=["matmul"]`` also register a C++ kernel of ``aten::linear`` /
+``aten::matmul`` on the Autograd key of CUDA / CPU (``backends/native_overrides.h``): a call with
+nothing for autograd to record runs aten's decomposition below autograd (the same kernels, its
+addmm / mm / bmm still routed, without the autograd layers of each step: less host time than
+torch's own call); a linear training call it covers is recorded as one grad_fn
+(``xkernels::LinearBackward``, PyTorch's gradients from PyTorch's ATen calls, fewer autograd
+nodes for the host); every other call runs aten's composite kernel. Fused activations need
+``xkernels.patch``.
 """
 
 from __future__ import annotations
@@ -55,15 +58,15 @@ OP_GROUPS: dict[str, tuple[str, ...]] = {
     "mm": ("mm",),
     "bmm": ("bmm",),
     "addmm": ("addmm",),
-    "matmul": ("mm", "bmm"),
+    "matmul": ("mm", "bmm", "matmul"),
     "linear": ("addmm", "mm", "linear"),
     "add.Tensor": ("add.Tensor",),
     "add_.Tensor": ("add_.Tensor",),
 }
-ALL_ATEN = ("add.Tensor", "add_.Tensor", "mm", "bmm", "addmm", "linear")
-#: aten overloads routed only from C++ (no Python override: nothing is registered for them while
-#: the native extension is not loaded)
-NATIVE_ONLY = frozenset({"linear"})
+ALL_ATEN = ("add.Tensor", "add_.Tensor", "mm", "bmm", "addmm", "linear", "matmul")
+#: aten overloads routed only from C++, on the Autograd key (no Python override: nothing is
+#: registered for them while the native extension is not loaded)
+NATIVE_ONLY = frozenset({"linear", "matmul"})
 
 _lock = threading.RLock()
 _selected: frozenset[str] = frozenset()
@@ -187,7 +190,7 @@ def _native_override(name: str, key: str) -> Any:
         if mod is None:
             native.module()  # a later enable() finds it built
         return None
-    handle = mod.override_linear(key) if name == "linear" else mod.override_op(name, key, _OVERRIDES[name])
+    handle = mod.override_composite(name, key) if name in NATIVE_ONLY else mod.override_op(name, key, _OVERRIDES[name])
     _natives[(name, key)] = handle
     return _NativeOverride(handle, (name, key))
 

@@ -590,3 +590,73 @@ def test_enable_records_linear_training_calls_as_one_node(routed_matmul):
     xkernels.disable()
     x = torch.randn(6, 5, device=device, requires_grad=True)
     assert torch.nn.functional.linear(x, torch.randn(7, 5, device=device)).grad_fn.name() != "xkernels::LinearBackward"
+
+
+def test_enable_runs_linear_and_matmul_with_nothing_to_record_below_autograd(routed_matmul):
+    """``F.linear`` and ``torch.matmul`` calls with nothing for autograd to record (no_grad, or no
+    tensor requiring grad) run aten's decomposition below autograd from the Autograd-key kernels
+    (their addmm / mm / bmm still routed and counted): results equal aten's own, nothing
+    recorded. A forward-mode tangent, a tensor requiring grad and a dispatch mode keep aten's
+    composite kernel, whose tangents, graphs and mode calls are then PyTorch's."""
+    import torch.autograd.forward_ad as fwAD
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import xkernels
+    from xkernels import routing
+
+    seen, device = routed_matmul
+    key = "CUDA" if device.type == "cuda" else "CPU"
+    for name in ("linear", "matmul"):
+        assert isinstance(routing._libraries[(name, key)], routing._NativeOverride), name
+    x2, x3, w, b = (torch.randn(6, 5, device=device), torch.randn(2, 3, 5, device=device),
+                    torch.randn(7, 5, device=device), torch.randn(7, device=device))
+    a3, b3 = torch.randn(2, 6, 5, device=device), torch.randn(2, 5, 7, device=device)
+    out = torch.empty(0, device=device)
+    want = {"linear 2-D": torch.ops.aten.addmm.out(b, x2, w.t(), out=out.clone()),
+            "linear 3-D": torch.ops.aten.addmm.out(b, x3.view(6, 5), w.t(), out=out.clone()).view(2, 3, 7),
+            "linear no bias": torch.ops.aten.mm.out(x2, w.t(), out=out.clone()),
+            "matmul 2-D": torch.ops.aten.mm.out(x2, w.t(), out=out.clone()),
+            "matmul 3-D": torch.ops.aten.bmm.out(a3, b3, out=out.clone())}
+    calls = {"linear 2-D": lambda: torch.nn.functional.linear(x2, w, b),
+             "linear 3-D": lambda: torch.nn.functional.linear(x3, w, b),
+             "linear no bias": lambda: torch.nn.functional.linear(x2, w),
+             "matmul 2-D": lambda: x2 @ w.t(), "matmul 3-D": lambda: torch.matmul(a3, b3)}
+    routing.routing_counts(reset=True)
+    for grad_mode in (False, True):
+        with torch.set_grad_enabled(grad_mode):
+            for _ in range(3):
+                for name, call in calls.items():
+                    got = call()
+                    assert torch.equal(got, want[name]) and got.grad_fn is None and not got.requires_grad, name
+    counts = routing.routing_counts()
+    # every product counted once by its override: 12 addmm (2-D and 3-D fold alike), 12 mm, 6 bmm;
+    # each signature's first call ran the op (counted "xkernels"), whose aten call came back
+    for name, n in (("addmm", 12), ("mm", 12), ("bmm", 6)):
+        assert counts[name] == {"xkernels": 1, "aten: re-entrant call": 1, routing.VENDOR_WHY: n - 1}, counts
+    assert "linear" not in counts, counts  # no grad_fn recorded
+    # a tensor requiring grad (not what the one-node covers: no bias here, one input row) -> aten's nodes
+    wg = w.clone().requires_grad_()
+    assert torch.nn.functional.linear(x2[:1], wg).grad_fn.name() != "xkernels::LinearBackward"
+    assert (x2 @ wg.t()).grad_fn is not None
+    # forward-mode tangents: PyTorch's own
+    tangent = torch.randn_like(x2)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x2, tangent)
+        for got, t_want in ((torch.nn.functional.linear(dual, w, b), tangent @ w.t()), (dual @ w.t(), tangent @ w.t())):
+            torch.testing.assert_close(fwAD.unpack_dual(got).tangent, t_want)
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), Seen() as mode:  # a mode sees aten's decomposition, as without xkernels
+        assert torch.equal(torch.nn.functional.linear(x2, w, b), want["linear 2-D"])
+        assert torch.equal(x2 @ w.t(), want["matmul 2-D"])
+    assert any("addmm" in o for o in mode.ops) and any(o.startswith("aten.mm") for o in mode.ops), mode.ops
+    xkernels.disable()
+    assert ("matmul", key) not in routing._libraries and torch.equal(x2 @ w.t(), want["matmul 2-D"])

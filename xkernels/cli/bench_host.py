@@ -157,13 +157,18 @@ def measure(device: torch.device, calls: int, rounds: int) -> list[dict[str, Any
             for _ in range(3):
                 theirs()
             mine, torch_times = _rounds([ours, theirs], calls, rounds, cuda, [ctx, plain])
+            xkernels.routing_counts(reset=True)
             with counting_full_paths() as full, ctx():
                 for _ in range(calls):
                     ours()
+            routed = xkernels.routing_counts(reset=True) if ctx is xkernels.enabled else {}
         rows.append({"form": label, "us_median": statistics.median(mine), "us_min": min(mine),
                      "torch_us_median": statistics.median(torch_times), "torch_us_min": min(torch_times),
                      "torch_over_ours": statistics.median(t / m for t, m in zip(torch_times, mine)),
-                     "full_path": full[0] / calls})
+                     "full_path": full[0] / calls,
+                     # under enabled(): how the overrides ran those calls (aten op -> route -> calls)
+                     "routes": "; ".join(f"{op}: " + ", ".join(f"{why} {n}" for why, n in by.items())
+                                         for op, by in routed.items())})
     return rows
 
 
@@ -192,9 +197,9 @@ def run(device_name: str | None, calls: int, rounds: int) -> int:
     with ctx:
         rows = measure(device, calls, rounds)
     print(f"{'form':42} {'xkernels us':>16} {'torch us':>16} {'torch/xk':>8}  full paths per call "
-          "(0: every repeat hot)")
+          "(0: every repeat hot)  [enabled(): the overrides' routes of the counted calls]")
     for r in rows:
         print(f"{r['form']:42} {r['us_median']:8.2f} ({r['us_min']:5.2f}) "
               f"{r['torch_us_median']:8.2f} ({r['torch_us_min']:5.2f}) {r['torch_over_ours']:7.3f}x  "
-              f"{r['full_path']:.2f}", flush=True)
+              f"{r['full_path']:.2f}" + (f"  [{r['routes']}]" if r["routes"] else ""), flush=True)
     return 0
