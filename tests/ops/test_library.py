@@ -8,7 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import xkernels
-from helpers import assert_close, assert_model_close, poisoned, rand
+from helpers import assert_close, assert_model_close, nudged, poisoned, rand
 from xkernels.ops import add, broadcast, linear, matmul
 from xkernels.ops.matmul.vendor import reference_linear
 
@@ -17,7 +17,7 @@ def block(x, y, w, b):
     """Every op and call form: keywords, Python scalars on either side, alpha, out-less."""
     h = add(x, y, alpha=2) * 2
     h = broadcast(h, y)
-    h = add(add(h, 1.5), add(0.5, h, alpha=-1))
+    h = add(add(h, 1.5), add(0.5, h, alpha=-0.5))  # = 0.5 h + 2: h still reaches the gradients of x, y
     h = linear(h, w, bias=b, activation="gelu")
     h = linear(h, w.t().contiguous()[: h.shape[-1]].t(), None, "leaky_relu", negative_slope=0.3)
     return matmul(h, h.mT)
@@ -27,6 +27,13 @@ def _inputs(device, requires_grad=False):
     x, y = rand((2, 4, 6), torch.float32, device), rand((6,), torch.float32, device)
     w, b = rand((6, 6), torch.float32, device), rand((6,), torch.float32, device)
     return [t.requires_grad_(requires_grad) for t in (x, y, w, b)]
+
+
+#: PyTorch float32 runs (the inputs', then nudged ones) whose largest error scales the tolerance.
+#: With one, about 1 seed in 80 failed, and PyTorch's own nudged run failed against its first in
+#: 2.5% of cases: the block's tensors are small and its rows repeat, so one run's error is one
+#: noisy draw. With 9, 512 seeds each pass on interpreter and interpreter-npu, at half the allowed.
+TORCH_DRAWS = 9
 
 
 @pytest.fixture(autouse=True)
@@ -47,20 +54,24 @@ def _run_with_grads(fn, inputs):
 def test_fullgraph_compile_matches_eager_with_gradients(backend, device):
     """The compiled block and the eager one, result and every input's gradient, each against the
     float64 run within the model tolerance (``assert_model_close``: a multiple of PyTorch's own
-    float32 error). The two need not agree bit for bit: where a gradient is required, eager
-    ``linear(..., "gelu")`` runs linear + PyTorch's gelu (keeping the pre-activation), while the
-    compiled custom op is one fused node whose backward recomputes it."""
+    float32 error, the largest over ``TORCH_DRAWS`` runs). The two need not agree bit for bit: where
+    a gradient is required, eager ``linear(..., "gelu")`` runs linear + PyTorch's gelu (keeping the
+    pre-activation), while the compiled custom op is one fused node whose backward recomputes it."""
     inputs = _inputs(device, requires_grad=True)
     got, got_grads = _run_with_grads(torch.compile(block, fullgraph=True, backend="aot_eager"), inputs)
     eager, eager_grads = _run_with_grads(block, inputs)
-    with xkernels.use_backend("cpu"):  # PyTorch's own float32 run of the same block, and float64's
-        torch_out, torch_grads = _run_with_grads(block, [t.detach().cpu().requires_grad_() for t in inputs])
-        ref, ref_grads = _run_with_grads(block, [t.detach().cpu().double().requires_grad_() for t in inputs])
-    assert got.shape == eager.shape == ref.shape
-    for mine in ((got, got_grads), (eager, eager_grads)):
-        assert_model_close(mine[0], torch_out, ref)
-        for g, t, r in zip(mine[1], torch_grads, ref_grads):
-            assert_model_close(g, t, r)
+    runs = []  # (PyTorch's float32 [result, *grads], float64's) of the block on the inputs, then on nudged ones
+    with xkernels.use_backend("cpu"):
+        for i in range(TORCH_DRAWS):
+            moved = [t.detach().cpu() for t in inputs] if i == 0 else nudged(inputs)
+            f32 = _run_with_grads(block, [t.clone().requires_grad_() for t in moved])
+            f64 = _run_with_grads(block, [t.double().requires_grad_() for t in moved])
+            runs.append(([f32[0], *f32[1]], [f64[0], *f64[1]]))
+    (torch_all, ref_all), draws = runs[0], runs[1:]
+    assert got.shape == eager.shape == ref_all[0].shape
+    for mine in ([got, *got_grads], [eager, *eager_grads]):
+        for i, (g, t, r) in enumerate(zip(mine, torch_all, ref_all)):
+            assert_model_close(g, t, r, [(d[0][i], d[1][i]) for d in draws])
 
 
 def test_compiled_graph_holds_one_node_per_call(backend, device):
