@@ -189,7 +189,12 @@ def test_host_mode_on_cpu_times_every_form_with_the_launch_stubbed(capsys):
     assert bench.main(["--host", "--device", "cpu", "--rounds", "1", "--calls", "3"]) == 0
     out = capsys.readouterr().out
     assert "Launcher.__call__ stubbed" in out and Launcher.__call__ is real
-    rows = {line[:42].strip(): line.split()[-1] for line in out.splitlines()[3:]}
+    # form -> its full paths per call (the column before the enabled() rows' "[routes]")
+    rows = {line[:42].strip(): line[42:].split("[")[0].split()[-1] for line in out.splitlines()[3:]}
+    routes = {line[:42].strip(): line.split("[", 1)[1] for line in out.splitlines()[3:] if "[" in line[42:]}
+    assert set(routes) == {"enabled(): x + y", "enabled(): x @ w", "enabled(): F.linear(x, w, b)",
+                           "training: enabled(): F.linear"}, out
+    assert routes["enabled(): x + y"].startswith("add.Tensor: ") and "addmm: " in routes["enabled(): F.linear(x, w, b)"]
     for form in ("add(x, y)", "add(x, 2.0)", "add(x, y, alpha=2)", "broadcast(x, b)", "broadcast(x, b, out=o)",
                  "matmul(a, b)", "linear(x, w)", "linear(x, w, b)", 'linear(x, w, b, "gelu")',
                  'linear(x, w, bias=b, activation="gelu")', "nn.Linear module (no_grad)", "enabled(): x + y",
