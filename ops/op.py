@@ -109,6 +109,10 @@ class Op(Signature):
     ``make_hot`` (the route of its repeats), ``autograd`` and ``library_call``."""
 
     plan_cache_size = 512
+    #: whether a recorded call (``autograd``) leaves its signature the route that later lookups
+    #: find (its forward runs ``call_no_grad``); false where the forward plans its own kernel
+    #: (gated_linear saves gate and up): a module's ``RouteCache`` then remembers the miss
+    records_leave_routes = True
 
     def __init__(self) -> None:
         super().__init__()  # the parameter tables (Signature)

@@ -177,6 +177,12 @@ class RouteCache:
     compiling. Copies and pickles of a module start empty."""
 
     LIMIT = 64
+    #: what ``recorded`` keeps for a signature of an op whose recorded calls leave no route
+    #: (``Op.records_leave_routes`` false: gated_linear's training calls plan a kernel that saves
+    #: its own activations): its repeats go straight to ``op.autograd``, as ``Op._recorded`` does
+    #: after its lookup misses, without two lookups that would miss again. ``run`` treats it as a
+    #: miss.
+    NO_ROUTE: Any = object()
 
     __slots__ = ("op", "routes", "generation")
 
@@ -196,7 +202,7 @@ class RouteCache:
                 self.generation = op.generation
             key = (_override.get(), key)
             route = self.routes.get(key)
-            if route is not None:
+            if route is not None and route is not self.NO_ROUTE:
                 result = route.run(*canon)
                 if result is not None:
                     return result
@@ -205,15 +211,16 @@ class RouteCache:
         args, kwargs = op.split(canon)
         return op.call_no_grad(*args, **kwargs)
 
-    def _adopt(self, key: tuple[Any, ...], canon: tuple[Any, ...], call: Any) -> torch.Tensor:
-        """A miss: ``call`` (the op's front door) runs it, and the route it found or left is kept."""
+    def _adopt(self, key: tuple[Any, ...], canon: tuple[Any, ...], call: Any, or_none: bool = False) -> torch.Tensor:
+        """A miss: ``call`` (the op's front door) runs it, and the route it found or left is kept
+        (``or_none``: ``NO_ROUTE`` where it left none)."""
         args, kwargs = self.op.split(canon)
         result = call(*args, **kwargs)
         found = self.op.find_hot(args, kwargs)
-        if found is not None:
+        if found is not None or or_none:
             if len(self.routes) >= self.LIMIT:
                 self.routes.clear()
-            self.routes[key] = found[1]
+            self.routes[key] = self.NO_ROUTE if found is None else found[1]
         return result
 
     def recorded(self, key: tuple[Any, ...], canon: tuple[Any, ...]) -> torch.Tensor:
@@ -229,8 +236,10 @@ class RouteCache:
                 self.generation = op.generation
             key = (_override.get(), key)
             route = self.routes.get(key)
+            if route is self.NO_ROUTE:
+                return op.autograd(canon)
             if route is not None:
                 return op.record(route, canon)
-            return self._adopt(key, canon, op)
+            return self._adopt(key, canon, op, or_none=not op.records_leave_routes)
         args, kwargs = op.split(canon)
         return op(*args, **kwargs)

@@ -12,7 +12,7 @@ import torch
 
 import xkernels
 from helpers import Unchanged, assert_close, rand, require_transformers
-from xkernels.ops import add_rms_norm, linear
+from xkernels.ops import add_rms_norm, gated_linear, linear
 from xkernels.ops.fused import add_norm_plan
 from xkernels.ops.matmul.vendor import reference_linear
 from xkernels.ops.op import Op
@@ -129,9 +129,15 @@ def test_module_with_grad_repeats_without_the_op_lookup(backend, device, activat
 def test_rms_norm_and_gated_mlp_steps_with_grad_skip_the_op_lookup(backend, device, monkeypatch):
     """A patched Llama in training: the decoder layers' add+RMSNorm steps and the gated MLPs run
     their routes from the steps' own caches (no ``add_rms_norm`` / ``gated_linear`` lookup on a
-    repeat); logits and every gradient match the unpatched model's."""
+    repeat); logits and every gradient match the unpatched model's. gated_linear's training calls
+    leave no route: its step's cache remembers that, also where the op holds another signature's
+    route (made first here, as an earlier call of the process would)."""
     tf = require_transformers()
     torch.manual_seed(0)
+    with torch.no_grad():
+        for _ in range(2):
+            gated_linear(rand((5, 16), torch.float32, device), rand((12, 16), torch.float32, device),
+                         rand((12, 16), torch.float32, device))
     cfg = tf.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, vocab_size=64, max_position_embeddings=32,
                          attn_implementation="eager")
