@@ -140,6 +140,13 @@ class Op(Signature):
             if type(self).__call__ is Op.__call__:
                 mod.install_op_call(type(self))
 
+    def _restore_call_slot(self) -> None:
+        """Install the class's C call slot again where its ``__call__`` is ``Op.__call__`` (CPython
+        recomputes a class's slot when its ``__call__`` is assigned or deleted)."""
+        mod = native.ready()
+        if mod is not None and type(self).__call__ is Op.__call__ and REGISTERED.get(self.name) is self:
+            mod.install_op_call(type(self))
+
     def _forget(self) -> None:
         self._plans.clear()
         self._hot.clear()
@@ -203,6 +210,9 @@ class Op(Signature):
         if table is not None:  # a repeat run in C++ (ops/native_front_door.py), else None
             result = table(*args, **kwargs)
             if result is not None:
+                # a repeat the class's C call slot would have run: the slot is gone (the class's
+                # __call__ was set and restored, e.g. a spy): put it back
+                self._restore_call_slot()
                 return result
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
             return self._recorded(args, kwargs)

@@ -17,6 +17,7 @@ from xkernels import tuning
 from xkernels.backends import native
 from xkernels.ops import add, broadcast, linear, matmul
 from xkernels.ops.matmul.vendor import reference_linear
+from xkernels.ops.op import Op
 
 
 @pytest.fixture
@@ -595,11 +596,14 @@ def test_a_repeat_runs_from_the_op_class_call_slot_without_python(backend, devic
     the table runs enters no Python function at all, a call it declines runs ``Op.__call__``, and
     the class keeps its Python ``__call__`` (what torch.compile traces, and what runs without the
     extension)."""
-    from xkernels.ops.op import REGISTERED, Op
+    from xkernels.ops.op import REGISTERED
 
     for op in REGISTERED.values():
+        # never over a class's own __call__; a slot a spy dropped comes back at the op's next
+        # repeat (test_reassigning_an_op_class_call_drops_the_slot), or here
+        assert type(op).__call__ is Op.__call__ or not ext.op_call_installed(type(op)), op.name
+        op._restore_call_slot()
         assert ext.op_call_installed(type(op)) == (type(op).__call__ is Op.__call__), op.name
-        assert type(op).__call__ is Op.__call__ or not ext.op_call_installed(type(op))
     with every_matmul_to_vendor(monkeypatch):
         x, w, b = (rand((6, 40), torch.float32, device), rand((24, 40), torch.float32, device),
                    rand((24,), torch.float32, device))
@@ -621,11 +625,26 @@ def test_a_repeat_runs_from_the_op_class_call_slot_without_python(backend, devic
     assert_close(got, x.double() + y.double(), torch.float32)
 
 
-def test_reassigning_an_op_class_call_drops_the_slot(ext):
-    """CPython recomputes a class's call slot when its ``__call__`` is assigned: the new one runs."""
+def test_reassigning_an_op_class_call_drops_the_slot(backend, device, ext, monkeypatch):
+    """CPython recomputes a class's call slot when its ``__call__`` is assigned: the new one runs.
+    Where it is restored (a spy undone), the next repeat, found by ``Op.__call__``'s own table
+    call, puts the C slot back."""
     cls = type("Reassigned", (type(add),), {})
     assert ext.install_op_call(cls) and ext.op_call_installed(cls)
     op = object.__new__(cls)  # no Op.__init__: nothing registers
     cls.__call__ = lambda self, *args, **kwargs: "python"
     assert not ext.op_call_installed(cls) and op(1, 2) == "python"
     assert not ext.install_op_call(int)  # a static type's slot is left alone
+    x, y = rand((4, 8), torch.float32, device), rand((4, 8), torch.float32, device)
+    seen = []
+    with monkeypatch.context() as m:
+        m.setattr(type(add), "__call__", lambda self, *a, **k: seen.append(1) or Op.__call__(self, *a, **k))
+        assert not ext.op_call_installed(type(add))
+        for _ in range(3):
+            assert_close(add(x, y), x.double() + y.double(), torch.float32)
+        assert seen == [1, 1, 1] and not ext.op_call_installed(type(add))  # the spy saw every call
+    assert not ext.op_call_installed(type(add))  # undone: CPython's Python slot
+    assert_close(add(x, y), x.double() + y.double(), torch.float32)  # a repeat, in Op.__call__
+    assert ext.op_call_installed(type(add))
+    got, calls = _python_calls(lambda: add(x, y))
+    assert Op.__call__.__code__ not in calls
