@@ -8,10 +8,11 @@
 // the bytecode of `type(op).__call__`, never this slot), inspect and help() read, and what runs
 // where this slot is not installed (no extension, XKERNELS_NATIVE=0). Reassigning a class's
 // `__call__` makes CPython recompute its slot, which drops this one; once it is Op.__call__
-// again, the next repeat Op.__call__ finds in the table installs it back (Op._restore_call_slot). Op.__call__ asks
-// torch.compiler.is_compiling() before the table; here the table alone decides, which is the
-// same answer: the table declines every call made while tracing (FakeTensors and proxies are
-// subclasses or run under a dispatch mode), and dynamo never calls the slot.
+// again, the next repeat Op.__call__ finds in the table installs it back
+// (Op._restore_call_slot). Op.__call__ asks torch.compiler.is_compiling() before the table; here
+// the table alone decides, which is the same answer: the table declines every call made while
+// tracing (FakeTensors and proxies are subclasses or run under a dispatch mode), and dynamo never
+// calls the slot.
 // Included by native.cpp only.
 #pragma once
 
