@@ -294,6 +294,17 @@ at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const 
   return self;
 }
 
+// A matmul override's entry with xkernels' kernel: its route launched with the aten op's
+// operands (its parameters, in order), counted; undefined where the launch declined.
+at::Tensor launch_entry(Override& ov, const Entry& e, std::initializer_list<const at::Tensor*> operands) {
+  const at::Tensor* const* args = operands.begin();
+  const int n = static_cast<int>(operands.size());
+  at::Tensor out = xk::run_route(*e.route, [&](int i) { return i >= 0 && i < n ? args[i] : nullptr; });
+  if (out.defined()) ov.hits++;
+  return out;
+}
+
+// mm (Batched false) and bmm (true)
 // mm (Batched false) and bmm (true)
 template <int Slot, bool Batched>
 at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
@@ -303,13 +314,8 @@ at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
     if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
       ++*e->count;
       return Aten<Slot>::template matmul<Batched>(a, b);
-    } else if (e && e->route) {  // xkernels' kernel, launched from its route
-      const at::Tensor* args[2] = {&a, &b};
-      at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 2 ? args[i] : nullptr; });
-      if (out.defined()) {
-        ov->hits++;
-        return out;
-      }
+    } else if (e && e->route) {
+      if (at::Tensor out = launch_entry(*ov, *e, {&a, &b}); out.defined()) return out;
     }
   }
   py::gil_scoped_acquire gil;
@@ -326,13 +332,8 @@ at::Tensor addmm_kernel(const at::Tensor& bias, const at::Tensor& a, const at::T
     if (auto e = ov->find(key_of({&bias, &a, &b})); e && e->vendor) {
       ++*e->count;
       return Aten<Slot>::addmm(bias, a, b);
-    } else if (e && e->route) {  // xkernels' kernel, launched from its route
-      const at::Tensor* args[3] = {&bias, &a, &b};
-      at::Tensor out = xk::run_route(*e->route, [&](int i) { return i >= 0 && i < 3 ? args[i] : nullptr; });
-      if (out.defined()) {
-        ov->hits++;
-        return out;
-      }
+    } else if (e && e->route) {
+      if (at::Tensor out = launch_entry(*ov, *e, {&bias, &a, &b}); out.defined()) return out;
     }
   }
   py::gil_scoped_acquire gil;
