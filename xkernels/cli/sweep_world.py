@@ -1,16 +1,20 @@
 """The processes a sweep runs in: one, or the ranks ``torchrun`` starts (``torch.distributed``).
 
 Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set) each rank joins the default
-process group with its device's collective backend (NCCL on cuda, HCCL on npu, gloo on CPU),
-selects its local device (``LOCAL_RANK``), and Python objects are gathered through a gloo group.
-Progress is counted in the rendezvous store, so rank 0 can show one bar for every rank's items.
-Without ``torchrun`` the world is this process alone and nothing is initialised.
+process group with its device's collective backend (NCCL on cuda, HCCL on npu, gloo on CPU) and
+selects its local device (``LOCAL_RANK``). Python objects, barriers and progress go through the
+rendezvous store, never through a collective: a collective's work object keeps its tensors until
+the backend's worker thread drops it, and a worker that drops Python-owned tensors while the
+interpreter exits needs the GIL it can no longer take (the process aborts: "terminate called
+without an active exception", seen with gloo after a ``gather_object``). Without ``torchrun`` the
+world is this process alone and nothing is initialised.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import pickle
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +27,7 @@ COLLECTIVES = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
 #: How long a rank waits for the others at a collective: a rank may still be sweeping.
 TIMEOUT = datetime.timedelta(hours=6)
 PROGRESS_KEY = "xkernels_sweep_done"
+EXCHANGE_KEY = "xkernels_sweep_exchange"
 
 
 @dataclass
@@ -32,13 +37,14 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
-    _objects: Any = field(default=None, repr=False)  # the gloo group objects travel through
     _store: Any = field(default=None, repr=False)
     _counts: dict[str, int] = field(default_factory=dict, repr=False)
+    _exchanges: int = field(default=0, repr=False)  # gathers and barriers so far (the same on every rank)
+    _tag: str = field(default="", repr=False)  # this world's keys in the store (a process may join again)
 
     @property
     def distributed(self) -> bool:
-        return self.size > 1 or self._objects is not None
+        return self._store is not None
 
     def add_done(self, counter: str, n: int = 1) -> int:
         """Count ``n`` more finished items on ``counter`` (one per sweep); the count over every
@@ -46,34 +52,44 @@ class World:
         if self._store is None:
             self._counts[counter] = self._counts.get(counter, 0) + n
             return self._counts[counter]
-        return int(self._store.add(f"{PROGRESS_KEY}/{counter}", n))
+        return int(self._store.add(f"{PROGRESS_KEY}{self._tag}/{counter}", n))
+
+    def _post(self, payload: bytes) -> str:
+        """This rank's part of the next exchange; the exchange's key prefix."""
+        self._exchanges += 1
+        prefix = f"{EXCHANGE_KEY}{self._tag}/{self._exchanges}"
+        self._store.set(f"{prefix}/{self.rank}", payload)
+        return prefix
 
     def gather(self, obj: Any) -> list[Any] | None:
         """Every rank's ``obj`` on rank 0 (``None`` on the others); ``[obj]`` alone."""
         if not self.distributed:
             return [obj]
-        import torch.distributed as dist
-
-        got: list[Any] = [None] * self.size if self.rank == 0 else None  # type: ignore[assignment]
-        dist.gather_object(obj, got, dst=0, group=self._objects)
+        prefix = self._post(pickle.dumps(obj))
+        if self.rank != 0:
+            return None
+        keys = [f"{prefix}/{r}" for r in range(self.size)]
+        self._store.wait(keys)
+        got = [pickle.loads(self._store.get(k)) for k in keys]
+        for k in keys:
+            self._store.delete_key(k)
         return got
 
     def barrier(self) -> None:
+        """Every rank reaches this line before any leaves it."""
         if self.distributed:
-            import torch.distributed as dist
-
-            dist.barrier(group=self._objects)
+            prefix = self._post(b"")
+            self._store.wait([f"{prefix}/{r}" for r in range(self.size)])
 
     def close(self) -> None:
-        """Leave the process groups together (a rank tearing down its connections while rank 0
+        """Leave the process group together (a rank tearing down its connections while rank 0
         still writes would abort the others)."""
         if self.distributed:
             import torch.distributed as dist
 
-            dist.barrier(group=self._objects)
-            if self._objects is not dist.group.WORLD:
-                dist.destroy_process_group(self._objects)
-            dist.destroy_process_group()
+            self.barrier()
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def join(device_type: str) -> World:
@@ -89,14 +105,11 @@ def join(device_type: str) -> World:
         getattr(torch, device_type).set_device(local)  # before NCCL/HCCL binds a device
     if not dist.is_initialized():
         dist.init_process_group(backend=COLLECTIVES.get(device_type, "gloo"), timeout=TIMEOUT)
-    objects = dist.new_group(backend="gloo", timeout=TIMEOUT) if device_type != "cpu" else dist.group.WORLD
-    try:
-        from torch.distributed.distributed_c10d import _get_default_store
+    from torch.distributed.distributed_c10d import _get_default_store
 
-        store = _get_default_store()
-    except Exception:  # noqa: BLE001 - no store: rank 0 counts its own items only
-        store = None
-    return World(rank, size, local, objects, store)
+    store = _get_default_store()
+    joins = int(store.add(f"{EXCHANGE_KEY}/joins/{rank}", 1))  # every rank joins as often as the others
+    return World(rank, size, local, store, _tag=f"/{joins}")
 
 
 class Progress:
