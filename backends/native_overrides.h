@@ -142,7 +142,7 @@ struct Override {
     return c;
   }
 
-  std::shared_ptr<const Entry> find(const Key& k) {
+  std::shared_ptr<const Entry> find(const Key& k) {  // the shared table, under `lock`
     if (!k.ok) return nullptr;  // longer than a key holds: the Python override decides
     const uint64_t h = k.hash();
     std::lock_guard<std::mutex> g(lock);
@@ -153,10 +153,7 @@ struct Override {
     return nullptr;
   }
 
-  void clear() {  // under `lock`
-    table.clear();
-    size = 0;
-  }
+  void clear();  // under `lock`
   ~Override() {
     lib.reset();
     if (Py_IsInitialized()) {
@@ -173,11 +170,71 @@ constexpr int kSlots = 3;  // CUDA, CPU, PrivateUse1
 std::mutex g_over_lock;
 std::shared_ptr<Override> g_over[kOps][kSlots];
 
-std::shared_ptr<Override> current(int op, int slot) {
-  std::lock_guard<std::mutex> g(g_over_lock);
-  auto o = g_over[op][slot];
+// Bumped by every change to what a call may find: an override registered or removed, an entry
+// stored, a table cleared.
+std::atomic<uint64_t> g_generation{1};
+void changed() { g_generation.fetch_add(1, std::memory_order_acq_rel); }
+
+void Override::clear() {
+  table.clear();
+  size = 0;
+  changed();
+}
+
+using Bucket = std::vector<std::pair<std::vector<int64_t>, std::shared_ptr<const Entry>>>;
+
+// A thread's view of the overrides and of the entries it has found in their tables, as of the
+// generation `gen`. While the generation has not moved, a call finds its override and its entry
+// here with one atomic load and no lock or reference count (the shared tables take a mutex, and
+// handing out a shared_ptr two atomic updates). The view owns what it holds: an override removed
+// while a call is inside it lives until that thread's next call sees the new generation.
+struct ThreadView {
+  uint64_t gen = 0;
+  std::shared_ptr<Override> over[kOps][kSlots];
+  std::unordered_map<uint64_t, Bucket> found[kOps][kSlots];
+
+  void refresh() {
+    std::lock_guard<std::mutex> g(g_over_lock);
+    gen = g_generation.load(std::memory_order_acquire);  // registration and removal change it under this lock
+    for (int op = 0; op < kOps; ++op)
+      for (int slot = 0; slot < kSlots; ++slot) {
+        over[op][slot] = g_over[op][slot];
+        found[op][slot].clear();
+      }
+  }
+};
+thread_local ThreadView t_view;
+
+// The override of `op` on `slot` where one is registered, from this thread's view (refreshed if
+// anything changed), else null.
+Override* registered(int op, int slot) {
+  if (t_view.gen != g_generation.load(std::memory_order_acquire)) t_view.refresh();
+  return t_view.over[op][slot].get();
+}
+
+// The override of `op` on `slot`, whose kernel is running.
+Override& current(int op, int slot) {
+  Override* o = registered(op, slot);
   TORCH_CHECK(o, "xkernels: the native ", kOpNames[op], " override ran after it was removed");
-  return o;
+  return *o;
+}
+
+// The entry of key `k` in `ov` (this thread's `current(ov.op, slot)`): from the view, else from
+// the shared table (then kept in the view). Valid until this thread's next call of an override
+// (the hit paths make none).
+template <int Slot>
+const Entry* find(Override& ov, const Key& k) {
+  if (!k.ok) return nullptr;
+  const uint64_t h = k.hash();
+  auto& found = t_view.found[ov.op][Slot];
+  if (auto it = found.find(h); it != found.end())
+    for (const auto& [key, e] : it->second)
+      if (k.same(key)) return e.get();
+  std::shared_ptr<const Entry> e = ov.find(k);
+  if (!e) return nullptr;
+  const Entry* raw = e.get();
+  found[h].emplace_back(k.vec(), std::move(e));
+  return raw;
 }
 
 py::object scalar_to_py(const c10::Scalar& a) {
@@ -259,7 +316,7 @@ struct Aten {
 template <int Slot, bool Inplace>
 at::Tensor add_here(Override& ov, const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
   if (!may_run_here() || !other.defined() || is_number(self)) return {};
-  auto e = ov.find(add_key(self, other, alpha));
+  const Entry* e = find<Slot>(ov, add_key(self, other, alpha));
   if (!e) return {};
   if (e->vendor) {  // aten's own kernel
     ++*e->count;
@@ -276,8 +333,9 @@ at::Tensor add_here(Override& ov, const at::Tensor& self, const at::Tensor& othe
 
 template <int Slot>
 at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  auto ov = current(kAdd, Slot);
-  if (at::Tensor out = add_here<Slot, false>(*ov, self, other, alpha); out.defined()) return out;
+  Override& view = current(kAdd, Slot);
+  if (at::Tensor out = add_here<Slot, false>(view, self, other, alpha); out.defined()) return out;
+  std::shared_ptr<Override> ov = t_view.over[kAdd][Slot];  // held: Python may change the view
   py::gil_scoped_acquire gil;
   InPython in;
   py::object r = ov->py_fn(as_py(self), as_py(other), py::arg("alpha") = scalar_to_py(alpha));
@@ -286,8 +344,9 @@ at::Tensor add_kernel(const at::Tensor& self, const at::Tensor& other, const c10
 
 template <int Slot>
 at::Tensor& add_inplace_kernel(at::Tensor& self, const at::Tensor& other, const c10::Scalar& alpha) {
-  auto ov = current(kAddInplace, Slot);
-  if (add_here<Slot, true>(*ov, self, other, alpha).defined()) return self;
+  Override& view = current(kAddInplace, Slot);
+  if (add_here<Slot, true>(view, self, other, alpha).defined()) return self;
+  std::shared_ptr<Override> ov = t_view.over[kAddInplace][Slot];  // held: Python may change the view
   py::gil_scoped_acquire gil;
   InPython in;
   ov->py_fn(self, as_py(other), py::arg("alpha") = scalar_to_py(alpha));
@@ -305,19 +364,20 @@ at::Tensor launch_entry(Override& ov, const Entry& e, std::initializer_list<cons
 }
 
 // mm (Batched false) and bmm (true)
-// mm (Batched false) and bmm (true)
 template <int Slot, bool Batched>
 at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
-  auto ov = current(Batched ? kBmm : kMm, Slot);
+  constexpr int op = Batched ? kBmm : kMm;
+  Override& view = current(op, Slot);
   const int64_t dims = Batched ? 3 : 2;
   if (may_run_here() && a.dim() == dims && b.dim() == dims) {
-    if (auto e = ov->find(key_of({&a, &b})); e && e->vendor) {
+    if (const Entry* e = find<Slot>(view, key_of({&a, &b})); e && e->vendor) {
       ++*e->count;
       return Aten<Slot>::template matmul<Batched>(a, b);
     } else if (e && e->route) {
-      if (at::Tensor out = launch_entry(*ov, *e, {&a, &b}); out.defined()) return out;
+      if (at::Tensor out = launch_entry(view, *e, {&a, &b}); out.defined()) return out;
     }
   }
+  std::shared_ptr<Override> ov = t_view.over[op][Slot];  // held: Python may change the view
   py::gil_scoped_acquire gil;
   InPython in;
   py::object r = ov->py_fn(a, b);
@@ -327,15 +387,16 @@ at::Tensor matmul_kernel(const at::Tensor& a, const at::Tensor& b) {
 template <int Slot>
 at::Tensor addmm_kernel(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, const c10::Scalar& beta,
                         const c10::Scalar& alpha) {
-  auto ov = current(kAddmm, Slot);
+  Override& view = current(kAddmm, Slot);
   if (may_run_here() && is_one(beta) && is_one(alpha) && bias.dim() == 1 && a.dim() == 2 && b.dim() == 2) {
-    if (auto e = ov->find(key_of({&bias, &a, &b})); e && e->vendor) {
+    if (const Entry* e = find<Slot>(view, key_of({&bias, &a, &b})); e && e->vendor) {
       ++*e->count;
       return Aten<Slot>::addmm(bias, a, b);
     } else if (e && e->route) {
-      if (at::Tensor out = launch_entry(*ov, *e, {&bias, &a, &b}); out.defined()) return out;
+      if (at::Tensor out = launch_entry(view, *e, {&bias, &a, &b}); out.defined()) return out;
     }
   }
+  std::shared_ptr<Override> ov = t_view.over[kAddmm][Slot];  // held: Python may change the view
   py::gil_scoped_acquire gil;
   InPython in;
   py::object r = ov->py_fn(bias, a, b, py::arg("beta") = scalar_to_py(beta), py::arg("alpha") = scalar_to_py(alpha));
@@ -383,6 +444,7 @@ std::shared_ptr<Override> override_op(const std::string& name, const std::string
     std::lock_guard<std::mutex> g(g_over_lock);
     TORCH_CHECK(!g_over[op][slot], "xkernels native override: ", name, " on ", key, " is registered already");
     g_over[op][slot] = ov;
+    changed();
   }
   QuietWarnings quiet;  // "Overriding a previously registered kernel": the point here
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
@@ -399,6 +461,7 @@ void remove_override(Override& ov) {
   for (auto& row : g_over)
     for (auto& o : row)
       if (o.get() == &ov) o.reset();
+  changed();
 }
 
 // -- enable()'s aten::linear and aten::matmul, on the Autograd key ------------------------------
@@ -452,15 +515,41 @@ bool nothing_to_record(std::initializer_list<const at::Tensor*> ts) {
   return true;
 }
 
+bool same_device_and_dtype(std::initializer_list<const at::Tensor*> ts) {
+  const at::Tensor* first = *ts.begin();
+  for (const at::Tensor* t : ts)
+    if (t && (t->device() != first->device() || t->scalar_type() != first->scalar_type())) return false;
+  return true;
+}
+
+// aten::linear's decomposition with nothing to record, below autograd. Where it is one addmm or
+// mm (a 2-D input; with a 1-D bias also a contiguous 3-D input, flattened: at::native::linear's
+// own cases) and that op's override is registered, the override runs it directly, skipping the
+// decomposition's checks and one dispatcher round trip; anything else is at::native::linear.
+template <int Slot>
+at::Tensor linear_below_autograd(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
+                                 const at::Tensor* bp) {
+  at::AutoDispatchBelowADInplaceOrView below;
+  if (w.dim() == 2 && same_device_and_dtype({&x, &w, bp})) {
+    if (bp && bp->dim() == 1 && registered(kAddmm, Slot)) {
+      if (x.dim() == 2) return addmm_kernel<Slot>(*bp, x, w.t(), 1, 1);
+      if (x.dim() == 3 && x.is_contiguous()) {
+        at::Tensor y = addmm_kernel<Slot>(*bp, x.view({-1, x.size(2)}), w.t(), 1, 1);
+        return y.view({x.size(0), x.size(1), y.size(1)});
+      }
+    } else if (!bp && x.dim() == 2 && registered(kMm, Slot)) {
+      return matmul_kernel<Slot, false>(x, w.t());
+    }
+  }
+  return at::native::linear(x, w, b);
+}
+
 template <int Slot>
 at::Tensor linear_kernel(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b) {
   const at::Tensor* bp = b.has_value() && b->defined() ? &*b : nullptr;
   // (a use_backend() block does not matter here: the addmm / mm inside decide the backend)
   if (!plain_call({&x, &w, bp})) return at::native::linear(x, w, b);
-  if (nothing_to_record({&x, &w, bp})) {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return at::native::linear(x, w, b);
-  }
+  if (nothing_to_record({&x, &w, bp})) return linear_below_autograd<Slot>(x, w, b, bp);
   if (!at::GradMode::is_enabled() || !torch::autograd::compute_requires_grad(x, w, bp ? *bp : at::Tensor()) ||
       !xk::one_node(x, w, bp))
     return at::native::linear(x, w, b);
@@ -473,9 +562,14 @@ at::Tensor linear_kernel(const at::Tensor& x, const at::Tensor& w, const std::op
   return xk::linear_one_node(xk::Route::kNone, 0.0, x, w, bp);
 }
 
+// aten::matmul: with nothing to record, below autograd; 2-D @ 2-D (aten's mm: at::native::matmul's
+// first case) goes to the mm override directly where one is registered.
+template <int Slot>
 at::Tensor matmul_composite_kernel(const at::Tensor& a, const at::Tensor& b) {
   if (plain_call({&a, &b}) && nothing_to_record({&a, &b})) {
     at::AutoDispatchBelowADInplaceOrView below;
+    if (a.dim() == 2 && b.dim() == 2 && same_device_and_dtype({&a, &b}) && registered(kMm, Slot))
+      return matmul_kernel<Slot, false>(a, b);
     return at::native::matmul(a, b);
   }
   return at::native::matmul(a, b);
@@ -499,8 +593,10 @@ std::shared_ptr<CompositeOverride> override_composite(const std::string& name, c
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   const auto dk = slot == 0 ? c10::DispatchKey::AutogradCUDA : c10::DispatchKey::AutogradCPU;
   ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dk, __FILE__, __LINE__);
-  if (op == kMatmul)
-    ov->lib->impl("matmul", TORCH_FN(matmul_composite_kernel));
+  if (op == kMatmul && slot == 0)
+    ov->lib->impl("matmul", TORCH_FN(matmul_composite_kernel<0>));
+  else if (op == kMatmul)
+    ov->lib->impl("matmul", TORCH_FN(matmul_composite_kernel<1>));
   else if (slot == 0)
     ov->lib->impl("linear", TORCH_FN(linear_kernel<0>));
   else
@@ -525,11 +621,13 @@ void store(Override& ov, const Key& k, std::shared_ptr<Entry> e) {
   for (auto& [key, old] : bucket) {
     if (k.same(key)) {
       old = std::move(e);
+      changed();
       return;
     }
   }
   bucket.emplace_back(k.vec(), std::move(e));
   ++ov.size;
+  changed();
 }
 
 // mm / bmm (a, b), addmm (bias, a, b): these operands' signature runs xkernels' kernel from

@@ -462,6 +462,54 @@ def test_native_add_override_removed_and_registered_again(routed_add):
     assert len(seen) == n + 1, "the Python repeat did not teach the new override its signature"
 
 
+def test_a_threads_view_of_the_overrides_follows_every_change(routed_add):
+    """Each thread finds its override and remembered entries in its own view, with no lock: a
+    table cleared, or an override removed and registered again, by another thread is seen at
+    that thread's next call (it asks the Python override again), never run from a stale view."""
+    import queue
+    import threading
+
+    import xkernels
+    from xkernels import routing
+
+    seen, device, key = routed_add
+    x, y = torch.randn(8, device=device), torch.randn(8, device=device)
+    want = (x.double() + y.double()).float()
+    jobs: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+
+    def worker():  # one thread for the whole test: its view lives between the steps
+        while (n := jobs.get()) is not None:
+            try:
+                done.put([x + y for _ in range(n)])
+            except Exception as exc:  # noqa: BLE001 - handed to the test's thread
+                done.put(exc)
+
+    def on_worker(n):
+        jobs.put(n)
+        got = done.get(timeout=60)
+        assert not isinstance(got, Exception), got
+        for out in got:
+            torch.testing.assert_close(out, want, rtol=0, atol=0)
+        return len(seen)
+
+    t = threading.Thread(target=worker, daemon=True)
+    t.start()
+    try:
+        learned = on_worker(3)  # the worker's first calls teach the table; its view keeps the entry
+        assert on_worker(3) == learned, "repeats went to the Python override"
+        routing._natives[("add.Tensor", key)].clear()
+        assert on_worker(1) == learned + 1, "a cleared entry ran from the worker's view"
+        assert on_worker(3) == learned + 1
+        xkernels.disable()
+        on_worker(2)  # aten's own kernel
+        xkernels.enable(ops=["add"])
+        assert on_worker(3) == learned + 2, "the removed override ran from the worker's view"
+    finally:
+        jobs.put(None)
+        t.join(timeout=60)
+
+
 @pytest.fixture
 def routed_matmul(ext, monkeypatch):
     """``enable(ops=["matmul", "linear"])`` with every matmul/linear route the device's BLAS, the
@@ -590,6 +638,37 @@ def test_enable_records_linear_training_calls_as_one_node(routed_matmul):
     xkernels.disable()
     x = torch.randn(6, 5, device=device, requires_grad=True)
     assert torch.nn.functional.linear(x, torch.randn(7, 5, device=device)).grad_fn.name() != "xkernels::LinearBackward"
+
+
+def test_enabled_linear_and_matmul_shortcuts_keep_atens_results_and_errors(routed_matmul):
+    """With nothing to record, a 2-D (or contiguous 3-D with a bias) ``F.linear`` and a 2-D @ 2-D
+    matmul go straight to the addmm / mm override; every other form (a non-contiguous or 4-D input,
+    a 2-D bias) runs aten's decomposition, and mixed dtypes raise aten's own error."""
+    import xkernels
+
+    seen, device = routed_matmul
+    r = lambda *s: torch.randn(*s, device=device)  # noqa: E731
+    w, b = r(7, 5), r(7)
+    forms = {"3-D strided": lambda: torch.nn.functional.linear(r(3, 2, 5).transpose(0, 1), w, b),
+             "4-D": lambda: torch.nn.functional.linear(r(2, 2, 3, 5), w, b),
+             "2-D bias": lambda: torch.nn.functional.linear(r(4, 5), w, r(4, 7)),
+             "3-D no bias": lambda: torch.nn.functional.linear(r(2, 3, 5), w),
+             "matmul 2-D @ 1-D": lambda: r(4, 5) @ r(5)}
+    for name, form in forms.items():
+        torch.manual_seed(3)
+        got = form()
+        xkernels.disable()
+        try:
+            torch.manual_seed(3)
+            want = form()
+        finally:
+            xkernels.enable(ops=["matmul", "linear"])
+        assert torch.equal(got, want), name
+    xd = r(4, 5).double()
+    for call in (lambda: torch.nn.functional.linear(xd, w, b), lambda: torch.nn.functional.linear(xd, w),
+                 lambda: xd @ w.t()):
+        with pytest.raises(RuntimeError, match="dtype|Double|Float"):
+            call()
 
 
 def test_enable_runs_linear_and_matmul_with_nothing_to_record_below_autograd(routed_matmul):
