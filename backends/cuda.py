@@ -203,6 +203,10 @@ class CudaBackend(Backend):
         # the TMA engine is sm90+; host-side descriptors need triton.tools.tensor_descriptor (3.4+)
         return int(self.arch(device)[2:]) >= 90 and _has_tensor_descriptor()
 
+    def inline_ptx(self, device: Any = None) -> bool:
+        # Triton compiles to PTX for NVIDIA; a ROCm build of torch runs this backend on AMD GPUs
+        return torch.version.hip is None
+
 
 @functools.cache
 def _has_tensor_descriptor() -> bool:

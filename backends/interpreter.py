@@ -33,7 +33,7 @@ from xkernels.hookspecs import hookimpl
 
 from . import npu
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a copied module may itself ask for a copy (a test of a helper)
 _modules: dict[str, ModuleType] = {}
 #: Held by every interpreted kernel launch (see the module doc).
 LAUNCH_LOCK = threading.RLock()

@@ -284,6 +284,12 @@ class Backend:
         """Whether kernels may load through Triton tensor descriptors (TMA) on ``device``."""
         return False
 
+    def inline_ptx(self, device: Any = None) -> bool:
+        """Whether kernels compiled for ``device`` may carry inline PTX (NVIDIA's assembly, through
+        ``tl.inline_asm_elementwise``): a plan then picks the PTX form of an epilogue where one
+        exists (the matmul's GELU); elsewhere the portable form runs."""
+        return False
+
     # -- launch geometry ------------------------------------------------------------------------
     def max_programs(self, unit: Unit = "vector", device: Any = None) -> int:
         """Most programs one launch should use; a kernel loops over the rest (persistent)."""

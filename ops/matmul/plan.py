@@ -36,14 +36,17 @@ if TYPE_CHECKING:
 ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4, "gelu_tanh": 5}
 #: ``ACT`` of gelu with erf by Abramowitz & Stegun 7.1.26 (``ops/matmul/kernels.py``'s module doc).
 GELU_FAST_ERF = 6
+#: ``ACT`` of the same GELU as NVIDIA GPUs run it best: folded constants, SFU rcp / ex2 by inline PTX.
+GELU_FAST_ERF_PTX = 7
 
 
-def gelu_code(activation: str | None, out_dtype: torch.dtype) -> int:
+def gelu_code(activation: str | None, out_dtype: torch.dtype, ptx: bool = False) -> int:
     """``ACT`` for ``activation`` written to a C of ``out_dtype``: gelu takes the fast erf where C
-    is fp16/bf16 (its error is below their rounding); an fp32 C keeps libdevice's erf, whose
-    relative error is 4x lower (kernels.py's module doc)."""
+    is fp16/bf16 (its error is below their rounding), in its inline-PTX form where the kernel may
+    carry PTX (``ptx``: ``Backend.inline_ptx``); an fp32 C keeps libdevice's erf, whose relative
+    error is 4x lower (kernels.py's module doc)."""
     if activation == "gelu" and out_dtype in (torch.float16, torch.bfloat16):
-        return GELU_FAST_ERF
+        return GELU_FAST_ERF_PTX if ptx else GELU_FAST_ERF
     return ACTIVATIONS[activation]
 
 
@@ -232,7 +235,7 @@ class MatmulPlan(Plan):
         backend's ``compute_units``; ``"PROGRAMS_PER_SM"`` defaults to 1: two let one program's
         epilogue overlap the other's main loop where both fit an SM's shared memory) walking tiles
         pid, pid + nprog, ...; ``"EPILOGUE_SUBTILE": true`` stores C in two halves of BLOCK_N // 2
-        columns. gelu into an fp16/bf16 C uses the fast erf (:func:`gelu_code`)."""
+        columns. gelu into an fp16/bf16 C uses the fast erf (:func:`gelu_code`), its PTX form on NVIDIA."""
         from xkernels.ops.matmul import kernels as K
 
         bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
@@ -249,7 +252,8 @@ class MatmulPlan(Plan):
         self.grid = (programs,)
         self.dims = (M, N, Kd)
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
-                               HAS_BIAS=call.bias is not None, ACT=gelu_code(call.activation, call.result_dtype),
+                               HAS_BIAS=call.bias is not None,
+                               ACT=gelu_code(call.activation, call.result_dtype, backend.inline_ptx(call.device)),
                                B_KMAJOR=b_kmajor,
                                PERSISTENT=bool(units), EPILOGUE_SUBTILE=subtile, A_MMAJOR=a_mmajor,
                                WARP_SPECIALIZE=ws)
@@ -262,8 +266,10 @@ class MatmulPlan(Plan):
                         + (", A read as its (K, M) transpose" if a_mmajor else ""))
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
                        **self.options, "TMA": True}
-        if self.constexprs["ACT"] == GELU_FAST_ERF:
-            self.variant = self.variant.replace(" + gelu", " + gelu (fast erf)", 1)
+        if self.constexprs["ACT"] in (GELU_FAST_ERF, GELU_FAST_ERF_PTX):
+            how = (" + gelu (fast erf)" if self.constexprs["ACT"] == GELU_FAST_ERF
+                   else " + gelu (fast erf, SFU rcp/ex2 by PTX)")
+            self.variant = self.variant.replace(" + gelu", how, 1)
         if units:
             self.variant += (", persistent (a program per SM)" if per_sm == 1 else
                              f", persistent ({per_sm} programs per SM)")

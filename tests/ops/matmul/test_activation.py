@@ -8,15 +8,17 @@ import pytest
 import torch
 
 import xkernels
+from xkernels.backends.interpreter import _interpreted_module
 from xkernels.ops.matmul import kernels as K
-from xkernels.ops.matmul.plan import ACTIVATIONS, GELU_FAST_ERF, gelu_code
+from xkernels.ops.matmul.plan import ACTIVATIONS, GELU_FAST_ERF, GELU_FAST_ERF_PTX, gelu_code
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
 pytestmark = pytest.mark.uses_interpreter
 
-_activation = triton.jit(K._activation.fn)  # re-jitted here: the interpreted copy of this module interprets it
+# the kernels module's interpreted copy (its helpers, _rcp / _exp2, interpreted with it)
+_activation = _interpreted_module(K.__name__)._activation
 
 
 @triton.jit
@@ -73,8 +75,10 @@ def test_fast_erf_gelu_is_below_half_precision_rounding(dtype):
 
 def test_fp32_results_keep_libdevice_erf():
     """The fast erf's relative error is ~4x libdevice's in fp32 (kernels.py's module doc): plans
-    use it only for an fp16/bf16 C."""
-    assert gelu_code("gelu", torch.bfloat16) == gelu_code("gelu", torch.float16) == GELU_FAST_ERF
-    assert gelu_code("gelu", torch.float32) == ACTIVATIONS["gelu"]
-    for act in ("relu", "silu", "leaky_relu", "gelu_tanh", None):
-        assert gelu_code(act, torch.bfloat16) == ACTIVATIONS[act]
+    use it only for an fp16/bf16 C, in its PTX form where the backend's kernels may carry PTX."""
+    for ptx, fast in ((False, GELU_FAST_ERF), (True, GELU_FAST_ERF_PTX)):
+        assert gelu_code("gelu", torch.bfloat16, ptx) == gelu_code("gelu", torch.float16, ptx) == fast
+        assert gelu_code("gelu", torch.float32, ptx) == ACTIVATIONS["gelu"]
+        for act in ("relu", "silu", "leaky_relu", "gelu_tanh", None):
+            assert gelu_code(act, torch.bfloat16, ptx) == ACTIVATIONS[act]
+    assert not xkernels.get_backend("interpreter").inline_ptx() and not xkernels.get_backend("cpu").inline_ptx()

@@ -161,6 +161,25 @@ def test_large_sm90_calls_load_through_tensor_descriptors(op, args):
     assert wide == 0 and narrow <= 1, (wide, narrow)  # no per-thread operand copies; 1: linear's bias row
 
 
+@pytest.mark.parametrize("dtype,act,ptx_gelu", [(torch.bfloat16, "gelu", True), (torch.float16, "gelu", True),
+                                                (torch.float32, "gelu", False), (torch.bfloat16, "silu", False)],
+                         ids=["bf16 gelu", "fp16 gelu", "fp32 gelu", "bf16 silu"])
+def test_tma_gelu_into_half_precision_takes_the_sfu_by_ptx(dtype, act, ptx_gelu):
+    """On NVIDIA the TMA kernel's GELU into an fp16/bf16 C is the fast erf with one SFU reciprocal
+    and one SFU exponential per element (``ACT`` 7: inline ``rcp.approx.ftz`` / ``ex2.approx.ftz``),
+    said by ``explain()``; an fp32 C keeps libdevice's erf, other activations their own code."""
+    args = (_meta(8192, 768, dtype=dtype), _meta(3072, 768, dtype=dtype), _meta(3072, dtype=dtype), act)
+    with tuning.force(_TMA):
+        plan = linear.make_plan(linear.check(*args), _H100())
+        assert (plan.tma is not None) == (dtype != torch.float32)  # fp32: the pointer kernel
+        ptx = _ptx(linear, *args, backend=_H100())
+    assert (plan.constexprs["ACT"] == 7) == ptx_gelu
+    assert ("rcp.approx.ftz.f32" in ptx and "ex2.approx.ftz.f32" in ptx) == ptx_gelu
+    assert ("SFU rcp/ex2 by PTX" in plan.variant) == ptx_gelu, plan.variant
+    if ptx_gelu:
+        assert "div.full.f32" not in ptx and "div.rn.f32" not in ptx  # the reciprocal is the one instruction
+
+
 @pytest.mark.parametrize("args", [
     (_meta(64, 4096), _meta(4096, 4096)),  # few rows
     (_meta(4096, 256), _meta(256, 4096)),  # K <= 256
@@ -375,9 +394,10 @@ def _ffn_call(m: int):
 def test_ffn_gelu_rule_runs_two_persistent_programs_per_sm(m):
     """The sm90 rules for gelu at 768 -> 3072 from 4097 rows (measured at 8192 and 12608 tokens:
     1.135x and 1.143x torch's F.linear + F.gelu, H100) run the persistent TMA kernel with
-    ``PROGRAMS_PER_SM`` 2: a grid of twice the SMs, C stored in halves, the fast erf. Compiled for
-    sm90, a program's shared memory and registers let two reside on an SM, and nothing spills."""
-    from xkernels.ops.matmul.plan import GELU_FAST_ERF
+    ``PROGRAMS_PER_SM`` 2: a grid of twice the SMs, C stored in halves, the fast erf (its PTX form).
+    Compiled for sm90, a program's shared memory and registers let two reside on an SM, and nothing
+    spills."""
+    from xkernels.ops.matmul.plan import GELU_FAST_ERF_PTX
 
     plan = linear.make_plan(linear.check(*_ffn_call(m)), _H100())
     tiles = (m + 127) // 128 * 24
@@ -385,7 +405,7 @@ def test_ffn_gelu_rule_runs_two_persistent_programs_per_sm(m):
     assert plan.config.get("PROGRAMS_PER_SM") == 2 and plan.config.get("PERSISTENT") is True, plan.config
     assert plan.tiles == tiles and plan.grid == (2 * SMS,) and plan.programs == 2 * SMS < tiles
     assert plan.constexprs["PERSISTENT"] and plan.constexprs["EPILOGUE_SUBTILE"]
-    assert plan.constexprs["ACT"] == GELU_FAST_ERF and "gelu (fast erf)" in plan.variant
+    assert plan.constexprs["ACT"] == GELU_FAST_ERF_PTX and "gelu (fast erf, SFU rcp/ex2 by PTX)" in plan.variant
     assert "2 programs per SM" in plan.variant and plan.tma["c"] == [128, 64]
     with tuning.force(plan.config):
         forced, kernel = _compile(linear, *_ffn_call(m), backend=_H100())
