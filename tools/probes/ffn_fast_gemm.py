@@ -24,7 +24,8 @@ their min-max. Output: a table and ``$OUT/ffn-fast-gemm.json`` (the cwd without 
 
 Candidate labels: ``1tile`` one program per tile, ``flat`` persistent with the flattened loop,
 ``ws`` persistent and warp-specialized; ``sub<S>`` C stored in S column slices; ``x2`` two
-persistent programs per SM; ``erf`` libdevice's erff, ``fast`` the A&S erf.
+persistent programs per SM; ``erf`` libdevice's erff, ``fast`` the A&S erf, ``lean`` the
+same with its constants folded and the SFU reciprocal / exponential by inline PTX (the package's ``ACT`` 7).
 
     python tools/probes/ffn_fast_gemm.py                      # the GPU run (< 6 min on an H100)
     python tools/probes/ffn_fast_gemm.py --compile-only       # CPU: compile every candidate for sm90
@@ -60,7 +61,7 @@ SHAPES = [(8192, 768, 3072, "gelu"), (12608, 768, 3072, "gelu"), (2048, 768, 307
           (2048, 4096, 14336, "silu")]
 TINY_SHAPES = [(300, 96, 320, "gelu"), (300, 96, 320, "silu")]
 
-ACT_CODE = {"gelu": 2, "silu": 3, "gelu_fast": 6}
+ACT_CODE = {"gelu": 2, "silu": 3, "gelu_fast": 6, "gelu_lean": 7}
 
 
 # --------------------------------------------------------------------------------------------
@@ -78,6 +79,14 @@ def _act(x, ACT: tl.constexpr):
         t = tl.fdiv(tl.full(z.shape, 1.0, tl.float32), 1.0 + 0.3275911 * z, ieee_rounding=False)
         p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
         q = 0.5 * p * tl.exp(-z * z)  # 0.5 erfc(|x| / sqrt 2): no cancellation for negative x
+        x = x * tl.where(x >= 0, 1.0 - q, q)
+    elif ACT == 7:  # ACT 6 with its constants folded and the flush-to-zero approximate rcp / ex2
+        t = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [1.0 + 0.2316418882663604 * tl.abs(x)],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        p = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
+        e = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x * x * -0.7213475204444817],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        q = p * e  # 0.5 erfc(|x| / sqrt 2)
         x = x * tl.where(x >= 0, 1.0 - q, q)
     return x
 
@@ -200,6 +209,8 @@ OWN = [
     _own(128, 128, 3),                              # the same with the A&S erf: what erff costs
     _own(128, 128, 3, split=2),                     # half the C staging buffer, fewer live registers
     _own(128, 128, 3, mode="flat", split=2, per_sm=2),  # persistent, two programs per SM (115 KB each)
+    _own(128, 128, 3, mode="flat", split=2, per_sm=2, erf="lean"),  # the same, folded constants, ftz rcp/ex2
+    _own(128, 128, 3, mode="flat", split=4, per_sm=2, erf="lean"),
     # sm90 warp specialization: 4 warps asked, Triton 3.6 adds a producer and splits the tile's rows
     # over two consumer warp groups (12 warps); C leaves through pointer stores (see _store)
     _own(128, 256, 3, mode="ws", warps=4, store="ptr", erf="erf"),
@@ -224,7 +235,9 @@ PKG = [
 
 
 def _own_act(cfg, act):
-    return ACT_CODE["gelu_fast"] if act == "gelu" and cfg["erf"] == "fast" else ACT_CODE[act]
+    if act == "gelu" and cfg["erf"] in ("fast", "lean"):
+        return ACT_CODE["gelu_" + cfg["erf"]]
+    return ACT_CODE[act]
 
 
 def _own_key(cfg, act):
