@@ -207,6 +207,22 @@ def test_compare_in_chunks_finds_the_first_bad_element(monkeypatch):
     assert accuracy.compare(ref, ref, None, tol, 0.0) == accuracy.Comparison()
 
 
+def test_a_result_that_overflows_at_the_edge_of_its_dtypes_range_is_within_tolerance():
+    """float16: an exact value just under 65520 rounds to 65504; a result computed a little larger
+    (another accumulation order) overflows to inf. Compared with the exact value at the overflow
+    threshold, that is within tolerance; an inf far from the range, or of the other sign, is not."""
+    exact = torch.tensor([-65515.0, 65519.0, 3.0, -65515.0, 60000.0], dtype=torch.float64)
+    ref = exact.to(torch.float16)
+    assert ref[0] == -65504 and ref[1] == 65504
+    got = torch.tensor([float("-inf"), float("inf"), 3.0, float("inf"), float("inf")], dtype=torch.float16)
+    tol = tolerances.ELEMENTWISE[torch.float16]
+    c = accuracy.compare(got, ref, None, tol, 0.0, exact=exact)
+    assert (c.bad, c.first_bad[0]) == (2, 3)  # +inf for -65515, and +inf for 60000
+    assert accuracy.compare(got[:3], ref[:3], None, tol, 0.0, exact=exact[:3]).bad == 0
+    assert accuracy.compare(got[:3], ref[:3], None, tol, 0.0).bad == 2  # without the exact reference: as before
+    assert accuracy._overflow_threshold(torch.float16) == 65520.0
+
+
 def _summary_with_skips(out: str) -> tuple[int, int, int, int]:
     m = re.search(r"^(\d+) cases: (\d+) passed, (\d+) failed, (\d+) skipped", out, re.M)
     assert m, out

@@ -199,7 +199,7 @@ def check_case(case: Case, backend: Backend, device: torch.device, seed: int) ->
         # a second output without a magnitude (the fused norms' sum s) is element-wise
         t = tol if i == 0 else tolerances.ELEMENTWISE[exp.dtype]
         cmp = compare(got.detach().cpu(), ref.to(exp.dtype), m, t,
-                      t.dot_coefficient(k, activation, residual) if m is not None else 0.0)
+                      t.dot_coefficient(k, activation, residual) if m is not None else 0.0, exact=ref)
         max_abs, max_rel = _nanmax(max_abs, cmp.max_abs), _nanmax(max_rel, cmp.max_rel)
         which = f"output {i}: " if len(wanted) > 1 else ""
         if cmp.left:
@@ -229,17 +229,36 @@ def _nanmax(a: float, b: float) -> float:
     return a if math.isnan(a) else b if math.isnan(b) else max(a, b)
 
 
+def _overflow_threshold(dtype: torch.dtype) -> float:
+    """The smallest magnitude that rounds to infinity in ``dtype`` (its largest finite value plus
+    half a unit in the last place there): 65520 for float16."""
+    fi = torch.finfo(dtype)
+    top = 2.0 ** (math.frexp(float(fi.max))[1] - 1)  # the start of the last binade
+    return float(fi.max) + top * fi.eps / 2
+
+
 def compare(got: torch.Tensor, ref: torch.Tensor, mag: torch.Tensor | None, tol: tolerances.Tolerance,
-            dot: float) -> Comparison:
+            dot: float, exact: torch.Tensor | None = None) -> Comparison:
     """Compare ``got`` with ``ref`` (same shape and dtype, on the CPU) in float64, in chunks so that
-    a billion-element result needs no more than a few chunk-sized temporaries."""
+    a billion-element result needs no more than a few chunk-sized temporaries. ``exact``: the
+    reference before its rounding to ``ref``'s dtype; where given, a result that overflowed to
+    +-inf where ``ref`` is finite counts as the overflow threshold (the least it can have been) and
+    is compared with the exact value: a value within tolerance of the dtype's range may round
+    either side of it."""
     c = Comparison()
     flat_g, flat_r = got.reshape(-1), ref.reshape(-1)
     flat_m = mag.reshape(-1) if mag is not None else None
+    flat_x = exact.reshape(-1) if exact is not None and got.dtype.is_floating_point else None
     for lo in range(0, flat_g.numel(), CHUNK):
         gc, rc = flat_g[lo:lo + CHUNK], flat_r[lo:lo + CHUNK]
         c.left += int((_poisoned(gc) & ~_poisoned(rc)).sum())
         g, r = gc.double(), rc.double()
+        if flat_x is not None:
+            over = torch.isinf(g) & torch.isfinite(r)
+            if over.any():
+                g, r = g.clone(), r.clone()
+                g[over] = g[over].sign() * _overflow_threshold(got.dtype)
+                r[over] = flat_x[lo:lo + CHUNK].double()[over]
         err = (g - r).abs()
         err[g == r] = 0  # equal infinities
         c.max_abs = _nanmax(c.max_abs, err.max().item())
