@@ -114,6 +114,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ffn_fast_gemm import _check_rows, _inputs  # noqa: E402 - the same inputs and checked rows as the tl probe
+
 # (M, K, N, activation): BERT-base 16 x 512 tokens, ViT-B/16 64 x 197, 2048 tokens; bias only
 SHAPES = [(8192, 768, 3072, "gelu"), (12608, 768, 3072, "gelu"), (2048, 768, 3072, "gelu"),
           (8192, 768, 3072, None)]
@@ -188,13 +191,37 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, GROUP_M: gl.constexpr)
 
 
 @gluon.jit
+def _tile_mma(a_bufs, b_bufs, ready, empty, turn, acc, g, k_tiles, t, CID: gl.constexpr, CONSUMERS: gl.constexpr):
+    """One tile's main loop from global ring step ``g`` (the consumer's ``t``-th tile): async wgmma,
+    one MMA in flight, each slot released once the MMA after it is issued; with two consumers, in
+    turns (a consumer waits for the other's previous main loop, consumer 0 starts, and passes the
+    turn once its MMAs are issued). Returns the accumulator after all MMAs finished, and the step
+    after the tile's last (whose slot it has released)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    if CONSUMERS == 2:
+        mbarrier.wait(turn.index(CID), (t & 1) ^ (1 - CID))
+    for ki in range(k_tiles):
+        s = g % STAGES
+        mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=ki > 0, is_async=True)
+        acc = warpgroup_mma_wait(1, deps=(acc, ))
+        # the MMA of step g - 1 has finished reading its slot
+        mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=ki > 0)
+        g += 1
+    if CONSUMERS == 2:  # all of this tile's MMAs are issued: the other consumer's turn
+        mbarrier.arrive(turn.index(1 - CID))
+    acc = warpgroup_mma_wait(0, deps=(acc, ))
+    mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES))
+    return acc, g
+
+
+@gluon.jit
 def _consumer(a_desc, b_desc, c_desc, bias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, turn,
               GROUP_M: gl.constexpr, ACT: gl.constexpr, CID: gl.constexpr, CONSUMERS: gl.constexpr):
     """One warp group (or two for coop): main loop on tiles CID, CID + CONSUMERS, ..., then the epilogue."""
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     layout: gl.constexpr = acc_layout(BLOCK_M, BLOCK_N, gl.num_warps())
     N = b_desc.shape[0]
     tiles_m = gl.cdiv(a_desc.shape[0], BLOCK_M)
@@ -209,22 +236,7 @@ def _consumer(a_desc, b_desc, c_desc, bias_ptr, a_bufs, b_bufs, c_bufs, ready, e
         rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
         bias = gl.load(bias_ptr + rn, mask=rn < N, other=0.0)
         acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
-        if CONSUMERS == 2:  # wait for the other consumer's previous main loop (consumer 0 starts)
-            mbarrier.wait(turn.index(CID), (t & 1) ^ (1 - CID))
-        g = j * k_tiles
-        for ki in range(k_tiles):
-            s = g % STAGES
-            mbarrier.wait(ready.index(s), (g // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=ki > 0,
-                                is_async=True)
-            acc = warpgroup_mma_wait(1, deps=(acc, ))
-            # the MMA of step g - 1 has finished reading its slot
-            mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=ki > 0)
-            g += 1
-        if CONSUMERS == 2:  # all of this tile's MMAs are issued: the other consumer's turn
-            mbarrier.arrive(turn.index(1 - CID))
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES))
+        acc, g = _tile_mma(a_bufs, b_bufs, ready, empty, turn, acc, j * k_tiles, k_tiles, t, CID, CONSUMERS)
         acc = _act(acc + gl.expand_dims(bias.to(gl.float32), 0), ACT)
         tma.store_wait(0)  # this consumer's previous store has left c_smem
         c_smem.store(acc.to(c_desc.dtype))
@@ -273,7 +285,6 @@ def _epi_mma(a_desc, b_desc, bias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, tur
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    STAGES: gl.constexpr = a_bufs.type.shape[0]
     NBUF: gl.constexpr = c_bufs.type.shape[0]
     layout: gl.constexpr = acc_layout(BLOCK_M, BLOCK_N, gl.num_warps())
     N = b_desc.shape[0]
@@ -288,21 +299,7 @@ def _epi_mma(a_desc, b_desc, bias_ptr, a_bufs, b_bufs, c_bufs, ready, empty, tur
         rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
         bias = gl.load(bias_ptr + rn, mask=rn < N, other=0.0)
         acc = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout)
-        if CONSUMERS == 2:  # ping-pong order, as in _consumer
-            mbarrier.wait(turn.index(CID), (t & 1) ^ (1 - CID))
-        g = j * k_tiles
-        for ki in range(k_tiles):
-            s = g % STAGES
-            mbarrier.wait(ready.index(s), (g // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, use_acc=ki > 0,
-                                is_async=True)
-            acc = warpgroup_mma_wait(1, deps=(acc, ))
-            mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES), pred=ki > 0)
-            g += 1
-        if CONSUMERS == 2:
-            mbarrier.arrive(turn.index(1 - CID))
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index((g + STAGES - 1) % STAGES))
+        acc, g = _tile_mma(a_bufs, b_bufs, ready, empty, turn, acc, j * k_tiles, k_tiles, t, CID, CONSUMERS)
         # bf16(acc + bias) = F.linear's output, which F.gelu reads in torch's unfused pair
         y = (acc + gl.expand_dims(bias.to(gl.float32), 0)).to(c_bufs.dtype)
         buf = j % NBUF
@@ -559,21 +556,6 @@ def compile_only(cands) -> int:
 # --------------------------------------------------------------------------------------------
 # the child: one candidate, every shape (checks and timing)
 # --------------------------------------------------------------------------------------------
-
-def _inputs(M, K, N, device, seed):
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(M, K, device=device, dtype=torch.float32, generator=g).to(torch.bfloat16)
-    w = (torch.randn(N, K, device=device, dtype=torch.float32, generator=g) / K**0.5).to(torch.bfloat16)
-    b = (0.5 * torch.randn(N, device=device, dtype=torch.float32, generator=g)).to(torch.bfloat16)
-    return x, w, b
-
-
-def _check_rows(M, device, seed):
-    """First and last 128 rows (edge tiles) and 512 random ones."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    rows = torch.cat([torch.arange(min(M, 128)), torch.arange(max(0, M - 128), M), torch.randint(0, M, (512,), generator=g)])
-    return rows.unique().to(device)
-
 
 def _apply(y, act):
     return F.gelu(y) if act == "gelu" else F.relu(y) if act == "relu" else y
