@@ -24,7 +24,7 @@ import torch
 
 #: The collective backend of each device type (gloo for everything on the host).
 COLLECTIVES = {"cuda": "nccl", "npu": "hccl", "cpu": "gloo"}
-#: How long a rank waits for the others at a collective: a rank may still be sweeping.
+#: How long a rank waits for the others (at a gather or barrier, in the store): a rank may still be sweeping.
 TIMEOUT = datetime.timedelta(hours=6)
 PROGRESS_KEY = "xkernels_sweep_done"
 EXCHANGE_KEY = "xkernels_sweep_exchange"
@@ -69,7 +69,7 @@ class World:
         if self.rank != 0:
             return None
         keys = [f"{prefix}/{r}" for r in range(self.size)]
-        self._store.wait(keys)
+        self._store.wait(keys, TIMEOUT)
         got = [pickle.loads(self._store.get(k)) for k in keys]
         for k in keys:
             self._store.delete_key(k)
@@ -79,7 +79,7 @@ class World:
         """Every rank reaches this line before any leaves it."""
         if self.distributed:
             prefix = self._post(b"")
-            self._store.wait([f"{prefix}/{r}" for r in range(self.size)])
+            self._store.wait([f"{prefix}/{r}" for r in range(self.size)], TIMEOUT)
 
     def close(self) -> None:
         """Leave the process group together (a rank tearing down its connections while rank 0
