@@ -12,8 +12,9 @@ through the ``torch.autograd.Function`` subclasses here: the forward is the op's
   ``gelu_backward``, ``silu_backward``, ``leaky_relu_backward``), then the two GEMMs through
   ``xkernels.ops.matmul`` and the bias gradient as a sum over rows. relu and leaky_relu with a
   slope >= 0 read their derivative off the output. gelu, gelu_tanh, silu and a negative slope
-  need the pre-activation: eagerly, ``Linear.autograd`` runs them as ``linear`` + PyTorch's
-  activation, so autograd keeps it; the registered custom op (``library.py``, one fused node
+  need the pre-activation: eagerly, one kernel stores it next to the output where that pays
+  (``ops/matmul/pre_activation.py``), else ``Linear.autograd`` runs them as ``linear`` +
+  PyTorch's activation, so autograd keeps it; the registered custom op (``library.py``, one fused node
   under ``torch.compile``) recomputes it in the backward with ``xkernels.ops.linear``. A
   ``residual`` gets the output's gradient summed over its broadcast dims, in its dtype; the rest
   take the output's gradient cast to x's dtype (a residual may promote the result).
@@ -204,9 +205,14 @@ class LinearFunction(torch.autograd.Function):
         recomputed pre-activation."""
         y = run(x, weight, bias) if residual is None else run(x, weight, bias, residual)
         ctx.mm, ctx.lin = mm, lin
-        # the output is kept only where the derivative is read off it (see activation_grad)
-        keep_y = keeps_output(activation, slope, residual)
-        ctx.save_for_backward(x, weight, bias, y if keep_y else None)
+        # the output is kept only where the derivative is read off it (see activation_grad); a
+        # run that returns (output, pre-activation) (ops/matmul/pre_activation.py) keeps the latter
+        ctx.stored_pre = isinstance(y, tuple)
+        if ctx.stored_pre:
+            y, pre = y
+            ctx.save_for_backward(x, weight, bias, pre)
+        else:
+            ctx.save_for_backward(x, weight, bias, y if keeps_output(activation, slope, residual) else None)
         ctx.activation, ctx.slope = activation, float(slope)
         ctx.residual = None if residual is None else _Operand(residual)
         return y
@@ -215,8 +221,13 @@ class LinearFunction(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         x, weight, bias, y = ctx.saved_tensors
         needs = ctx.needs_input_grad
+        lin = ctx.lin
+        if ctx.stored_pre:
+            pre, y = y, None
+            if not torch.is_grad_enabled():  # a double backward recomputes it: the stored one has no history
+                lin = lambda *_: pre  # noqa: E731
         gx, gw, gb = linear_backward(grad, x, weight, bias, ctx.activation, ctx.slope, y,
-                                     (needs[3], needs[4], needs[5]), ctx.mm, ctx.lin)
+                                     (needs[3], needs[4], needs[5]), ctx.mm, lin)
         r = ctx.residual
         gr = _to_operand(grad, r.shape, r.dtype, r.device) if r is not None and needs[8] else None
         return None, None, None, gx, gw, gb, None, None, gr

@@ -52,6 +52,9 @@ class Explanation:
     programs: int | None = None
     tiles: int | None = None
     why: str | None = None
+    #: where it differs for a call that needs a gradient: how that call runs (``linear``'s
+    #: activations whose backward reads the pre-activation)
+    training: str | None = None
 
     def __str__(self) -> str:
         lines = [f"{self.op} on backend {self.backend!r}: {self.route} ({self.reason})"]
@@ -66,6 +69,8 @@ class Explanation:
             lines.append(f"  from: {self.config_source}")
             if self.why:
                 lines.append(f"  why: {self.why}")
+        if self.training:
+            lines.append(f"  with a gradient: {self.training}")
         return "\n".join(lines)
 
 

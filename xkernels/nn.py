@@ -26,7 +26,8 @@ import torch
 
 from xkernels import dispatch
 from xkernels.ops import native_front_door
-from xkernels.ops.matmul import linear
+from xkernels.ops.matmul import linear, matmul
+from xkernels.ops.matmul import pre_activation as matmul_pre
 from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
@@ -127,7 +128,10 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device), activation, negative_slope)
     canon = (x, weight, bias, activation, negative_slope, None, None)
     if training:
-        if linear.splits(activation, negative_slope):  # as linear's own autograd: unfused + PyTorch's activation
+        if linear.splits(activation, negative_slope):  # as linear's own autograd
+            fused = matmul_pre.recorded(linear, matmul, x, weight, bias, activation, negative_slope)
+            if fused is not None:  # one kernel writes the output and the pre-activation
+                return fused
             plain = routes.recorded((*key[:-2], None, 0.01), (x, weight, bias, None, 0.01, None, None))
             return activate(plain, activation, negative_slope)
         return routes.recorded(key, canon)

@@ -323,13 +323,16 @@ def _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOC
 
 
 @triton.jit
-def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M: tl.constexpr,
-               WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, RES: tl.constexpr,
-               RES_64: tl.constexpr):
-    """act(acc + bias) (+ the residual) into the ``WIDTH`` columns of C from ``off_n``."""
+def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
+               BLOCK_M: tl.constexpr, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+               RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr):
+    """act(acc + bias) (+ the residual) into the ``WIDTH`` columns of C from ``off_n``; ``PRE``:
+    acc + bias, the pre-activation, into H's too."""
     if HAS_BIAS:
         rn = off_n + tl.arange(0, WIDTH)
         acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if PRE:
+        h_desc.store([off_m, off_n], acc.to(h_desc.dtype))
     acc = _activation(acc, slope, ACT)
     if RES > 0:  # pointer loads: any residual strides (TMA would need a 16-byte-aligned row-major one)
         rm = off_m + tl.arange(0, BLOCK_M)
@@ -340,28 +343,28 @@ def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr
 
 
 @triton.jit
-def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn,
+def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-                  EPILOGUE_SUBTILE: tl.constexpr, RES: tl.constexpr, RES_64: tl.constexpr):
+                  EPILOGUE_SUBTILE: tl.constexpr, RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr):
     if EPILOGUE_SUBTILE:  # two (BLOCK_M, BLOCK_N // 2) halves: half the staging buffer in shared memory
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         acc0, acc1 = tl.split(halves)
-        _tma_store(c_desc, bias_ptr, acc0, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M,
-                   BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64)
+        _tma_store(c_desc, bias_ptr, acc0, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc, BLOCK_M,
+                   BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64, PRE)
         _tma_store(c_desc, bias_ptr, acc1, off_m, off_n + BLOCK_N // 2, M, N, slope, res_ptr, R1, sr0, sr1, srn,
-                   BLOCK_M, BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64)
+                   h_desc, BLOCK_M, BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64, PRE)
     else:
-        _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M, BLOCK_N,
-                   HAS_BIAS, ACT, RES, RES_64)
+        _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc, BLOCK_M,
+                   BLOCK_N, HAS_BIAS, ACT, RES, RES_64, PRE)
 
 
 @triton.jit
-def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn,
+def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr, PERSISTENT: tl.constexpr,
                 EPILOGUE_SUBTILE: tl.constexpr, A_MMAJOR: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                RES: tl.constexpr, RES_64: tl.constexpr):
-    """The body of ``matmul_tma_kernel`` and ``matmul_tma_residual_kernel`` (see the first)."""
+                RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr):
+    """The body of the ``matmul_tma_*kernel`` entry points (see the first)."""
     pid = tl.program_id(0)
     if PERSISTENT and WARP_SPECIALIZE:
         nprog = tl.num_programs(0)
@@ -369,8 +372,8 @@ def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, s
         for tile in tl.range(pid, n_tiles, nprog, warp_specialize=True):
             off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
-            _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M,
-                          BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64)
+            _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
+                          BLOCK_M, BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE)
     elif PERSISTENT:
         nprog = tl.num_programs(0)
         tile_c = pid - nprog
@@ -382,14 +385,14 @@ def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, s
             # pipeliner need not carry the load offsets over to it
             tile_c += nprog
             off_cm, off_cn = _tma_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            _tma_epilogue(c_desc, bias_ptr, acc, off_cm, off_cn, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M,
-                          BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64)
+            _tma_epilogue(c_desc, bias_ptr, acc, off_cm, off_cn, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
+                          BLOCK_M, BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE)
     else:
         off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR,
                               WARP_SPECIALIZE)
-        _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M, BLOCK_N,
-                      HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64)
+        _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc, BLOCK_M,
+                      BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE)
 
 
 @triton.jit
@@ -411,8 +414,9 @@ def matmul_tma_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
     plan passes for gelu when C is fp16/bf16. ``WARP_SPECIALIZE``: Triton's automatic warp specialization
     (TMA-load warps apart from MMA/epilogue warps; sm90 and sm100 passes) on the tile loop when
     persistent (then not flattened), on the K loop otherwise."""
-    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, bias_ptr, 1, 0, 0, 0, BLOCK_M, BLOCK_N, BLOCK_K,
-                GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE, 0, False)
+    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, bias_ptr, 1, 0, 0, 0, c_desc, BLOCK_M, BLOCK_N,
+                BLOCK_K, GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE, 0,
+                False, False)
 
 
 @triton.jit
@@ -424,6 +428,20 @@ def matmul_tma_residual_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope,
                                RES_64: tl.constexpr):
     """``matmul_tma_kernel`` plus the residual, loaded with pointer loads in the epilogue
     (``_add_residual``)."""
-    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn, BLOCK_M, BLOCK_N,
-                BLOCK_K, GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE,
-                RES, RES_64)
+    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, sr0, sr1, srn, c_desc, BLOCK_M,
+                BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR,
+                WARP_SPECIALIZE, RES, RES_64, False)
+
+
+@triton.jit
+def matmul_tma_pre_kernel(a_desc, b_desc, c_desc, h_desc, bias_ptr, M, N, K, slope,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr,
+                          PERSISTENT: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr, A_MMAJOR: tl.constexpr,
+                          WARP_SPECIALIZE: tl.constexpr):
+    """``matmul_tma_kernel`` that also stores the pre-activation A @ B + bias into H (``h_desc``,
+    C's shape, dtype and block): training's forward, whose backward reads it
+    (``ops/matmul/pre_activation.py``)."""
+    _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, bias_ptr, 1, 0, 0, 0, h_desc, BLOCK_M, BLOCK_N,
+                BLOCK_K, GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE, 0,
+                False, True)

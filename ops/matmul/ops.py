@@ -15,6 +15,7 @@ calls: ``matmul/hot.py``; the Triton sources: ``matmul/kernels.py``. Layout hand
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +28,13 @@ from xkernels.ops.autograd import LinearFunction, MatmulFunction, reject_out
 from xkernels.ops.layout import contiguous_strides
 from xkernels.ops.matmul import evidence as matmul_evidence
 from xkernels.ops.matmul import hot as matmul_hot
+from xkernels.ops.matmul import pre_activation as matmul_pre
 from xkernels.ops.matmul import residual as matmul_residual
 from xkernels.ops.matmul.config import MATMUL_DEFAULT
 from xkernels.ops.matmul.plan import ACTIVATIONS, MatmulPlan, precision
 from xkernels.ops.matmul.vendor import activate, epilogue_linear, reference_linear
 from xkernels.ops.op import Op, Param, Plan
-from xkernels.ops.route import Route
+from xkernels.ops.route import Explanation, Route
 
 __all__ = ["ACTIVATIONS", "MATMUL_DEFAULT", "Linear", "Matmul", "MatmulCall", "linear", "matmul"]
 
@@ -290,8 +292,10 @@ class Linear(_MatmulBase):
 
     def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         """Where a gradient is required: relu and leaky_relu with a slope >= 0 stay fused (their
-        derivative is read off the output); gelu, gelu_tanh, silu and a negative slope run as
-        ``linear`` without activation followed by PyTorch's activation, so the backward reads
+        derivative is read off the output); gelu, gelu_tanh, silu and a negative slope run as one
+        kernel writing the output and the pre-activation where that pays
+        (``matmul/pre_activation.py``), else as ``linear`` without activation followed by
+        PyTorch's activation, so the backward reads
         the pre-activation autograd keeps, as PyTorch's own does, instead of recomputing it
         with one more GEMM (on an H100 at BERT's FFN shape the recompute cost 73 us, the
         separate activation 39 us)."""
@@ -302,11 +306,25 @@ class Linear(_MatmulBase):
         if activation not in ACTIVATIONS:  # before autograd keeps it for the backward
             self.check(x, weight, bias, activation)
         if self.splits(activation, slope):
+            fused = matmul_pre.recorded(self, matmul, x, weight, bias, activation, slope)
+            if fused is not None:  # one kernel writes the output and the pre-activation the backward reads
+                return fused
             # in the form its own autograd forward calls it (one signature key, so it finds that route)
             return activate(self(x, weight, bias, None, negative_slope=0.01), activation, slope)
         run = lambda x, w, b: self.call_no_grad(x, w, b, activation, negative_slope=slope)  # noqa: E731
         run = self.forward_of(route, canon, (0, 1, 2), run)  # route: of this very call (activation kept)
         return LinearFunction.apply(run, matmul, linear, x, weight, bias, activation, slope)
+
+    def explain(self, *args: Any, **kwargs: Any) -> Explanation:
+        """``Op.explain``, plus how the call runs where a gradient is required when that differs
+        (an activation whose backward reads the pre-activation: ``matmul/pre_activation.py``)."""
+        exp = super().explain(*args, **kwargs)
+        call = self.check(*args, **kwargs)
+        if call.residual is not None or not self.splits(call.activation, call.slope):
+            return exp
+        backend, plan = self._decide(call, explaining=True)
+        return dataclasses.replace(exp, training=matmul_pre.describe(args[0] if args else kwargs["x"], call, backend,
+                                                                       plan))
 
     @staticmethod
     def splits(activation: Any, slope: Any) -> bool:

@@ -431,6 +431,34 @@ def test_ffn_gelu_rule_with_more_stages_would_not_fit_two_programs():
     assert 2 * (kernel.metadata.shared + BLOCK_RESERVED) > SM_SMEM, kernel.metadata.shared
 
 
+@pytest.mark.parametrize("m", [8192, 12608])
+def test_the_training_forward_stores_the_pre_activation_and_still_fits_two_programs(m):
+    """``matmul_tma_pre_kernel`` (training's fused forward, ``ops/matmul/pre_activation.py``) on the
+    FFN rule's plan: twice the plain kernel's tensor-descriptor stores (h and act(h), each in two
+    halves), and the staging buffers reused, so two programs still reside on an SM and nothing spills."""
+    from xkernels.ops.matmul import kernels as K
+
+    plan = linear.make_plan(linear.check(*_ffn_call(m)), _H100())
+    with tuning.force(plan.config):
+        _, plain = _compile(linear, *_ffn_call(m), backend=_H100())
+    desc = lambda block: f"tensordesc<bf16{list(block)}>"  # noqa: E731
+    sig = {"a_desc": desc(plan.tma["a"]), "b_desc": desc(plan.tma["b"]), "c_desc": desc(plan.tma["c"]),
+           "h_desc": desc(plan.tma["c"]), "bias_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "slope": "fp32",
+           **{n: "constexpr" for n in K.matmul_tma_pre_kernel.arg_names[9:]}}
+    attrs = {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]], (7,): [["tt.divisibility", 16]]}
+    opts = {k: v for k, v in plan.options.items() if k in ("num_warps", "num_stages")}
+    kernel = triton.compile(ASTSource(K.matmul_tma_pre_kernel, sig, dict(plan.constexprs), attrs),
+                            target=GPUTarget("cuda", 90, 32), options=opts)
+    ptx = kernel.asm["ptx"]
+    assert _tma_stores(ptx) == 2 * _tma_stores(plain.asm["ptx"]) > 0
+    assert "rcp.approx.ftz.f32" in ptx and "wgmma.mma_async" in ptx
+    assert 2 * (kernel.metadata.shared + BLOCK_RESERVED) <= SM_SMEM, kernel.metadata.shared
+    res = _resources(kernel)
+    if res is not None:
+        assert res.get("LOCAL", 0) == 0 and res.get("STACK", 0) == 0, res
+        assert 2 * res["REG"] * 32 * kernel.metadata.num_warps <= SM_REGS, res
+
+
 @pytest.mark.parametrize("units", [132, 114, 78, 16])
 @pytest.mark.parametrize("per_sm", [None, 1, 2, 3])
 def test_persistent_programs_follow_the_backends_compute_units(units, per_sm):
