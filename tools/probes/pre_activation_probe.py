@@ -118,16 +118,62 @@ def run_shape(spec, rounds, device):
     return row
 
 
+def model_ab(name, rounds):
+    """One patched model's training step under CUDA-graph replay, captured twice: with the fused
+    training forward and without it (``plan_for`` answering None while capturing); device time of
+    each (``bench --model``'s timer: the device held busy first), rounds interleaved."""
+    import xkernels
+    from xkernels.cli import bench_models as bm
+    from xkernels.harness import model_runs, model_zoo, resolve_target
+
+    target = resolve_target("cuda")
+    spec = bm.zoo_spec(name)
+    built = model_zoo.build(spec.data, spec.source, torch.bfloat16, target.device, None, None, None, 0, spec.zoo_name,
+                            spec.size)
+    report = xkernels.patch(built.model)
+    real = pre_activation.plan_for
+    runners = {}
+    try:
+        runners["fused training forward"] = model_runs.make_runner("cudagraph", built.model, built.inputs, target)
+        pre_activation.plan_for = lambda *a, **k: None
+        runners["split forward (linear, torch act)"] = model_runs.make_runner("cudagraph", built.model, built.inputs,
+                                                                              target)
+    finally:
+        pre_activation.plan_for = real
+    per = {k: [] for k in runners}
+    for r in range(rounds):
+        for k in list(runners) if r % 2 == 0 else list(runners)[::-1]:
+            per[k].append(bm._time(runners[k], target, bm.MODEL_SETTINGS)["forward+backward"][0])
+    for runner in runners.values():
+        runner.release()
+    report.undo()
+    out = {k: (statistics.median(v), min(v), max(v)) for k, v in per.items()}
+    base = out["split forward (linear, torch act)"][0]
+    print(f"\n{name} ({built.tokens} tokens), patched, CUDA graphs, training step device ms:")
+    for k, (med, lo, hi) in out.items():
+        print(f"  {k:36s} {med:8.3f} ms [{lo:.3f}-{hi:.3f}]  {base / med:.4f}x the split form")
+    return {"model": name, "ms": out}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help="M:K:N:activation:bf16|fp16,...")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--models", default="", help="models of bench --model for the CUDA-graph training A/B (e.g. "
+                                                 "bert-base,vit); with it, no --shapes unless given too")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     device = torch.device("cuda")
     print(f"device {torch.cuda.get_device_name()}, backend {dispatch.select(device).name}, torch {torch.__version__}")
     out = []
-    for spec in args.shapes.split(","):
+    shapes = args.shapes.split(",") if args.shapes and (not args.models or "--shapes" in sys.argv) else []
+    for name in filter(None, args.models.split(",")):
+        try:
+            out.append(model_ab(name, args.rounds))
+        except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end
+            out.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
+            print(out[-1])
+    for spec in shapes:
         try:
             row = run_shape(spec, args.rounds, device)
         except Exception as exc:  # noqa: BLE001 - one shape's failure is a row, not the end
