@@ -26,6 +26,7 @@ import torch
 
 from xkernels import dispatch
 from xkernels.ops import native_front_door
+from xkernels.ops.matmul import compiled as matmul_compiled
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.matmul import pre_activation as matmul_pre
 from xkernels.ops.matmul.vendor import activate
@@ -99,6 +100,12 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
     """``linear(x, weight, bias, activation, negative_slope=...)``; repeats without a gradient by
     ``routes`` (the key: every argument's layout or value, ``RouteCache.run``)."""
     if _is_compiling():
+        if activation is not None and not (torch.is_grad_enabled() and _any_requires_grad(x, weight, bias)):
+            # the TMA kernel with the activation in its epilogue, launched from the graph where its
+            # table rule measured it clearly faster (ops/matmul/compiled.py); else PyTorch's ops
+            fused = matmul_compiled.linear_activation(x, weight, bias, activation, negative_slope)
+            if fused is not None:
+                return fused
         # PyTorch's own F.linear + activation, which Inductor fuses itself: as xkernels::linear
         # nodes, each call into the custom op's Python kernel cost the host ~50 us at runtime
         # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
