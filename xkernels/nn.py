@@ -100,10 +100,16 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
     """``linear(x, weight, bias, activation, negative_slope=...)``; repeats without a gradient by
     ``routes`` (the key: every argument's layout or value, ``RouteCache.run``)."""
     if _is_compiling():
-        if activation is not None and not (torch.is_grad_enabled() and _any_requires_grad(x, weight, bias)):
+        grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        if activation is not None:  # (Dynamo traces this)
             # the TMA kernel with the activation in its epilogue, launched from the graph where its
-            # table rule measured it clearly faster (ops/matmul/compiled.py); else PyTorch's ops
-            fused = matmul_compiled.linear_activation(x, weight, bias, activation, negative_slope)
+            # table rule measured it clearly faster; with a gradient, the form that also stores the
+            # pre-activation, where that pays (ops/matmul/compiled.py); else PyTorch's ops
+            if grads and torch.is_grad_enabled():
+                fused = (matmul_compiled.linear_activation_training(x, weight, bias, activation, negative_slope)
+                         if linear.splits(activation, negative_slope) else None)
+            else:
+                fused = matmul_compiled.linear_activation(x, weight, bias, activation, negative_slope)
             if fused is not None:
                 return fused
         # PyTorch's own F.linear + activation, which Inductor fuses itself: as xkernels::linear
