@@ -101,15 +101,13 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
     ``routes`` (the key: every argument's layout or value, ``RouteCache.run``)."""
     if _is_compiling():
         grads = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-        if activation is not None:  # (Dynamo traces this)
+        if activation is not None and not (grads and torch.is_grad_enabled()):  # (Dynamo traces this)
             # the TMA kernel with the activation in its epilogue, launched from the graph where its
-            # table rule measured it clearly faster; with a gradient, the form that also stores the
-            # pre-activation, where that pays (ops/matmul/compiled.py); else PyTorch's ops
-            if grads and torch.is_grad_enabled():
-                fused = (matmul_compiled.linear_activation_training(x, weight, bias, activation, negative_slope)
-                         if linear.splits(activation, negative_slope) else None)
-            else:
-                fused = matmul_compiled.linear_activation(x, weight, bias, activation, negative_slope)
+            # table rule measured it clearly faster (ops/matmul/compiled.py); else PyTorch's ops.
+            # Training keeps PyTorch's ops: the form that also stores the pre-activation, in an
+            # autograd Function, cost compiled BERT-base's training step 10% of wall for 1% of
+            # device time (H100, results/2026-11-27-h100-compiled-ffn-kernel)
+            fused = matmul_compiled.linear_activation(x, weight, bias, activation, negative_slope)
             if fused is not None:
                 return fused
         # PyTorch's own F.linear + activation, which Inductor fuses itself: as xkernels::linear

@@ -31,7 +31,6 @@ from typing import Any, NamedTuple
 import torch
 
 from xkernels import dispatch, tuning
-from xkernels.ops.matmul import pre_activation
 
 #: The table's measured speedup a compiled launch needs: Inductor's own pair runs at eager
 #: PyTorch's speed, and a launch from Inductor's generated code costs about what its GEMM call does.
@@ -52,18 +51,16 @@ class LaunchSpec(NamedTuple):
 
 
 def launch_spec(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, has_bias: bool,
-                activation: str, slope: float, store_pre: bool = False) -> LaunchSpec | None:
+                activation: str, slope: float) -> LaunchSpec | None:
     """The launch of a contiguous (m, k) x, a K-contiguous (n, k) weight and a contiguous bias, or
-    ``None`` where the compiled graph keeps PyTorch's ops (the module doc); ``store_pre``: the
-    training form, which also stores the pre-activation (where ``pre_activation.pays``). Marked
-    for Dynamo as ``torch.compiler.assume_constant_result`` marks a function: it is called, not
-    traced."""
+    ``None`` where the compiled graph keeps PyTorch's ops (the module doc). Marked for Dynamo as
+    ``torch.compiler.assume_constant_result`` marks a function: it is called, not traced."""
     if tuning.forced_config() is not None:
         return None
     from xkernels.ops.matmul.ops import linear
 
-    return _spec(m, k, n, dtype, device, has_bias, activation, float(slope), bool(store_pre),
-                 dispatch.override_name(), linear.generation)
+    return _spec(m, k, n, dtype, device, has_bias, activation, float(slope), dispatch.override_name(),
+                 linear.generation)
 
 
 # what ``torch.compiler.assume_constant_result`` sets (Dynamo calls the function and keeps its
@@ -74,7 +71,7 @@ launch_spec._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 @functools.lru_cache(maxsize=256)
 def _spec(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, has_bias: bool, activation: str,
-          slope: float, store_pre: bool, override: str | None, generation: int) -> LaunchSpec | None:
+          slope: float, override: str | None, generation: int) -> LaunchSpec | None:
     from xkernels.ops.matmul.ops import linear
 
     try:
@@ -97,8 +94,6 @@ def _spec(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device, has_
             or plan.tma["a_mmajor"] or not plan.tma["b_kmajor"] or not isinstance(ratio, int | float)
             or ratio < MIN_RATIO):
         return None
-    if store_pre and not pre_activation.eligible(plan, backend, device, call.a.element_size()):
-        return None
     return LaunchSpec(plan.grid[0], tuple(plan.constexprs.items()), tuple(plan.options.items()),
                       tuple(plan.tma["a"]), tuple(plan.tma["b"]), tuple(plan.tma["c"]), plan.variant)
 
@@ -107,10 +102,17 @@ def linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
                       slope: float) -> torch.Tensor | None:
     """``act(x @ weight.T + bias)`` as one launch of the TMA kernel in the graph being traced, or
     ``None`` where PyTorch's ops should be traced (the module doc). Called while Dynamo traces."""
-    if not linear_activation_ok(x, weight, bias):
+    if x.dim() < 2 or weight.dim() != 2 or not x.is_contiguous() or weight.stride(-1) != 1:
+        return None
+    if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1):
+        return None
+    sizes = (*x.shape, *weight.shape)
+    if not all(isinstance(s, int) for s in sizes):  # a dynamic dim: PyTorch's ops
         return None
     n, k = weight.shape
-    m = x.numel() // k
+    m = x.numel() // k if k else 0
+    if m == 0 or x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        return None
     spec = launch_spec(m, k, n, x.dtype, x.device, bias is not None, activation, slope)
     if spec is None:
         return None
@@ -125,103 +127,3 @@ def linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         TensorDescriptor.from_tensor(c, list(spec.c_block)), bias if bias is not None else c, m, n, k, float(slope),
         **dict(spec.constexprs), **dict(spec.options))
     return c.view(*x.shape[:-1], n)
-
-
-def linear_activation_training(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
-                               slope: float) -> torch.Tensor | None:
-    """``act(x @ weight.T + bias)`` where a gradient is required: one launch of the TMA kernel that
-    also stores the pre-activation (``kernels.matmul_tma_pre_kernel``), inside an autograd
-    Function whose backward is PyTorch's (the activation's derivative from the stored
-    pre-activation, then the two GEMMs and the bias sum; Inductor fuses them as it would
-    PyTorch's own); or ``None`` where PyTorch's ops should be traced. Called while Dynamo traces."""
-    if not linear_activation_ok(x, weight, bias):
-        return None
-    n, k = weight.shape
-    spec = launch_spec(x.numel() // k, k, n, x.dtype, x.device, bias is not None, activation, slope, True)
-    if spec is None:
-        return None
-    if bias is None:
-        return _PreActivationFunction.apply(x, weight, spec, activation, float(slope))
-    return _PreActivationBiasFunction.apply(x, weight, bias, spec, activation, float(slope))
-
-
-def linear_activation_ok(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether the traced call has the layouts and static sizes a launch takes."""
-    if x.dim() < 2 or weight.dim() != 2 or not x.is_contiguous() or weight.stride(-1) != 1:
-        return False
-    if bias is not None and (bias.dim() != 1 or bias.stride(0) != 1 or bias.dtype != x.dtype):
-        return False
-    if not all(isinstance(s, int) for s in (*x.shape, *weight.shape)):  # a dynamic dim: PyTorch's ops
-        return False
-    return x.dtype == weight.dtype and x.numel() > 0 and weight.shape[1] > 0
-
-
-def _launch_pre(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, spec: LaunchSpec,
-                slope: float) -> tuple[torch.Tensor, torch.Tensor]:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from xkernels.ops.matmul import kernels as K
-
-    n, k = weight.shape
-    m = x.numel() // k
-    a = x.reshape(m, k)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    h = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    K.matmul_tma_pre_kernel[(spec.grid,)](
-        TensorDescriptor.from_tensor(a, list(spec.a_block)), TensorDescriptor.from_tensor(weight, list(spec.b_block)),
-        TensorDescriptor.from_tensor(y, list(spec.c_block)), TensorDescriptor.from_tensor(h, list(spec.c_block)),
-        bias if bias is not None else y, m, n, k, slope, **dict(spec.constexprs), **dict(spec.options))
-    shape = (*x.shape[:-1], n)
-    return y.view(shape), h.view(shape)
-
-
-def _backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, h: torch.Tensor, activation: str,
-              slope: float, needs: tuple[bool, bool, bool]) -> tuple[Any, Any, Any]:
-    from xkernels.ops.autograd import activation_grad
-
-    gz = activation_grad(grad, activation, slope, None, lambda: h)
-    n, k = weight.shape
-    g2 = gz.reshape(-1, n)
-    gx = (g2 @ weight).reshape(x.shape) if needs[0] else None
-    gw = g2.t() @ x.reshape(-1, k) if needs[1] else None
-    gb = g2.sum(0) if needs[2] else None
-    return gx, gw, gb
-
-
-class _PreActivationBiasFunction(torch.autograd.Function):
-    """Traced only (under torch.compile, whose AOTAutograd refuses a double backward of a compiled
-    graph): the stored pre-activation has no history, so no second derivative is formed here."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, spec: LaunchSpec,
-                activation: str, slope: float) -> torch.Tensor:
-        y, h = _launch_pre(x, weight, bias, spec, slope)
-        ctx.save_for_backward(x, weight, h)
-        ctx.activation, ctx.slope = activation, slope
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, h = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        gx, gw, gb = _backward(grad, x, weight, h, ctx.activation, ctx.slope, (needs[0], needs[1], needs[2]))
-        return gx, gw, gb, None, None, None
-
-
-class _PreActivationFunction(torch.autograd.Function):
-    """``_PreActivationBiasFunction`` without a bias."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, spec: LaunchSpec, activation: str,
-                slope: float) -> torch.Tensor:
-        y, h = _launch_pre(x, weight, None, spec, slope)
-        ctx.save_for_backward(x, weight, h)
-        ctx.activation, ctx.slope = activation, slope
-        return y
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        x, weight, h = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        gx, gw, _ = _backward(grad, x, weight, h, ctx.activation, ctx.slope, (needs[0], needs[1], False))
-        return gx, gw, None, None, None

@@ -55,14 +55,6 @@ def test_other_calls_keep_pytorchs_ops(sm90, args, why):
     assert compiled.launch_spec(m, k, n, dtype, _CUDA, True, act, 0.01) is None, why
 
 
-def test_the_training_form_also_needs_the_extra_write_paid(sm90):
-    """With a gradient, the launch stores the pre-activation too: only where the rule's speedup
-    pays for that write (``pre_activation.pays``), as eager training decides."""
-    for m in (4096, 8192, 12608):
-        assert compiled.launch_spec(m, 768, 3072, torch.bfloat16, _CUDA, True, "gelu", 0.01, True) is not None
-    assert compiled.launch_spec(8192, 768, 3072, torch.float16, _CUDA, True, "gelu", 0.01, True) is None
-
-
 def test_a_forced_config_or_a_backend_without_descriptors_keeps_pytorchs_ops(sm90, monkeypatch):
     with tuning.force({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "TMA": True}):
         assert compiled.launch_spec(8192, 768, 3072, torch.bfloat16, _CUDA, True, "gelu", 0.01) is None
@@ -108,41 +100,3 @@ def test_a_compiled_patched_ffn_launches_the_kernel_on_the_device(backend, devic
     ref = reference_linear(x.double(), lin.weight.double(), lin.bias.double(), "gelu")
     assert_close(got, ref, torch.bfloat16, scale=4.0)
     assert_close(eager, ref, torch.bfloat16, scale=4.0)
-
-
-def _targets(gm) -> list[str]:
-    """Call targets of a traced graph and of its subgraphs (an autograd Function's forward)."""
-    return [str(n.target) for _, mod in gm.named_modules() if hasattr(mod, "graph")
-            for n in mod.graph.nodes if n.op == "call_function"]
-
-
-def test_compiled_training_stores_the_pre_activation_on_the_device(backend, device):
-    """On an sm90 GPU: the same layer's training step under torch.compile (Inductor) launches the
-    kernel that also stores the pre-activation (in the autograd Function's traced forward), and
-    the output and every gradient match float64 PyTorch."""
-    if device.type != "cuda" or not backend.tensor_descriptors(device) or backend.arch(device) != "sm90":
-        pytest.skip(f"backend {backend.name!r} on {device}: no sm90 tensor descriptors here")
-    torch._dynamo.reset()
-    model = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU()).to(device, torch.bfloat16)
-    xkernels.patch(model)
-    targets = []
-
-    def recording(gm, example_inputs):
-        targets.extend(_targets(gm))
-        from torch._inductor.compile_fx import compile_fx
-
-        return compile_fx(gm, example_inputs)
-
-    x = rand((8, 512, 768), torch.bfloat16, device).requires_grad_()
-    got = torch.compile(model, fullgraph=True, backend=recording)(x)
-    torch._dynamo.reset()
-    assert any("triton_kernel_wrapper" in t for t in targets), targets
-    lin = model[0]
-    ref_args = [t.detach().double().requires_grad_() for t in (x, lin.weight, lin.bias)]
-    ref = reference_linear(*ref_args, "gelu")
-    assert_close(got.detach(), ref.detach(), torch.bfloat16, scale=4.0)
-    upstream = torch.randn(ref.shape, device=device).to(torch.bfloat16)
-    got.backward(upstream)
-    ref.backward(upstream.double())
-    for mine, want in zip((x, lin.weight, lin.bias), ref_args):
-        assert_close(mine.grad, want.grad, torch.bfloat16, scale=8.0 + 4096 / 16)
