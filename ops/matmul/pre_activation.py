@@ -86,7 +86,8 @@ class PreActivationPlan:
             y, h = into
         shape = (*x.shape[:-1], n)
         record = self._record
-        if record and record(a, weight, y, h, bias if bias is not None else y):
+        if (record and x.get_device() == torch.cuda.current_device()  # the record launches on the current device
+                and record(a, weight, y, h, bias if bias is not None else y)):
             return y.view(shape), h.view(shape)
         from triton.tools.tensor_descriptor import TensorDescriptor
 
