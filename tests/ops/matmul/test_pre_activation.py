@@ -220,3 +220,42 @@ def test_on_the_device_at_berts_ffn_shape(backend, device):
     want.backward(upstream.double())
     for m, r in zip(mine, ref):
         assert_close(m.grad, r.grad, dtype, scale=8.0 + 8192 / 16)
+
+
+def test_a_module_reused_with_new_shapes_and_strides_matches_torch_each_time(tma_interpreter, monkeypatch):
+    """One ``xkernels.nn.Linear(..., activation="gelu")`` in training, called with new leading
+    shapes, a non-contiguous x (the unfused form: no plan is reused for it), then the first shape
+    again: each output and gradient against float64 PyTorch, and the fused kernel ran exactly for
+    the contiguous calls (a plan is never reused for another signature)."""
+    launches = []
+    real = pre_activation.PreActivationPlan.__call__
+
+    def counted(self, x, *args, **kwargs):
+        launches.append((tuple(x.shape), self.plan.dims))
+        return real(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(pre_activation.PreActivationPlan, "__call__", counted)
+    torch.manual_seed(1)
+    mod = xkernels.nn.Linear(40, 72, activation="gelu", dtype=torch.float16)
+    wide = rand((40, 130), torch.float16, "cpu")
+    for x in (rand((3, 50, 40), torch.float16, "cpu"), rand((130, 40), torch.float16, "cpu"), wide.t(),
+              rand((3, 50, 40), torch.float16, "cpu")):
+        before = len(launches)
+        xl = x.detach().clone() if x.is_contiguous() else x.detach()
+        xl.requires_grad_()
+        mod.zero_grad(set_to_none=True)
+        with tuning.force(_FORMS[1]):
+            y = mod(xl)
+        m_rows = x.numel() // 40
+        assert len(launches) == before + (1 if x.is_contiguous() else 0)
+        if x.is_contiguous():
+            assert launches[-1] == (tuple(x.shape), (m_rows, 72, 40))
+        ref_x, ref_w, ref_b = (t.detach().double().requires_grad_() for t in (x, mod.weight, mod.bias))
+        want = activate(torch.nn.functional.linear(ref_x, ref_w, ref_b), "gelu", 0.01)
+        assert_close(y.detach(), want.detach(), torch.float16, scale=4.0)
+        upstream = torch.randn(want.shape).to(torch.float16)
+        y.backward(upstream)
+        want.backward(upstream.double())
+        assert_close(xl.grad, ref_x.grad, torch.float16, scale=8.0)
+        assert_close(mod.weight.grad, ref_w.grad, torch.float16, scale=8.0 + m_rows / 16)
+        assert_close(mod.bias.grad, ref_b.grad, torch.float16, scale=8.0 + m_rows / 16)
