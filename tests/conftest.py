@@ -82,3 +82,27 @@ def _seed(request: pytest.FixtureRequest) -> None:
     import zlib
 
     torch.manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture
+def tma_interpreter(monkeypatch):
+    """The registered interpreter backend with the TMA path on and a 3-SM device, selected."""
+    from xkernels import dispatch
+    from xkernels.ops import linear, matmul
+    from xkernels.ops.matmul import feed_forward, pre_activation
+
+    be = dispatch.get_backend("interpreter")
+    if be.unavailable_reason():
+        pytest.skip(be.unavailable_reason())
+    monkeypatch.setattr(be, "tensor_descriptors", lambda device=None: True)
+    monkeypatch.setattr(be, "compute_units", lambda device=None: 3)
+    linear._forget()
+    matmul._forget()
+    pre_activation.forget()
+    feed_forward.forget()
+    with xkernels.use_backend("interpreter"):
+        yield be
+    linear._forget()
+    matmul._forget()
+    pre_activation.forget()
+    feed_forward.forget()

@@ -196,3 +196,11 @@ def peaks_dir(tmp_path_factory: pytest.TempPathFactory):
 def private_peaks_cache(peaks_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep the measured-peaks cache out of the user's home (autouse where a conftest imports it)."""
     monkeypatch.setenv("XKERNELS_CACHE_DIR", str(peaks_dir))
+
+
+#: the TMA kernels' tile forms the interpreter tests run with the TMA path on (the
+#: ``tma_interpreter`` fixture of tests/conftest.py)
+TMA_TINY = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2, "TMA": True}
+TMA_FORMS = [TMA_TINY, {**TMA_TINY, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
+             {**TMA_TINY, "PERSISTENT": True, "PROGRAMS_PER_SM": 2, "EPILOGUE_SUBTILE": True}]
+TMA_FORM_IDS = ["one tile each", "persistent + subtile", "persistent x2 + subtile"]

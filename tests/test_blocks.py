@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xkernels
-from helpers import assert_model_close, require_transformers
+from helpers import TMA_FORMS, assert_model_close, require_transformers
 from xkernels import blocks
 
 ATTN = {"attn_implementation": "eager"}
@@ -110,9 +110,9 @@ def test_bert_output_blocks_and_training(backend, device):
     want, want_grads = run(model)
     ref, ref_grads = run(ref64)
     report = xkernels.patch(model)
-    assert _counts(report) == {"residual add + norm (output block)": 4}
-    assert {b.name for b in report.blocks} == {f"encoder.layer.{i}.{w}" for i in range(2)
-                                               for w in ("attention.output", "output")}
+    assert _counts(report) == {"residual add + norm (output block)": 4, "feed-forward (training)": 2}
+    assert {b.name for b in report.blocks} == {f"encoder.layer.{i}{w}" for i in range(2)
+                                               for w in (".attention.output", ".output", "")}
     got, got_grads = run(model)
     assert_model_close(got, want.detach(), ref.detach())
     assert len(got_grads) == len(want_grads)
@@ -152,7 +152,8 @@ def test_layer_norm_blocks_train_through_pytorch_where_fusion_does_not_pay(backe
     want, want_grads = run(model)
     ref, ref_grads = run(ref64)
     report = xkernels.patch(model)
-    assert report.blocks and all("PyTorch's add + LayerNorm" in b.note for b in report.blocks)
+    norms = [b for b in report.blocks if b.fusion.startswith("residual add + norm")]
+    assert norms and all("PyTorch's add + LayerNorm" in b.note for b in norms)
     assert "in eager training, PyTorch's add + LayerNorm" in str(report)  # the report says so
     for _ in range(2):  # the first call and a repeat (its route)
         fused.clear()
@@ -206,16 +207,84 @@ def test_gpt2_and_vit_blocks(backend, device):
                                    image_size=16, patch_size=8, **ATTN), add_pooling_layer=False).to(device).eval()
     ids = torch.randint(0, 64, (2, 6), device=device)
     pixels = torch.randn(2, 3, 16, 16, device=device)
-    for model, x, fusion in ((gpt2, ids, "residual add + norm (GPT-2 block)"),
-                             (vit, pixels, "residual add + norm (ViT layer)")):
+    for model, x, fusion, extra in ((gpt2, ids, "residual add + norm (GPT-2 block)", {}),
+                                    (vit, pixels, "residual add + norm (ViT layer)", {"feed-forward (training)": 2})):
         ref64 = copy.deepcopy(model).double()
         with torch.no_grad():
             want = model(x).last_hidden_state
             ref = ref64(x if x.dtype == torch.long else x.double()).last_hidden_state
             report = xkernels.patch(model)
             got = model(x).last_hidden_state
-        assert _counts(report) == {fusion: 2}, str(report)
+        assert _counts(report) == {fusion: 2, **extra}, str(report)
         assert_model_close(got, want, ref)
+
+
+def test_feed_forward_blocks_train_as_one_block(tma_interpreter, monkeypatch):
+    """BERT's feed-forward chunk and ViT's MLP in training (fp16, the interpreter with the TMA path
+    on): each layer's up-projection, activation and down-projection run as one autograd block
+    (counted), output and every gradient against the unpatched model and float64; without a
+    gradient, and under an unfused activation, the modules' own forwards run."""
+    from xkernels import tuning
+    from xkernels.ops.matmul import feed_forward
+
+    tf = require_transformers()
+    blocks_run = []
+    real = feed_forward.FeedForwardFunction.apply
+    monkeypatch.setattr(feed_forward.FeedForwardFunction, "apply", lambda *a: blocks_run.append(1) or real(*a))
+    torch.manual_seed(0)
+    bert = tf.BertModel(tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, vocab_size=64, max_position_embeddings=32,
+                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **ATTN))
+    vit = tf.ViTModel(tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                   image_size=16, patch_size=8, **ATTN), add_pooling_layer=False)
+    ids = torch.randint(0, 64, (2, 6))
+    pixels = torch.randn(2, 3, 16, 16)
+    for model, x in ((bert, ids), (vit, pixels)):
+        model = model.half()
+        ref64 = copy.deepcopy(model).double()
+
+        def run(m, inputs):
+            m.zero_grad(set_to_none=True)
+            with tuning.force(TMA_FORMS[1]):
+                out = m(inputs).last_hidden_state
+                out.float().sum().backward()
+            return out, [p.grad for p in m.parameters() if p.grad is not None]
+
+        want, want_grads = run(model, x if x.dtype == torch.long else x.half())
+        ref, ref_grads = run(ref64, x if x.dtype == torch.long else x.double())
+        report = xkernels.patch(model)
+        assert report.counts()["feed-forward (training)"] == 2, str(report)
+        got, got_grads = run(model, x if x.dtype == torch.long else x.half())
+        assert len(blocks_run) == 2, str(report)
+        assert_model_close(got, want.detach(), ref.detach())
+        assert len(got_grads) == len(want_grads)
+        for g, w, r in zip(got_grads, want_grads, ref_grads):
+            assert_model_close(g, w, r)
+        with torch.no_grad(), tuning.force(TMA_FORMS[1]):
+            model(x if x.dtype == torch.long else x.half())
+        assert len(blocks_run) == 2  # inference: the modules' own forwards (the fused linear layers)
+        blocks_run.clear()
+        report.undo()
+        assert not any(k in m.__dict__ for m in model.modules() for k in ("forward", "feed_forward_chunk"))
+
+
+def test_feed_forward_detection_needs_the_known_children():
+    """A BERT layer whose intermediate block is not BERT's, or whose activation xkernels does not
+    fuse, keeps its own feed_forward_chunk (reported); a ViT-style MLP whose fc2 has hooks too."""
+    tf = require_transformers()
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=64, max_position_embeddings=32, hidden_act="gelu", **ATTN)
+    model = tf.BertModel(cfg)
+    model.encoder.layer[0].intermediate.intermediate_act_fn = torch.nn.Tanh()
+    report = xkernels.patch(model)
+    left = [m for m in report.left if m.name == "encoder.layer.0"]
+    assert len(left) == 1 and "intermediate_act_fn (Tanh)" in left[0].reason, str(report)
+    assert "feed_forward_chunk" not in model.encoder.layer[0].__dict__
+    vit = tf.ViTModel(tf.ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                   image_size=16, patch_size=8, **ATTN), add_pooling_layer=False)
+    vit.layers[0].mlp.fc2.register_forward_hook(lambda *a: None)
+    report = xkernels.patch(vit)
+    assert any(m.name == "layers.0.mlp" and "fc2" in m.reason for m in report.left), str(report)
 
 
 def test_detection_is_by_forward_not_by_name():

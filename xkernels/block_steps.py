@@ -7,7 +7,13 @@ resolved once, when ``patch`` applies it, into a small frozen record on the modu
   the name of its eps attribute, the RMSNorm offset (Gemma's ``1 + weight``), whether the sum is
   returned;
 * :class:`GatedStep`: ``act(x @ Wg.T + bg) * (x @ Wu.T + bu)`` with ``gated_linear``: the
-  projections' names (two, or Phi-3's one concatenated ``gate_up_proj``) and the activation.
+  projections' names (two, or Phi-3's one concatenated ``gate_up_proj``) and the activation;
+* :class:`FeedForwardStep`: training's ``down(act(up(x)))`` as one autograd block
+  (``ops/matmul/feed_forward.py``): the paths of the up-projection, its activation slot and the
+  down-projection. It runs only where a gradient is required, the two projections are the
+  ``xkernels.nn.Linear`` modules ``patch`` put there (the activation fused into the first, its slot
+  ``nn.Identity``, no hooks) and the fused block's plan exists; otherwise it answers ``None`` and the
+  module's own forward runs.
 
 Per call a step reads the child modules and their parameters from the module's own ``_modules``
 and ``_parameters`` dicts (what ``nn.Module.__getattr__`` reads, without its Python frame; a
@@ -36,9 +42,11 @@ from typing import Any
 import torch
 
 from xkernels import dispatch
+from xkernels import nn as xnn
 from xkernels.backends import native
-from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear
+from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear, linear, matmul
 from xkernels.ops.fused.add_norm_plan import training_fusion_pays
+from xkernels.ops.matmul import feed_forward
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
@@ -170,3 +178,44 @@ class GatedStep:
 
 def gated_step(proj: tuple[str, ...], activation: str) -> GatedStep:
     return GatedStep(proj, activation, RouteCache(gated_linear))
+
+
+def _child(block: torch.nn.Module, path: tuple[str, ...]) -> Any:
+    m: Any = block
+    for name in path:
+        m = m._modules.get(name) if isinstance(m, torch.nn.Module) else None
+    return m
+
+
+def _hooked(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None))
+
+
+@dataclass(frozen=True, slots=True)
+class FeedForwardStep:
+    """Training's ``down(act(up(x)))`` of one block (module doc)."""
+
+    up: tuple[str, ...]  # path of the up-projection from the block
+    act: tuple[str, ...]  # path of its activation slot
+    down: tuple[str, ...]  # path of the down-projection
+
+    def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """The block's output recorded as one autograd node, or ``None`` where the module's own
+        forward should run (no gradient, compiling, other children, no fused plan)."""
+        if not _grad_enabled() or _is_compiling():
+            return None
+        up, act, down = _child(block, self.up), _child(block, self.act), _child(block, self.down)
+        if (type(up) is not xnn.Linear or up.activation is None or type(down) is not xnn.Linear
+                or down.activation is not None or type(act) is not torch.nn.Identity or _hooked(up) or _hooked(down)):
+            return None
+        pu, pd = up._parameters, down._parameters
+        w1 = pu["weight"] if "weight" in pu else up.weight
+        b1 = pu["bias"] if "bias" in pu else up.bias
+        w2 = pd["weight"] if "weight" in pd else down.weight
+        b2 = pd["bias"] if "bias" in pd else down.bias
+        if not _any_requires_grad(x, w1, b1, w2, b2):
+            return None
+        if not (_capturing(x) or xnn._trains_through_xkernels(x, w1)):  # as the layers' own training policy
+            return None
+        return feed_forward.recorded(linear, matmul, x, w1, b1, w2, b2, up.activation, up.negative_slope)

@@ -12,7 +12,12 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
 * ``rms norm``: a Llama- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
-  (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``.
+  (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``;
+* ``feed-forward (training)``: ``down(act(up(x)))`` (ViT's / CLIP's ``fc1``, ``activation_fn``,
+  ``fc2`` MLP; BERT's ``feed_forward_chunk`` over its intermediate and output blocks) as one
+  autograd block where a gradient is required (``ops/matmul/feed_forward.py``: the backward
+  applies the activation's derivative inside the down-projection's input-gradient GEMM). Without
+  a gradient the module's own forward runs, through the fused ``xkernels.nn.Linear`` layers.
 
 What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
@@ -36,7 +41,7 @@ from typing import Any
 
 import torch
 
-from xkernels.block_steps import NormStep, gated_step, norm_step
+from xkernels.block_steps import FeedForwardStep, NormStep, gated_step, norm_step
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.op import _is_compiling
 from xkernels.patterns import activation_of
@@ -120,6 +125,27 @@ def forward(self, hidden_states):
     gate, up_states = up_states.chunk(2, dim=-1)
     up_states = up_states * self.activation_fn(gate)
     return self.down_proj(up_states)
+'''
+
+VIT_MLP = '''
+def forward(self, hidden_states):
+    hidden_states = self.fc1(hidden_states)
+    hidden_states = self.activation_fn(hidden_states)
+    hidden_states = self.fc2(hidden_states)
+    return hidden_states
+'''
+
+BERT_FEED_FORWARD_CHUNK = '''
+def feed_forward_chunk(self, attention_output):
+    intermediate_output = self.intermediate(attention_output)
+    layer_output = self.output(intermediate_output, attention_output)
+    return layer_output
+'''
+BERT_INTERMEDIATE = '''
+def forward(self, hidden_states):
+    hidden_states = self.dense(hidden_states)
+    hidden_states = self.intermediate_act_fn(hidden_states)
+    return hidden_states
 '''
 
 LLAMA_RMS_NORM = '''
@@ -301,6 +327,23 @@ def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return self._modules["down_proj"](gated)
 
 
+def _two_layer_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    y = self._xkernels_block(self, hidden_states)  # None: no gradient, compiling, or no fused plan
+    return type(self).forward(self, hidden_states) if y is None else y
+
+
+def _bert_feed_forward(self: Any, attention_output: torch.Tensor) -> torch.Tensor:
+    y = self._xkernels_block(self, attention_output)
+    if y is None:
+        return type(self).feed_forward_chunk(self, attention_output)
+    out = self._modules["output"]  # BERT_OUTPUT's remaining steps: dropout, then norm(y + input)
+    y = out._modules["dropout"](y)
+    step = out.__dict__.get("_xkernels_block")
+    if step is not None and "forward" in out.__dict__:  # its own fusion: the add + norm as one pass
+        return step(out, y, attention_output)
+    return out._modules["LayerNorm"](y + attention_output)
+
+
 # -- when each applies --------------------------------------------------------------------------------
 def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> NormStep:
     """The record of ``module``'s add + norm step (its norm: the child ``name``, or itself)."""
@@ -346,6 +389,43 @@ def _gated_problem(proj: tuple[str, ...], act: str) -> Callable[[torch.nn.Module
     return problem
 
 
+def _linear_activation(act: Any) -> str | None:
+    """The name of ``act``'s activation where ``xkernels.ops.linear`` fuses it, else ``None``."""
+    from xkernels.nn import linear_activations
+
+    found = activation_of(act) if isinstance(act, torch.nn.Module) else "not a module"
+    if isinstance(found, str) or found[0] not in linear_activations() or _hooked(act):
+        return None
+    return found[0]
+
+
+def _mlp_problem(up: str, act: str, down: str) -> Callable[[torch.nn.Module], str | None]:
+    def problem(m: torch.nn.Module) -> str | None:
+        for name in (up, down):
+            if not _plain_linear(getattr(m, name, None)):
+                return f"{name} is not a plain torch.nn.Linear without hooks"
+        if _linear_activation(getattr(m, act, None)) is None:
+            return f"{act} ({type(getattr(m, act, None)).__name__}) is not an activation xkernels.ops.linear fuses"
+        return None
+    return problem
+
+
+def _bert_chunk_problem(m: torch.nn.Module) -> str | None:
+    inter, out = getattr(m, "intermediate", None), getattr(m, "output", None)
+    if not isinstance(inter, torch.nn.Module) or _class_forward(type(inter)) != canonical(BERT_INTERMEDIATE):
+        return "intermediate is not BERT's dense + activation block"
+    if not isinstance(out, torch.nn.Module) or _class_forward(type(out)) != canonical(BERT_OUTPUT):
+        return "output is not BERT's output block"
+    if _hooked(inter) or _hooked(out):
+        return "intermediate or output has hooks"
+    if not _plain_linear(getattr(inter, "dense", None)) or not _plain_linear(getattr(out, "dense", None)):
+        return "a dense layer is not a plain torch.nn.Linear without hooks"
+    act = getattr(inter, "intermediate_act_fn", None)
+    if _linear_activation(act) is None:
+        return f"intermediate_act_fn ({type(act).__name__}) is not an activation xkernels.ops.linear fuses"
+    return None
+
+
 @dataclass(frozen=True)
 class BlockFusion:
     """One known forward and its fused replacement."""
@@ -359,6 +439,8 @@ class BlockFusion:
     norm: str | None = None  # the child norm of an add + norm fusion
     return_sum: bool = True  # whether its forward uses the sum (the next residual)
     norm_itself: bool = False  # the module is the norm (the rms norm fusion)
+    method: str = "forward"  # the method the original is and the fused one replaces
+    feed_forward: FeedForwardStep | None = None  # the training block's children (feed-forward fusions)
 
 
 FUSIONS = (
@@ -373,19 +455,28 @@ FUSIONS = (
                 ("gate_proj", "up_proj", "act_fn")),
     BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
                 "activation_fn", ("gate_up_proj", "activation_fn")),
+    BlockFusion("feed-forward (training)", VIT_MLP, _two_layer_mlp, _mlp_problem("fc1", "activation_fn", "fc2"),
+                feed_forward=FeedForwardStep(("fc1",), ("activation_fn",), ("fc2",))),
+    BlockFusion("feed-forward (training)", BERT_FEED_FORWARD_CHUNK, _bert_feed_forward, _bert_chunk_problem,
+                method="feed_forward_chunk",
+                feed_forward=FeedForwardStep(("intermediate", "dense"), ("intermediate", "intermediate_act_fn"),
+                                             ("output", "dense"))),
     BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
                 norm_itself=True),
 )
+#: the methods a fusion may replace on an instance
+_METHODS = tuple(sorted({f.method for f in FUSIONS}))
 
 
 @cache
 def _fusion_for(cls: type) -> BlockFusion | None:
     src = _class_forward(cls)
+    for f in FUSIONS:
+        method = src if f.method == "forward" else _class_forward(cls, f.method)
+        if method is not None and method == canonical(f.original):
+            return f
     if src is None:
         return None
-    for f in FUSIONS:
-        if src == canonical(f.original):
-            return f
     if norm_kind(cls) is not None and norm_kind(cls).kind == "rms":  # Gemma-style RMSNorm
         return FUSIONS[-1]
     return None
@@ -399,8 +490,8 @@ def fusion_for(module: torch.nn.Module) -> tuple[BlockFusion | None, str | None]
         return None, None
     if _hooked(module):
         return fusion, "the module has hooks"
-    if "forward" in module.__dict__:
-        return fusion, "its forward is already replaced on the instance"
+    if fusion.method in module.__dict__:
+        return fusion, f"its {fusion.method} is already replaced on the instance"
     return fusion, fusion.problem(module)
 
 
@@ -408,16 +499,19 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
     """Give ``module`` the fused forward and the record of its step, resolved now: the norm's
     kind, eps attribute and offset, or the projections and the activation
     (``xkernels/block_steps.py``; undo: ``restore``)."""
-    if fusion.activation is not None:
+    if fusion.feed_forward is not None:
+        module._xkernels_block = fusion.feed_forward
+    elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it
         module._xkernels_block = gated_step(tuple(n for n in fusion.consumed if n != fusion.activation), activation)
     else:
         module._xkernels_block = _norm_step(module, None if fusion.norm_itself else fusion.norm, fusion.return_sum)
-    module.forward = types.MethodType(fusion.forward, module)
+    setattr(module, fusion.method, types.MethodType(fusion.forward, module))
 
 
 def restore(module: torch.nn.Module) -> None:
-    """The module's own forward again."""
-    module.__dict__.pop("forward", None)
+    """The module's own forward (and other replaced methods) again."""
+    for method in _METHODS:
+        module.__dict__.pop(method, None)
     module.__dict__.pop("_xkernels_block", None)

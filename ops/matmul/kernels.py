@@ -107,6 +107,41 @@ def _activation(x, slope, ACT: tl.constexpr):
 
 
 @triton.jit
+def _add(a, b):
+    """``tl.sum``'s combine function for ``tl.reduce`` (``tl.sum`` is a jitted library function the
+    in-process interpreter cannot call)."""
+    return a + b
+
+
+@triton.jit
+def _activation_grad(h, slope, ACT: tl.constexpr):
+    """d act(h) / dh in fp32 for the ``ACT`` codes of ``_activation`` (training's backward: the
+    pre-activation ``h`` read in a GEMM's epilogue, ``matmul_tma_act_grad_kernel``)."""
+    if ACT == 1:
+        d = tl.where(h > 0, 1.0, 0.0)
+    elif ACT == 2:  # Phi(h) + h phi(h)
+        d = 0.5 * (1.0 + tl.erf(h * 0.7071067811865476)) + h * tl.exp(-0.5 * h * h) * 0.3989422804014327
+    elif ACT == 3:  # s (1 + h (1 - s)), s = sigmoid(h)
+        s = 1.0 / (1.0 + tl.exp(-h))
+        d = s * (1.0 + h * (1.0 - s))
+    elif ACT == 4:  # slope at 0, as PyTorch's leaky_relu_backward
+        d = tl.where(h > 0, 1.0, slope)
+    elif ACT == 5:  # s + h s (1 - s) 2 du/dh, s = sigmoid(2u), u as in _activation
+        u = 0.7978845608028654 * (h + 0.044715 * h * h * h)
+        s = 1.0 / (1.0 + tl.exp(-2.0 * u))
+        d = s + h * s * (1.0 - s) * (2.0 * 0.7978845608028654) * (1.0 + 3.0 * 0.044715 * h * h)
+    elif ACT == 6 or ACT == 7:  # Phi(h) + h phi(h) with ACT 6's erfc; exp(-h^2 / 2) serves both terms
+        t = _rcp(1.0 + 0.2316418882663604 * tl.abs(h), ACT == 7)
+        p = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
+        e = _exp2(h * h * -0.7213475204444817, ACT == 7)
+        q = p * e
+        d = tl.where(h >= 0, 1.0 - q, q) + h * e * 0.3989422804014327
+    else:
+        d = tl.full(h.shape, 1.0, tl.float32)
+    return d
+
+
+@triton.jit
 def _multiple(x, Q: tl.constexpr):
     """``x``, with the compiler told it is a multiple of ``Q`` (the host guarantees it)."""
     if Q > 1:
@@ -325,37 +360,50 @@ def _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOC
 @triton.jit
 def _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
                BLOCK_M: tl.constexpr, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-               RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr):
+               RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr, GRAD: tl.constexpr = 0,
+               DBIAS: tl.constexpr = False):
     """act(acc + bias) (+ the residual) into the ``WIDTH`` columns of C from ``off_n``; ``PRE``:
-    acc + bias, the pre-activation, into H's too."""
-    if HAS_BIAS:
-        rn = off_n + tl.arange(0, WIDTH)
-        acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if PRE:
-        h_desc.store([off_m, off_n], acc.to(h_desc.dtype))
-    acc = _activation(acc, slope, ACT)
-    if RES > 0:  # pointer loads: any residual strides (TMA would need a 16-byte-aligned row-major one)
-        rm = off_m + tl.arange(0, BLOCK_M)
-        rn = off_n + tl.arange(0, WIDTH)
-        acc = _add_residual(acc, res_ptr, rm, rn, (rm < M)[:, None] & (rn < N)[None, :], R1, sr0, sr1, srn, RES,
-                            RES_64)
-    c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    acc + bias, the pre-activation, into H's too. ``GRAD`` (an ``ACT`` code): acc times that
+    activation's derivative at H's tile instead (H read through ``h_desc``); ``DBIAS``: the column
+    sums of the rounded result into row ``off_m // BLOCK_M`` of the fp32 (tiles_m, N) buffer at
+    ``bias_ptr`` (a bias gradient's partial sums, added in a fixed order by the caller)."""
+    if GRAD > 0:
+        acc = acc * _activation_grad(h_desc.load([off_m, off_n]).to(tl.float32), slope, GRAD)
+        out = acc.to(c_desc.dtype)
+        if DBIAS:
+            rn = off_n + tl.arange(0, WIDTH)
+            tl.store(bias_ptr + (off_m // BLOCK_M) * N + rn, tl.reduce(out.to(tl.float32), 0, _add), mask=rn < N)
+        c_desc.store([off_m, off_n], out)
+    else:
+        if HAS_BIAS:
+            rn = off_n + tl.arange(0, WIDTH)
+            acc = acc + tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        if PRE:
+            h_desc.store([off_m, off_n], acc.to(h_desc.dtype))
+        acc = _activation(acc, slope, ACT)
+        if RES > 0:  # pointer loads: any residual strides (TMA would need a 16-byte-aligned row-major one)
+            rm = off_m + tl.arange(0, BLOCK_M)
+            rn = off_n + tl.arange(0, WIDTH)
+            acc = _add_residual(acc, res_ptr, rm, rn, (rm < M)[:, None] & (rn < N)[None, :], R1, sr0, sr1, srn,
+                                RES, RES_64)
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 @triton.jit
 def _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-                  EPILOGUE_SUBTILE: tl.constexpr, RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr):
+                  EPILOGUE_SUBTILE: tl.constexpr, RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr,
+                  GRAD: tl.constexpr = 0, DBIAS: tl.constexpr = False):
     if EPILOGUE_SUBTILE:  # two (BLOCK_M, BLOCK_N // 2) halves: half the staging buffer in shared memory
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         acc0, acc1 = tl.split(halves)
         _tma_store(c_desc, bias_ptr, acc0, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc, BLOCK_M,
-                   BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64, PRE)
+                   BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64, PRE, GRAD, DBIAS)
         _tma_store(c_desc, bias_ptr, acc1, off_m, off_n + BLOCK_N // 2, M, N, slope, res_ptr, R1, sr0, sr1, srn,
-                   h_desc, BLOCK_M, BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64, PRE)
+                   h_desc, BLOCK_M, BLOCK_N // 2, HAS_BIAS, ACT, RES, RES_64, PRE, GRAD, DBIAS)
     else:
         _tma_store(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc, BLOCK_M,
-                   BLOCK_N, HAS_BIAS, ACT, RES, RES_64, PRE)
+                   BLOCK_N, HAS_BIAS, ACT, RES, RES_64, PRE, GRAD, DBIAS)
 
 
 @triton.jit
@@ -363,7 +411,8 @@ def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, s
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 HAS_BIAS: tl.constexpr, ACT: tl.constexpr, B_KMAJOR: tl.constexpr, PERSISTENT: tl.constexpr,
                 EPILOGUE_SUBTILE: tl.constexpr, A_MMAJOR: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
-                RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr):
+                RES: tl.constexpr, RES_64: tl.constexpr, PRE: tl.constexpr, GRAD: tl.constexpr = 0,
+                DBIAS: tl.constexpr = False):
     """The body of the ``matmul_tma_*kernel`` entry points (see the first)."""
     pid = tl.program_id(0)
     if PERSISTENT and WARP_SPECIALIZE:
@@ -373,7 +422,7 @@ def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, s
             off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR)
             _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
-                          BLOCK_M, BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE)
+                          BLOCK_M, BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE, GRAD, DBIAS)
     elif PERSISTENT:
         nprog = tl.num_programs(0)
         tile_c = pid - nprog
@@ -386,13 +435,13 @@ def _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, res_ptr, R1, s
             tile_c += nprog
             off_cm, off_cn = _tma_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             _tma_epilogue(c_desc, bias_ptr, acc, off_cm, off_cn, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc,
-                          BLOCK_M, BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE)
+                          BLOCK_M, BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE, GRAD, DBIAS)
     else:
         off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc = _tma_accumulate(a_desc, b_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, A_MMAJOR, B_KMAJOR,
                               WARP_SPECIALIZE)
         _tma_epilogue(c_desc, bias_ptr, acc, off_m, off_n, M, N, slope, res_ptr, R1, sr0, sr1, srn, h_desc, BLOCK_M,
-                      BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE)
+                      BLOCK_N, HAS_BIAS, ACT, EPILOGUE_SUBTILE, RES, RES_64, PRE, GRAD, DBIAS)
 
 
 @triton.jit
@@ -445,3 +494,22 @@ def matmul_tma_pre_kernel(a_desc, b_desc, c_desc, h_desc, bias_ptr, M, N, K, slo
     _tma_matmul(a_desc, b_desc, c_desc, bias_ptr, M, N, K, slope, bias_ptr, 1, 0, 0, 0, h_desc, BLOCK_M, BLOCK_N,
                 BLOCK_K, GROUP_M, HAS_BIAS, ACT, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE, 0,
                 False, True)
+
+
+@triton.jit
+def matmul_tma_act_grad_kernel(a_desc, b_desc, c_desc, h_desc, dbias_ptr, M, N, K, slope,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               GROUP_M: tl.constexpr, B_KMAJOR: tl.constexpr, PERSISTENT: tl.constexpr,
+                               EPILOGUE_SUBTILE: tl.constexpr, A_MMAJOR: tl.constexpr,
+                               WARP_SPECIALIZE: tl.constexpr, GRAD: tl.constexpr, DBIAS: tl.constexpr):
+    """C = (A @ B) * act'(H), act the ``GRAD`` code of ``_activation``, H read through ``h_desc``
+    (C's shape, dtype and block): training's backward through ``down(act(up(x)))``, the gradient
+    at the up-projection's pre-activation straight from the down-projection's input-gradient GEMM
+    (A the output gradient, B the down-projection's (out, in) weight, read (K, N) row-major or,
+    ``B_KMAJOR``, as its transpose), ``ops/matmul/feed_forward.py``. ``DBIAS``: each tile's column
+    sums of C into row ``tile_m`` of the fp32 (tiles_m, N) buffer ``dbias_ptr``. H's tile is
+    loaded through a staging buffer in shared memory, which the caller pays for with one pipeline
+    stage fewer where two programs share an SM (``feed_forward.ActGradPlan``)."""
+    _tma_matmul(a_desc, b_desc, c_desc, dbias_ptr, M, N, K, slope, dbias_ptr, 1, 0, 0, 0, h_desc, BLOCK_M, BLOCK_N,
+                BLOCK_K, GROUP_M, False, 0, B_KMAJOR, PERSISTENT, EPILOGUE_SUBTILE, A_MMAJOR, WARP_SPECIALIZE, 0,
+                False, False, GRAD, DBIAS)

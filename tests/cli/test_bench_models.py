@@ -113,7 +113,8 @@ def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().out
     assert all(r["class"] == "ViTModel" and r["seq"] is None for r in rows)
     _check_timed(rows, tokens=2 * 16)  # 2 images of (32 / 8)^2 patches
-    assert rows[-1]["fusions"] == {"residual add + norm (ViT layer)": 2, "linear + activation": 2, "linear": 11}
+    assert rows[-1]["fusions"] == {"residual add + norm (ViT layer)": 2, "feed-forward (training)": 2,
+                                   "linear + activation": 2, "linear": 11}
 
 
 def test_cudagraph_on_cpu_is_skipped_with_its_reason(tmp_path, capsys):
@@ -151,7 +152,8 @@ def test_compile_mode_on_cpu(tmp_path, capsys):
     assert [(r["mode"], r["way"]) for r in rows] == [("compile", w) for w in ("torch", "torch", "patch", "patch")]
     _check_timed(rows, tokens=4)
     assert all(r["setup_s"] > 0 for r in rows)
-    assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "linear + activation": 2, "linear": 11}
+    assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
+                                   "linear + activation": 2, "linear": 11}
 
 
 def _way_state(model):

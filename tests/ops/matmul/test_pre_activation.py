@@ -12,35 +12,16 @@ import pytest
 import torch
 
 import xkernels
+from helpers import TMA_FORM_IDS as _FORM_IDS
+from helpers import TMA_FORMS as _FORMS
+from helpers import TMA_TINY as _TINY
 from helpers import Unchanged, assert_close, poisoned, rand
 from xkernels import dispatch, tuning
 from xkernels.ops import linear, matmul
 from xkernels.ops.matmul import pre_activation, reference_linear
 from xkernels.ops.matmul.vendor import activate
 
-_TINY = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2, "TMA": True}
-_FORMS = [_TINY, {**_TINY, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
-          {**_TINY, "PERSISTENT": True, "PROGRAMS_PER_SM": 2, "EPILOGUE_SUBTILE": True}]
-_FORM_IDS = ["one tile each", "persistent + subtile", "persistent x2 + subtile"]
 _ACTS = [("gelu", 0.01), ("gelu_tanh", 0.01), ("silu", 0.01), ("leaky_relu", -0.2)]
-
-
-@pytest.fixture
-def tma_interpreter(monkeypatch):
-    """The registered interpreter backend with the TMA path on and a 3-SM device, selected."""
-    be = dispatch.get_backend("interpreter")
-    if be.unavailable_reason():
-        pytest.skip(be.unavailable_reason())
-    monkeypatch.setattr(be, "tensor_descriptors", lambda device=None: True)
-    monkeypatch.setattr(be, "compute_units", lambda device=None: 3)
-    linear._forget()
-    matmul._forget()
-    pre_activation.forget()
-    with xkernels.use_backend("interpreter"):
-        yield be
-    linear._forget()
-    matmul._forget()
-    pre_activation.forget()
 
 
 def _pre(x, w, b):
