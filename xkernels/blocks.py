@@ -13,7 +13,7 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``rms norm``: a Llama- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
   (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``;
-* ``feed-forward (training)``: ``down(act(up(x)))`` (ViT's / CLIP's ``fc1``, ``activation_fn``,
+* ``feed-forward (training)``: ``down(act(up(x)))`` (ViT-style ``fc1``, ``activation_fn``,
   ``fc2`` MLP; BERT's ``feed_forward_chunk`` over its intermediate and output blocks) as one
   autograd block where a gradient is required (``ops/matmul/feed_forward.py``: the backward
   applies the activation's derivative inside the down-projection's input-gradient GEMM). Without

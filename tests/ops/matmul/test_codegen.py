@@ -459,6 +459,43 @@ def test_the_training_forward_stores_the_pre_activation_and_still_fits_two_progr
         assert 2 * res["REG"] * 32 * kernel.metadata.num_warps <= SM_REGS, res
 
 
+@pytest.mark.parametrize("m", [8192, 12608])
+def test_the_training_backward_applies_the_derivative_and_keeps_two_programs_resident(m):
+    """``matmul_tma_act_grad_kernel`` (training's feed-forward backward, ``ops/matmul/feed_forward.py``)
+    on the FFN rule's plan with ``resident_options``: H's tile loaded through a tensor descriptor,
+    the SFU's reciprocal and exponential, wgmma; one stage fewer and at most 128 registers keep
+    two programs on an SM with nothing spilled, where the plan's own 3 stages would not."""
+    from xkernels.ops.matmul import feed_forward
+    from xkernels.ops.matmul import kernels as K
+
+    plan = linear.make_plan(linear.check(*_ffn_call(m)), _H100())
+    options = feed_forward.resident_options(plan, _H100(), torch.device("meta"))
+    assert options == {"num_warps": 8, "num_stages": 2, "maxnreg": 128}, options
+    bm, bn, bk = (plan.constexprs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
+    desc = lambda block: f"tensordesc<bf16{list(block)}>"  # noqa: E731
+    sig = {"a_desc": desc([bm, bk]), "b_desc": desc([bk, bn]), "c_desc": desc(plan.tma["c"]),
+           "h_desc": desc(plan.tma["c"]), "dbias_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "slope": "fp32",
+           **{n: "constexpr" for n in K.matmul_tma_act_grad_kernel.arg_names[9:]}}
+    constexprs = {**{k: plan.constexprs[k] for k in feed_forward._SHARED}, "B_KMAJOR": False,
+                  "GRAD": plan.constexprs["ACT"], "DBIAS": True}
+    attrs = {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]], (7,): [["tt.divisibility", 16]]}
+    kernels = {}
+    for name, opts in (("resident", options), ("plan", dict(plan.options))):
+        kernels[name] = triton.compile(ASTSource(K.matmul_tma_act_grad_kernel, sig, constexprs, attrs),
+                                       target=GPUTarget("cuda", 90, 32), options=opts)
+    kernel = kernels["resident"]
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
+    assert "rcp.approx.ftz.f32" in ptx and "ex2.approx.ftz.f32" in ptx
+    assert ".maxnreg 128" in ptx
+    assert 2 * (kernel.metadata.shared + BLOCK_RESERVED) <= SM_SMEM, kernel.metadata.shared
+    assert 2 * (kernels["plan"].metadata.shared + BLOCK_RESERVED) > SM_SMEM, kernels["plan"].metadata.shared
+    res = _resources(kernel)
+    if res is not None:
+        assert res.get("LOCAL", 0) == 0 and res.get("STACK", 0) == 0, res
+        assert 2 * res["REG"] * 32 * kernel.metadata.num_warps <= SM_REGS, res
+
+
 @pytest.mark.parametrize("units", [132, 114, 78, 16])
 @pytest.mark.parametrize("per_sm", [None, 1, 2, 3])
 def test_persistent_programs_follow_the_backends_compute_units(units, per_sm):

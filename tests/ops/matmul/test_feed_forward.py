@@ -147,3 +147,31 @@ def test_blocks_it_cannot_take_run_unfused(tma_interpreter):
                                      0.01) is None  # fp32: no pre-activation kernel
     with tuning.force({**_FORMS[0], "TMA": False}):
         assert feed_forward.plan_for(linear, x, w1, b1, w2, None, "gelu", 0.01) is None
+
+
+def test_on_the_device_at_berts_ffn_shape(backend, device):
+    """Where the backend has tensor descriptors (an sm90 GPU), BERT's feed-forward block in
+    training (8192 x 768 -> 3072 -> 768, bf16): on sm90 the table lets the fused block run, and
+    its output and every gradient match float64 PyTorch on the device."""
+    if not backend.runs_triton or not backend.tensor_descriptors(device):
+        pytest.skip(f"backend {backend.name!r} has no tensor descriptors here")
+    dtype = torch.bfloat16
+    x = rand((8192, 768), dtype, device)
+    w1, b1 = rand((3072, 768), dtype, device) / 28, rand((3072,), dtype, device)
+    w2, b2 = rand((768, 3072), dtype, device) / 56, rand((768,), dtype, device)
+    fused = feed_forward.plan_for(linear, x, w1, b1, w2, b2, "gelu", 0.01)
+    if backend.arch(device) == "sm90":
+        assert fused is not None, linear.explain(x, w1, b1, "gelu")
+    if fused is None:
+        pytest.skip("no fused block on this device's table")
+    mine = [_leaf(t) for t in (x, w1, b1, w2, b2)]
+    ref = [t.detach().double().requires_grad_() for t in (x, w1, b1, w2, b2)]
+    with Unchanged(x, w1, b1, w2, b2):
+        y = feed_forward.recorded(linear, matmul, *mine, "gelu", 0.01)
+    want = _reference(*ref, "gelu", 0.01)
+    assert_close(y.detach(), want.detach(), dtype, scale=8.0)
+    upstream = torch.randn(want.shape, device=device).to(dtype)
+    y.backward(upstream)
+    want.backward(upstream.double())
+    for m, r in zip(mine, ref):
+        assert_close(m.grad, r.grad, dtype, scale=16.0 + 8192 / 8)
