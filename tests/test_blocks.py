@@ -268,6 +268,98 @@ def test_feed_forward_blocks_train_as_one_block(tma_interpreter, monkeypatch):
         assert not any(k in m.__dict__ for m in model.modules() for k in ("forward", "feed_forward_chunk"))
 
 
+def test_any_linear_activation_linear_chain_is_a_feed_forward_block(tma_interpreter, monkeypatch):
+    """Detection by the forward's shape, not by names: GPT-NeoX's MLP (``dense_h_to_4h``, ``act``,
+    ``dense_4h_to_h``) and a made-up MLP with nested calls become feed-forward blocks, their up
+    projection swapped with the activation fused even where no pattern names their class; a
+    training step through them matches the unpatched model and float64."""
+    tf = require_transformers()
+    from xkernels import tuning
+    from xkernels.ops.matmul import feed_forward
+
+    blocks_run = []
+    real = feed_forward.FeedForwardFunction.apply
+    monkeypatch.setattr(feed_forward.FeedForwardFunction, "apply", lambda *a: blocks_run.append(1) or real(*a))
+
+    class Nested(torch.nn.Module):  # a class of no known family
+        def __init__(self):
+            super().__init__()
+            self.inp, self.gelu, self.out = torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)
+
+        def forward(self, x):
+            y = self.gelu(self.inp(x))
+            return self.out(y)
+
+    torch.manual_seed(0)
+    neox = tf.GPTNeoXModel(tf.GPTNeoXConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                            intermediate_size=64, vocab_size=64, max_position_embeddings=32,
+                                            hidden_dropout=0.0, attention_dropout=0.0, **ATTN))
+    assert blocks.mlp_chain(Nested) == ("inp", "gelu", "out")
+    for model, x, n in ((neox, torch.randint(0, 64, (2, 6)), 2),
+                        (torch.nn.Sequential(Nested(), torch.nn.LayerNorm(32)), torch.randn(2, 6, 32), 1)):
+        model = model.half()
+        ref64 = copy.deepcopy(model).double()
+
+        def run(m, inputs):
+            m.zero_grad(set_to_none=True)
+            with tuning.force(TMA_FORMS[0]):
+                out = m(inputs)
+                out = out.last_hidden_state if hasattr(out, "last_hidden_state") else out
+                out.float().sum().backward()
+            return out, [p.grad for p in m.parameters() if p.grad is not None]
+
+        want, want_grads = run(model, x if x.dtype == torch.long else x.half())
+        ref, ref_grads = run(ref64, x if x.dtype == torch.long else x.double())
+        report = xkernels.patch(model)
+        assert report.counts().get("feed-forward (training)") == n and len(report.fused) == n, str(report)
+        got, got_grads = run(model, x if x.dtype == torch.long else x.half())
+        assert len(blocks_run) == n
+        assert_model_close(got, want.detach(), ref.detach())
+        for g, w, r in zip(got_grads, want_grads, ref_grads):
+            assert_model_close(g, w, r)
+        blocks_run.clear()
+
+
+@pytest.mark.parametrize("source,chain", [
+    ("def forward(self, x):\n    x = self.a(x)\n    x = self.b(x)\n    return self.c(x)\n", ("a", "b", "c")),
+    ("def forward(self, x):\n    return self.c(self.b(self.a(x)))\n", ("a", "b", "c")),
+    ("def forward(self, x):\n    h = self.a(x)\n    y = self.b(x)\n    return self.c(h)\n", None),  # x used twice
+    ("def forward(self, x, mask):\n    return self.c(self.b(self.a(x)))\n", None),  # another argument
+    ("def forward(self, x):\n    x = self.a(x)\n    x = x * 2\n    return self.c(x)\n", None),  # another op
+    ("def forward(self, x):\n    return self.c(self.b(self.a(x), scale=2))\n", None),  # a keyword
+    ("def forward(self, x):\n    return torch.relu(self.a(x))\n", None),  # not a child
+])
+def test_mlp_chain_reads_the_forward(source, chain):
+    namespace = {"torch": torch}
+    exec(source, namespace)  # noqa: S102 - a test's own source
+    cls = type("Probe", (torch.nn.Module,), {"forward": namespace["forward"]})
+    import inspect as _inspect
+    from unittest import mock
+
+    with mock.patch.object(_inspect, "getsource", lambda fn: source):
+        blocks.mlp_chain.cache_clear()
+        got = blocks.mlp_chain(cls)
+    blocks.mlp_chain.cache_clear()
+    assert got == chain
+
+
+def test_other_chains_are_not_candidates():
+    """A chain of three children that are not linear / activation / linear (convolutions around a
+    norm) is not a feed-forward block and is not reported as one left unfused."""
+    class Convs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Conv1d(4, 4, 1), torch.nn.BatchNorm1d(4), torch.nn.Conv1d(4, 4, 1)
+
+        def forward(self, x):
+            x = self.a(x)
+            x = self.b(x)
+            return self.c(x)
+
+    report = xkernels.patch(torch.nn.Sequential(Convs()))
+    assert report.blocks == [] and not [m for m in report.left if "feed-forward" in m.reason], str(report)
+
+
 def test_feed_forward_detection_needs_the_known_children():
     """A BERT layer whose intermediate block is not BERT's, or whose activation xkernels does not
     fuse, keeps its own feed_forward_chunk (reported); a ViT-style MLP whose fc2 has hooks too."""

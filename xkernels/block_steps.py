@@ -180,7 +180,8 @@ def gated_step(proj: tuple[str, ...], activation: str) -> GatedStep:
     return GatedStep(proj, activation, RouteCache(gated_linear))
 
 
-def _child(block: torch.nn.Module, path: tuple[str, ...]) -> Any:
+def child_at(block: torch.nn.Module, path: tuple[str, ...]) -> Any:
+    """The module at ``path`` (child names) below ``block`` (``block`` for an empty path), or ``None``."""
     m: Any = block
     for name in path:
         m = m._modules.get(name) if isinstance(m, torch.nn.Module) else None
@@ -205,7 +206,7 @@ class FeedForwardStep:
         forward should run (no gradient, compiling, other children, no fused plan)."""
         if not _grad_enabled() or _is_compiling():
             return None
-        up, act, down = _child(block, self.up), _child(block, self.act), _child(block, self.down)
+        up, act, down = child_at(block, self.up), child_at(block, self.act), child_at(block, self.down)
         if (type(up) is not xnn.Linear or up.activation is None or type(down) is not xnn.Linear
                 or down.activation is not None or type(act) is not torch.nn.Identity or _hooked(up) or _hooked(down)):
             return None

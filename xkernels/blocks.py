@@ -13,8 +13,10 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``rms norm``: a Llama- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
   (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``;
-* ``feed-forward (training)``: ``down(act(up(x)))`` (ViT-style ``fc1``, ``activation_fn``,
-  ``fc2`` MLP; BERT's ``feed_forward_chunk`` over its intermediate and output blocks) as one
+* ``feed-forward (training)``: ``down(act(up(x)))`` (any module whose forward only applies three
+  children to its input in turn, :func:`mlp_chain`, the first and last ``nn.Linear`` and the
+  middle an activation: ViT's, DINOv2's, SigLIP's, GPT-NeoX's, Falcon's MLPs, whatever the names;
+  BERT's ``feed_forward_chunk`` over its intermediate and output blocks) as one
   autograd block where a gradient is required (``ops/matmul/feed_forward.py``: the backward
   applies the activation's derivative inside the down-projection's input-gradient GEMM). Without
   a gradient the module's own forward runs, through the fused ``xkernels.nn.Linear`` layers.
@@ -125,14 +127,6 @@ def forward(self, hidden_states):
     gate, up_states = up_states.chunk(2, dim=-1)
     up_states = up_states * self.activation_fn(gate)
     return self.down_proj(up_states)
-'''
-
-VIT_MLP = '''
-def forward(self, hidden_states):
-    hidden_states = self.fc1(hidden_states)
-    hidden_states = self.activation_fn(hidden_states)
-    hidden_states = self.fc2(hidden_states)
-    return hidden_states
 '''
 
 BERT_FEED_FORWARD_CHUNK = '''
@@ -441,6 +435,7 @@ class BlockFusion:
     norm_itself: bool = False  # the module is the norm (the rms norm fusion)
     method: str = "forward"  # the method the original is and the fused one replaces
     feed_forward: FeedForwardStep | None = None  # the training block's children (feed-forward fusions)
+    candidate: Callable[[torch.nn.Module], bool] | None = None  # False: not this fusion's kind of module
 
 
 FUSIONS = (
@@ -455,8 +450,6 @@ FUSIONS = (
                 ("gate_proj", "up_proj", "act_fn")),
     BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
                 "activation_fn", ("gate_up_proj", "activation_fn")),
-    BlockFusion("feed-forward (training)", VIT_MLP, _two_layer_mlp, _mlp_problem("fc1", "activation_fn", "fc2"),
-                feed_forward=FeedForwardStep(("fc1",), ("activation_fn",), ("fc2",))),
     BlockFusion("feed-forward (training)", BERT_FEED_FORWARD_CHUNK, _bert_feed_forward, _bert_chunk_problem,
                 method="feed_forward_chunk",
                 feed_forward=FeedForwardStep(("intermediate", "dense"), ("intermediate", "intermediate_act_fn"),
@@ -466,6 +459,72 @@ FUSIONS = (
 )
 #: the methods a fusion may replace on an instance
 _METHODS = tuple(sorted({f.method for f in FUSIONS}))
+
+
+def _parsed(fn: Any) -> ast.FunctionDef | None:
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+@cache
+def mlp_chain(cls: type) -> tuple[str, ...] | None:
+    """The child modules ``cls.forward`` applies to its one input, in order, where that is all it
+    does: ``x = self.a(x); x = self.b(x); return self.c(x)``, nested calls (``self.b(self.a(x))``)
+    or any mix, any names; ``None`` for any other forward (another argument, a keyword, a second
+    use of an earlier value, any other statement)."""
+    fn = _parsed(getattr(cls, "forward", None))
+    if fn is None:
+        return None
+    a = fn.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 2:
+        return None
+    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(
+        fn.body[0].value, ast.Constant) else fn.body
+    live = a.args[1].arg  # the one name holding the chain's value
+
+    def applied(e: ast.expr) -> list[str] | None:
+        if isinstance(e, ast.Name) and e.id == live:
+            return []
+        if (isinstance(e, ast.Call) and not e.keywords and len(e.args) == 1 and isinstance(e.func, ast.Attribute)
+                and isinstance(e.func.value, ast.Name) and e.func.value.id == "self"):
+            inner = applied(e.args[0])
+            return None if inner is None else [*inner, e.func.attr]
+        return None
+
+    chain: list[str] = []
+    for st in body[:-1]:
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+            return None
+        seq = applied(st.value)
+        if not seq:
+            return None
+        chain += seq
+        live = st.targets[0].id
+    if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+        return None
+    seq = applied(body[-1].value)
+    return None if seq is None else tuple(chain + seq)
+
+
+def _looks_like_mlp(up: str, act: str, down: str) -> Callable[[torch.nn.Module], bool]:
+    """Whether a module whose forward is the chain (up, act, down) is a feed-forward block at all:
+    linear layers around an activation module (anything else, e.g. convolutions around a norm,
+    is not a candidate and not reported)."""
+    def candidate(m: torch.nn.Module) -> bool:
+        u, f, d = (getattr(m, n, None) for n in (up, act, down))
+        return (isinstance(u, torch.nn.Linear) and isinstance(d, torch.nn.Linear) and isinstance(f, torch.nn.Module)
+                and not isinstance(activation_of(f), str))
+    return candidate
+
+
+@cache
+def _chain_fusion(chain: tuple[str, str, str]) -> BlockFusion:
+    up, act, down = chain
+    return BlockFusion("feed-forward (training)", "", _two_layer_mlp, _mlp_problem(up, act, down),
+                       feed_forward=FeedForwardStep((up,), (act,), (down,)), candidate=_looks_like_mlp(up, act, down))
 
 
 @cache
@@ -479,6 +538,9 @@ def _fusion_for(cls: type) -> BlockFusion | None:
         return None
     if norm_kind(cls) is not None and norm_kind(cls).kind == "rms":  # Gemma-style RMSNorm
         return FUSIONS[-1]
+    chain = mlp_chain(cls)
+    if chain is not None and len(chain) == 3 and len(set(chain)) == 3:  # up, activation, down
+        return _chain_fusion(chain)
     return None
 
 
@@ -486,7 +548,7 @@ def fusion_for(module: torch.nn.Module) -> tuple[BlockFusion | None, str | None]
     """``(fusion, None)`` where ``module`` can take one, ``(fusion, why not)`` where its forward
     matches but it cannot, ``(None, None)`` where its forward is none of the known ones."""
     fusion = _fusion_for(type(module))
-    if fusion is None:
+    if fusion is None or (fusion.candidate is not None and not fusion.candidate(module)):
         return None, None
     if _hooked(module):
         return fusion, "the module has hooks"

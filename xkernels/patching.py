@@ -38,6 +38,7 @@ import torch
 
 from xkernels import blocks
 from xkernels import nn as xnn
+from xkernels.block_steps import FeedForwardStep, child_at
 from xkernels.patterns import activation_of, loaded, patterns
 
 __all__ = ["FusedBlock", "Left", "PatchReport", "Replaced", "patch"]
@@ -189,8 +190,13 @@ def patch(model: torch.nn.Module) -> PatchReport:
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, note))
         done.update((id(module), attr) for attr in fusion.consumed)
 
-    # 1. fusions: (parent, layer slot, activation slot)
+    # 1. fusions: (parent, layer slot, activation slot); first those of the feed-forward blocks
+    # (whatever their class, the up-projection runs with its activation fused)
     pairs: list[tuple[torch.nn.Module, str, str]] = []
+    for module in report._forwards:
+        step = module.__dict__.get("_xkernels_block")
+        if isinstance(step, FeedForwardStep) and step.up[:-1] == step.act[:-1]:
+            pairs.append((child_at(module, step.up[:-1]), step.up[-1], step.act[-1]))
     for parent in model.modules():
         if isinstance(parent, torch.nn.Sequential):
             keys = list(parent._modules)

@@ -16,6 +16,7 @@ alternating order; rows give the median of round medians and their range. Output
 
     python tools/probes/feed_forward_probe.py --json ff.json                  # ~1 min on an H100
     python tools/probes/feed_forward_probe.py --models bert-base,vit --json ab.json
+    python tools/probes/feed_forward_probe.py --compiled --shapes 8192:768:3072:gelu:bf16    # + Inductor's block
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _rel(got, want):
     return ((got.double() - want).abs().max() / want.abs().max()).item()
 
 
-def run_shape(spec, rounds, device):
+def run_shape(spec, rounds, device, compiled=False):
     M, D, Fd, act, dt = spec.split(":")
     M, D, Fd, dtype = int(M), int(D), int(Fd), DTYPES[dt]
     g = torch.Generator(device=device).manual_seed(0)
@@ -94,6 +95,9 @@ def run_shape(spec, rounds, device):
                                                                          w2, b2))
     fns["xkernels two linears fwd+bwd"] = step(lambda x, w1, b1, w2, b2: linear(linear(x, w1, b1, act), w2, b2))
     fns["xkernels fused block fwd+bwd"] = step(lambda *a: feed_forward.recorded(linear, matmul, *a, act, 0.01))
+    if compiled:  # what Inductor makes of the same block (its GEMMs cuBLAS's, the pointwise and sums fused)
+        block = torch.compile(lambda x, w1, b1, w2, b2: F.linear(activate(F.linear(x, w1, b1), act, 0.01), w2, b2))
+        fns["torch.compile block fwd+bwd"] = step(block)
     row["us"] = {**_timed(piece, rounds), **_timed(fns, rounds)}
     return row
 
@@ -138,6 +142,7 @@ def main() -> int:
     p.add_argument("--shapes", default=",".join(SHAPES), help="M:D:F:activation:bf16|fp16,...")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--models", default="", help="models of bench --model for the CUDA-graph training A/B")
+    p.add_argument("--compiled", action="store_true", help="also time torch.compile of torch's block (fwd+bwd)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     device = torch.device("cuda")
@@ -152,7 +157,7 @@ def main() -> int:
     shapes = args.shapes.split(",") if args.shapes and (not args.models or "--shapes" in sys.argv) else []
     for spec in shapes:
         try:
-            row = run_shape(spec, args.rounds, device)
+            row = run_shape(spec, args.rounds, device, args.compiled)
         except Exception as exc:  # noqa: BLE001 - one shape's failure is a row, not the end
             row = {"shape": spec, "error": f"{type(exc).__name__}: {exc}"[:400]}
         out.append(row)
