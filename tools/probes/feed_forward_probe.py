@@ -102,16 +102,20 @@ def run_shape(spec, rounds, device, compiled=False):
     return row
 
 
-def model_ab(name, rounds):
+def model_ab(name, rounds, batch=None, seq=None):
     """The patched model's training step under CUDA-graph replay with and without the fused block."""
     import xkernels
     from xkernels.cli import bench_models as bm
     from xkernels.harness import model_runs, model_zoo, resolve_target
 
     target = resolve_target("cuda")
-    spec = bm.zoo_spec(name)
-    built = model_zoo.build(spec.data, spec.source, torch.bfloat16, target.device, None, None, None, 0, spec.zoo_name,
-                            spec.size)
+    if name.endswith(".json"):  # a transformers config.json, as bench --model-config takes it
+        spec = bm.file_spec(name)
+        built = model_zoo.build(spec.data, spec.source, torch.bfloat16, target.device, batch, seq, None, 0)
+    else:
+        spec = bm.zoo_spec(name)
+        built = model_zoo.build(spec.data, spec.source, torch.bfloat16, target.device, None, None, None, 0,
+                                spec.zoo_name, spec.size)
     report = xkernels.patch(built.model)
     print(report.counts())
     real = feed_forward.plan_for
@@ -141,7 +145,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default=",".join(SHAPES), help="M:D:F:activation:bf16|fp16,...")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--models", default="", help="models of bench --model for the CUDA-graph training A/B")
+    p.add_argument("--models", default="", help="models of bench --model (or config.json paths, with --batch and "
+                                                 "--seq) for the CUDA-graph training A/B")
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--seq", type=int, default=None)
     p.add_argument("--compiled", action="store_true", help="also time torch.compile of torch's block (fwd+bwd)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -150,7 +157,7 @@ def main() -> int:
     out = []
     for name in filter(None, args.models.split(",")):
         try:
-            out.append(model_ab(name, args.rounds))
+            out.append(model_ab(name, args.rounds, args.batch, args.seq))
         except Exception as exc:  # noqa: BLE001 - one model's failure is a row, not the end
             out.append({"model": name, "error": f"{type(exc).__name__}: {exc}"[:400]})
             print(out[-1])

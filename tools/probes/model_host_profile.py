@@ -48,7 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="vit")
+    ap.add_argument("--model", default="vit", help="a zoo model, or a transformers config.json path")
+    ap.add_argument("--batch", type=int, default=None, help="with a config.json")
+    ap.add_argument("--seq", type=int, default=None, help="with a config.json")
     ap.add_argument("--pass", dest="which", choices=["step", "forward"], default="step")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--top", type=int, default=25)
@@ -70,8 +72,12 @@ def main() -> int:
     native.module(wait=True)  # as bench does: every run takes the native paths where they build
 
     dev = torch.device(args.device)
-    built = model_zoo.build(model_zoo.zoo_config(args.model, args.size), f"--model {args.model}",
-                            getattr(torch, args.dtype), dev, zoo_name=args.model, size=args.size)
+    if args.model.endswith(".json"):  # a transformers config.json, as bench --model-config takes it
+        built = model_zoo.build(model_zoo.read_config(args.model), f"--model-config {args.model}",
+                                getattr(torch, args.dtype), dev, args.batch, args.seq)
+    else:
+        built = model_zoo.build(model_zoo.zoo_config(args.model, args.size), f"--model {args.model}",
+                                getattr(torch, args.dtype), dev, zoo_name=args.model, size=args.size)
     model, inputs = built.model, built.inputs
 
     def sync() -> None:
