@@ -535,7 +535,29 @@ struct RouteTableObject {
   size_t size, limit;
   size_t grad_routes;  // torch_linear routes held: only then is a call with a tensor requiring grad keyed
   int64_t hits;
+  bool autocast_declines;  // the op casts its operands under autocast (Op.autocast_params): see autocast_would_cast
 };
+
+// Whether autocast would cast one of a call's tensors (`n` objects): a floating one, not float64,
+// on a device type autocast is on for (CUDA, CPU, an out-of-tree device such as Ascend's), not
+// already in that type's autocast dtype. The Python front door casts it first (ops/autocast.py);
+// a call whose operands are already cast keeps its repeats here.
+inline bool autocast_would_cast(PyObject* const* objs, Py_ssize_t n) {
+  static const c10::DeviceType kinds[] = {c10::DeviceType::CUDA, c10::DeviceType::CPU, c10::DeviceType::PrivateUse1};
+  bool any = false;
+  for (c10::DeviceType d : kinds) any = any || at::autocast::is_autocast_enabled(d);
+  if (!any) return false;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (!THPVariable_Check(objs[i])) continue;
+    const at::Tensor& t = THPVariable_Unpack(objs[i]);
+    if (!t.defined() || !t.is_floating_point() || t.scalar_type() == at::kDouble) continue;
+    const c10::DeviceType d = t.device().type();
+    if ((d == c10::DeviceType::CUDA || d == c10::DeviceType::CPU || d == c10::DeviceType::PrivateUse1) &&
+        at::autocast::is_autocast_enabled(d) && t.scalar_type() != at::autocast::get_autocast_dtype(d))
+      return true;
+  }
+  return false;
+}
 
 // A strong reference: a Python launch (the interpreter) runs Python, during which another thread
 // may put into or clear the table.
@@ -566,6 +588,8 @@ inline PyObject* route_table_call(PyObject* self, PyObject* const* args, size_t 
   auto* t = reinterpret_cast<RouteTableObject*>(self);
   if (t->size == 0) Py_RETURN_NONE;
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (t->autocast_declines && autocast_would_cast(args, nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0)))
+    Py_RETURN_NONE;
   Key k;
   const GradKey grad = !at::GradMode::is_enabled() ? GradKey::kNone
                        : t->grad_routes ? GradKey::kMark : GradKey::kDecline;
@@ -654,7 +678,8 @@ inline PyObject* route_table_len(PyObject* self, PyObject*) {
 
 inline PyObject* route_table_new(PyTypeObject* type, PyObject* a, PyObject* kw) {
   PyObject* names;
-  if (!PyArg_ParseTuple(a, "O!", &PyTuple_Type, &names)) return nullptr;
+  int autocast_declines = 0;
+  if (!PyArg_ParseTuple(a, "O!|p", &PyTuple_Type, &names, &autocast_declines)) return nullptr;
   auto* t = reinterpret_cast<RouteTableObject*>(type->tp_alloc(type, 0));
   if (!t) return nullptr;
   t->vectorcall = route_table_call;
@@ -673,6 +698,7 @@ inline PyObject* route_table_new(PyTypeObject* type, PyObject* a, PyObject* kw) 
   t->size = t->grad_routes = 0;
   t->limit = 1024;
   t->hits = 0;
+  t->autocast_declines = autocast_declines != 0;
   return reinterpret_cast<PyObject*>(t);
 }
 

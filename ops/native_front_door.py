@@ -104,10 +104,13 @@ def teach_torch_linear(table: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 _prepared: set[int] = set()
 
 
-def new_table(mod: Any, params: tuple[str, ...]) -> Any:
+def new_table(mod: Any, params: tuple[str, ...], autocast_declines: bool = False) -> Any:
     """A ``RouteTable`` of the loaded extension ``mod`` for an op with these parameter names (the
-    first table hands the extension the context variables its key reads)."""
+    first table hands the extension the context variables its key reads); ``autocast_declines``:
+    the table declines a call while autocast would cast one of its tensors (an op whose operands
+    autocast casts, ``Op.autocast_params``: the Python front door casts them first; the cast
+    call's repeats are the table's again)."""
     if id(mod) not in _prepared:
         mod.set_context_vars(dispatch._override, tuning._forced)
         _prepared.add(id(mod))
-    return mod.RouteTable(params)
+    return mod.RouteTable(params, autocast_declines)

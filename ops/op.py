@@ -48,7 +48,8 @@ from xkernels import dispatch, tuning
 from xkernels.backend import Backend
 from xkernels.backends import native
 from xkernels.dispatch import _override
-from xkernels.ops import library, native_front_door
+from xkernels.ops import autocast, library, native_front_door
+from xkernels.ops.autocast import autocasting
 from xkernels.ops.autograd import needs_grad, reject_out
 from xkernels.ops.route import (
     AtenRoute,
@@ -113,6 +114,9 @@ class Op(Signature):
     #: find (its forward runs ``call_no_grad``); false where the forward plans its own kernel
     #: (gated_linear saves gate and up): a module's ``RouteCache`` then remembers the miss
     records_leave_routes = True
+    #: the parameters cast to the autocast dtype while autocast is on (``ops/autocast.py``): the
+    #: GEMM operands of the matmul-like ops; none for the others
+    autocast_params: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()  # the parameter tables (Signature)
@@ -136,7 +140,8 @@ class Op(Signature):
         the call slot that runs the table from C (``backends/native_call.h``: a repeat then costs
         no Python frame), where the class's ``__call__`` is this one."""
         if self._native is None and REGISTERED.get(self.name) is self:
-            self._native = native_front_door.new_table(mod, tuple(p.name for p in self.params))
+            self._native = native_front_door.new_table(mod, tuple(p.name for p in self.params),
+                                                       bool(self.autocast_params))
             if type(self).__call__ is Op.__call__:
                 mod.install_op_call(type(self))
 
@@ -214,6 +219,8 @@ class Op(Signature):
                 # __call__ was set and restored, e.g. a spy): put it back
                 self._restore_call_slot()
                 return result
+        if self.autocast_params and autocasting():  # the table declined: the operands in the autocast dtype
+            args, kwargs = autocast.cast_args(self, args, kwargs)
         if _grad_enabled() and (_any_requires_grad(*args, *kwargs.values()) if kwargs else _any_requires_grad(*args)):
             return self._recorded(args, kwargs)
         if self._hot and _forced.get() is None:  # ``_eager``, one frame less: every repeat comes here
@@ -231,6 +238,8 @@ class Op(Signature):
         return self._eager(args, kwargs)
 
     def _eager(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        if self.autocast_params and autocasting():
+            args, kwargs = autocast.cast_args(self, args, kwargs)
         table = self._native
         if table is not None:
             result = table(*args, **kwargs)

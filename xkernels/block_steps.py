@@ -44,7 +44,8 @@ import torch
 from xkernels import dispatch
 from xkernels import nn as xnn
 from xkernels.backends import native
-from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear, linear, matmul
+from xkernels.ops import add_layer_norm, add_rms_norm, autocast, gated_linear, linear, matmul
+from xkernels.ops.autocast import autocasting
 from xkernels.ops.fused.add_norm_plan import training_fusion_pays
 from xkernels.ops.matmul import feed_forward
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
@@ -217,6 +218,8 @@ class FeedForwardStep:
         b2 = pd["bias"] if "bias" in pd else down.bias
         if not _any_requires_grad(x, w1, b1, w2, b2):
             return None
+        if autocasting():  # the two GEMMs in the autocast dtype, as nn.Linear's (ops/autocast.py)
+            x, w1, b1, w2, b2 = autocast.cast_all((x, w1, b1, w2, b2))
         if not (_capturing(x) or xnn._trains_through_xkernels(x, w1)):  # as the layers' own training policy
             return None
         return feed_forward.recorded(linear, matmul, x, w1, b1, w2, b2, up.activation, up.negative_slope)

@@ -45,6 +45,7 @@ import torch
 
 from xkernels.block_steps import FeedForwardStep, NormStep, gated_step, norm_step
 from xkernels.ops import add_layer_norm, add_rms_norm
+from xkernels.ops.autocast import autocasting
 from xkernels.ops.op import _is_compiling
 from xkernels.patterns import activation_of
 
@@ -245,11 +246,12 @@ def _hooked(m: torch.nn.Module) -> bool:
 # While torch.compile traces, each runs its class's own forward: the compiler fuses the adds, norms
 # and gates itself, and the fused ops' custom-op nodes measured 0.89x (Llama training) and 0.97x
 # (BERT training) of torch.compile on the unpatched model on an H100
-# (results/2026-11-24-h100-model-modes).
+# (results/2026-11-24-h100-model-modes). So does each while autocast is on: its original runs
+# PyTorch's norms in fp32 there (ops/autocast.py), and its linear layers cast as nn.Linear does.
 def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
                    past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None,
                    **kwargs: Any) -> torch.Tensor:
-    if _is_compiling():
+    if _is_compiling() or autocasting():  # see the note above
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   past_key_values=past_key_values, use_cache=use_cache,
                                   position_embeddings=position_embeddings, **kwargs)
@@ -264,14 +266,14 @@ def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any =
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    if _is_compiling():
+    if _is_compiling() or autocasting():  # see the note above
         return type(self).forward(self, hidden_states, input_tensor)
     m = self._modules
     return self._xkernels_block(self, m["dropout"](m["dense"](hidden_states)), input_tensor)
 
 
 def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> torch.Tensor:
-    if _is_compiling():
+    if _is_compiling() or autocasting():  # see the note above
         return type(self).forward(self, hidden_states, attention_mask, **kwargs)
     m = self._modules
     residual = hidden_states
@@ -285,7 +287,7 @@ def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = Non
 def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: Any = None,
                 encoder_hidden_states: Any = None, encoder_attention_mask: Any = None, use_cache: Any = False,
                 **kwargs: Any) -> torch.Tensor:
-    if encoder_hidden_states is not None or _is_compiling():  # cross-attention between the add and ln_2
+    if encoder_hidden_states is not None or _is_compiling() or autocasting():  # cross-attention: between the add and ln_2
         return type(self).forward(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                   encoder_attention_mask, use_cache, **kwargs)
     m = self._modules
@@ -298,13 +300,13 @@ def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = N
 
 
 def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _is_compiling():
+    if _is_compiling() or autocasting():  # see the note above
         return type(self).forward(self, hidden_states)
     return self._xkernels_block(self, hidden_states, None)
 
 
 def _llama_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
-    if _is_compiling():
+    if _is_compiling() or autocasting():  # see the note above
         return type(self).forward(self, x)
     gated = self._xkernels_block(self, x)
     if gated is None:  # a projection replaced since patch(): the class's own forward
@@ -313,7 +315,7 @@ def _llama_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _is_compiling():
+    if _is_compiling() or autocasting():  # see the note above
         return type(self).forward(self, hidden_states)
     gated = self._xkernels_block(self, hidden_states)
     if gated is None:
@@ -333,7 +335,7 @@ def _bert_feed_forward(self: Any, attention_output: torch.Tensor) -> torch.Tenso
     out = self._modules["output"]  # BERT_OUTPUT's remaining steps: dropout, then norm(y + input)
     y = out._modules["dropout"](y)
     step = out.__dict__.get("_xkernels_block")
-    if step is not None and "forward" in out.__dict__:  # its own fusion: the add + norm as one pass
+    if step is not None and "forward" in out.__dict__ and not autocasting():  # its fusion: add + norm in one pass
         return step(out, y, attention_output)
     return out._modules["LayerNorm"](y + attention_output)
 

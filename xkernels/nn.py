@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from xkernels import dispatch
-from xkernels.ops import native_front_door
+from xkernels.ops import autocast, native_front_door
+from xkernels.ops.autocast import autocasting
 from xkernels.ops.matmul import compiled as matmul_compiled
 from xkernels.ops.matmul import linear, matmul
 from xkernels.ops.matmul import pre_activation as matmul_pre
@@ -115,6 +116,8 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
+    if autocasting():  # the GEMM in the autocast dtype, as nn.Linear's under autocast (ops/autocast.py)
+        x, weight, bias = autocast.cast_all((x, weight, bias))
     table = linear._native
     if table is not None:  # the op's native front door: a repeat without a gradient runs in C++
         leaky = activation == "leaky_relu"

@@ -89,6 +89,8 @@ class GatedLinear(Op):
     """``act(x @ weight.T + bias) * (x @ up_weight.T + up_bias)``; see the module doc."""
 
     name = "gated_linear"
+    # cast under torch.autocast, as PyTorch casts its GEMMs (ops/autocast.py)
+    autocast_params = ("x", "weight", "up_weight", "bias", "up_bias")
     records_leave_routes = False  # a training call plans the kernel that also saves gate and up
     params = (Param("x"), Param("weight"), Param("up_weight", None), Param("bias", None), Param("up_bias", None),
               Param("activation", "silu", key="value"))

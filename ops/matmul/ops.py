@@ -166,6 +166,7 @@ class Matmul(_MatmulBase):
         return matmul_layouts(cfg, shape_when, cls, dtype)
 
     name = "matmul"
+    autocast_params = ("a", "b")  # cast under torch.autocast, as PyTorch casts its GEMMs (ops/autocast.py)
     params = (Param("a"), Param("b"), Param("out", None, positional=False))
 
     def check(self, a: Any, b: Any, *, out: torch.Tensor | None = None) -> MatmulCall:
@@ -245,6 +246,7 @@ class Linear(_MatmulBase):
         return linear_layouts(cfg, shape_when, cls, dtype)
 
     name = "linear"
+    autocast_params = ("x", "weight", "bias")  # cast under torch.autocast, as PyTorch casts its GEMMs (ops/autocast.py)
     params = (Param("x"), Param("weight"), Param("bias", None), Param("activation", None, key="value"),
               Param("negative_slope", 0.01, positional=False, key="type"),
               Param("residual", None, positional=False), Param("out", None, positional=False))
