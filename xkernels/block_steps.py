@@ -218,8 +218,8 @@ class FeedForwardStep:
         b2 = pd["bias"] if "bias" in pd else down.bias
         if not _any_requires_grad(x, w1, b1, w2, b2):
             return None
-        if autocasting():  # the two GEMMs in the autocast dtype, as nn.Linear's (ops/autocast.py)
-            x, w1, b1, w2, b2 = autocast.cast_all((x, w1, b1, w2, b2))
         if not (_capturing(x) or xnn._trains_through_xkernels(x, w1)):  # as the layers' own training policy
             return None
+        if autocasting():  # the two GEMMs in the autocast dtype, as nn.Linear's (ops/autocast.py)
+            x, w1, b1, w2, b2 = autocast.cast_all((x, w1, b1, w2, b2))
         return feed_forward.recorded(linear, matmul, x, w1, b1, w2, b2, up.activation, up.negative_slope)

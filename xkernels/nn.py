@@ -117,6 +117,13 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
     if autocasting():  # the GEMM in the autocast dtype, as nn.Linear's under autocast (ops/autocast.py)
+        if (_grad_enabled() and _any_requires_grad(x, weight, bias) and not _trains_through_xkernels(x, weight)
+                and not _capturing(x)):
+            # a training call the policy gives PyTorch (training_pays): F.linear itself, whose
+            # autocast casts in C++ from its weight cache; casting here first cost BERT-base's
+            # step ~3.8 ms of host (H100, results/2026-11-27-h100-autocast-training)
+            y = torch.nn.functional.linear(x, weight, bias)
+            return y if activation is None else activate(y, activation, negative_slope)
         x, weight, bias = autocast.cast_all((x, weight, bias))
     table = linear._native
     if table is not None:  # the op's native front door: a repeat without a gradient runs in C++

@@ -136,3 +136,25 @@ def test_the_native_table_declines_only_calls_autocast_would_cast(backend, devic
             assert linear(x.float(), w.float()).dtype == torch.bfloat16
         assert linear._native.take_hits() == 0  # declined each time: the Python front door casts and runs them
     linear._forget()
+
+
+def test_a_training_call_the_policy_gives_pytorch_leaves_the_casts_to_autocast(backend, device, monkeypatch):
+    """Where ``xkernels.nn``'s training policy runs ``F.linear`` (``training_pays`` false), a
+    patched layer under autocast hands its fp32 operands to ``F.linear`` itself: autocast casts them
+    in C++ (no cast from Python), and the result is ``nn.Linear``'s bit for bit."""
+    import xkernels.nn as xnn
+    from xkernels.ops import autocast as ac
+
+    monkeypatch.setattr(xnn, "_trains_through_xkernels", lambda x, w: False)
+    casts = []
+    real = ac.cast_all
+    monkeypatch.setattr(ac, "cast_all", lambda values: casts.append(1) or real(values))
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(40, 72).to(device)
+    mod = xkernels.nn.Linear.from_linear(lin, "gelu")
+    x = rand((2, 9, 40), torch.float32, device).requires_grad_()
+    with _autocast(device):
+        got = mod(x)
+        want = F.gelu(lin(x))
+    assert not casts and got.dtype == want.dtype == torch.bfloat16
+    assert torch.equal(got, want)
