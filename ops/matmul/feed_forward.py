@@ -28,7 +28,6 @@ Used by ``xkernels.patch`` for the feed-forward blocks it recognises (``xkernels
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -37,9 +36,7 @@ from xkernels.dispatch import _override
 from xkernels.launch import Launcher
 from xkernels.ops.autograd import linear_backward
 from xkernels.ops.matmul import pre_activation
-from xkernels.tuning import _forced
 
-_MAX_PLANS = 256
 #: constexprs of the up-projection's plan that the input-gradient kernel shares
 _SHARED = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PERSISTENT", "EPILOGUE_SUBTILE", "A_MMAJOR",
            "WARP_SPECIALIZE")
@@ -118,8 +115,7 @@ class FeedForwardPlan:
         self.pre, self.act_grad, self.activation = pre, act_grad, activation
 
 
-_plans: dict[Any, FeedForwardPlan | None] = {}
-_lock = threading.Lock()
+_plans = pre_activation.Remembered()
 
 
 def _signature(t: torch.Tensor | None) -> Any:
@@ -132,20 +128,9 @@ def plan_for(linear: Any, x: torch.Tensor, up_weight: torch.Tensor, up_bias: tor
     """The fused block for this call (``linear``: ``xkernels.ops.linear``), or ``None`` where the
     two layers run as they are (the module doc). Remembered per signature, backend override and
     the op's generation; not under a forced tuning config."""
-    forced = _forced.get() is not None
     key = (linear.generation, _override.get(), _signature(x), _signature(up_weight), _signature(up_bias),
            _signature(down_weight), _signature(down_bias), activation, slope)
-    if not forced:
-        found = _plans.get(key, False)
-        if found is not False:
-            return found
-    made = _make(linear, x, up_weight, up_bias, down_weight, down_bias, activation, slope)
-    if not forced:
-        with _lock:
-            _plans[key] = made
-            while len(_plans) > _MAX_PLANS:
-                _plans.pop(next(iter(_plans)))
-    return made
+    return _plans.get(key, lambda: _make(linear, x, up_weight, up_bias, down_weight, down_bias, activation, slope))
 
 
 def _make(linear: Any, x: torch.Tensor, up_weight: torch.Tensor, up_bias: torch.Tensor | None,
@@ -215,5 +200,4 @@ class FeedForwardFunction(torch.autograd.Function):
 
 def forget() -> None:
     """Drop the remembered plans (tests; the op's generation already retires stale ones)."""
-    with _lock:
-        _plans.clear()
+    _plans.clear()

@@ -118,8 +118,36 @@ class PreActivationPlan:
             0: Descriptor((M, K), (a.stride(0), 1)), 1: Descriptor((N, K), (weight.stride(0), 1)), 2: out, 3: out})
 
 
-_plans: dict[Any, PreActivationPlan | None] = {}
-_lock = threading.Lock()
+class Remembered:
+    """Plans (or ``None``: no fused form) remembered per call signature, the oldest dropped past
+    ``limit``; nothing is remembered or reused under a forced tuning config."""
+
+    def __init__(self, limit: int = _MAX_PLANS) -> None:
+        self._plans: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self.limit = limit
+
+    def get(self, key: Any, make: Any) -> Any:
+        """The plan of ``key``, made by ``make()`` the first time."""
+        forced = _forced.get() is not None
+        if not forced:
+            found = self._plans.get(key, False)
+            if found is not False:
+                return found
+        made = make()
+        if not forced:
+            with self._lock:
+                self._plans[key] = made
+                while len(self._plans) > self.limit:
+                    self._plans.pop(next(iter(self._plans)))
+        return made
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+
+_plans = Remembered()
 
 
 def plan_for(op: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
@@ -127,21 +155,10 @@ def plan_for(op: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     """The fused training forward for this call of ``op`` (``xkernels.ops.linear``), or ``None``
     where the unfused form runs (the module doc). Remembered per signature, backend override and
     the op's generation; not under a forced tuning config."""
-    forced = _forced.get() is not None
     key = (op.generation, _override.get(), x.shape, x.stride(), x.dtype, x.device, weight.shape, weight.stride(),
            weight.dtype, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
            activation, slope)
-    if not forced:
-        found = _plans.get(key, False)
-        if found is not False:
-            return found
-    made = _make(op, x, weight, bias, activation, slope)
-    if not forced:
-        with _lock:
-            _plans[key] = made
-            while len(_plans) > _MAX_PLANS:
-                _plans.pop(next(iter(_plans)))
-    return made
+    return _plans.get(key, lambda: _make(op, x, weight, bias, activation, slope))
 
 
 def _make(op: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,
@@ -202,5 +219,4 @@ def recorded(op: Any, mm: Any, x: torch.Tensor, weight: torch.Tensor, bias: torc
 
 def forget() -> None:
     """Drop the remembered plans (tests; the op's generation already retires stale ones)."""
-    with _lock:
-        _plans.clear()
+    _plans.clear()
