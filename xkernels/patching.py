@@ -9,8 +9,8 @@ Rules, in order:
 
 0. *Block fusions* (``xkernels/blocks.py``): a module whose forward is, statement for statement,
    a known one (Llama's decoder layer, BERT's output block, GPT-2's block, ViT's layer, Llama's
-   or Phi-3's gated MLP, a Llama/Gemma RMSNorm, ViT's MLP, BERT's feed-forward chunk), whatever
-   its class is called, gets an equivalent forward on the instance that runs the residual add with
+   or Phi-3's gated MLP, a Llama/Gemma RMSNorm, any linear -> activation -> linear MLP, BERT's
+   feed-forward chunk), whatever its class is called, gets an equivalent forward on the instance that runs the residual add with
    the norm after it as one pass, the gated MLP as one op, an RMSNorm as one kernel, a training
    step's feed-forward block as one autograd node. The report lists them under ``blocks``.
 1. *Fusions*: in an ``nn.Sequential``, a linear layer directly followed by an activation module;
@@ -66,8 +66,9 @@ class FusedBlock:
 LAYER_NORM_TRAINING = ("in eager training, PyTorch's add + LayerNorm where the fused op's host cost outweighs "
                        "the bytes it saves, but under CUDA-graph capture (docs/fused-ops.md)")
 #: a FusedBlock's note for a feed-forward block (``block_steps.FeedForwardStep``)
-FEED_FORWARD_TRAINING = ("where a gradient is required and the fused block's plan exists (docs/patching.md); "
-                         "otherwise its fused linear layers")
+FEED_FORWARD_TRAINING = ("in training where its layers train through xkernels (xkernels.nn.training_pays; always "
+                         "under CUDA-graph capture) and the fused block's plan exists (docs/patching.md); otherwise "
+                         "its fused linear layers")
 #: the report's note on the replaced linear layers (``xkernels.nn.training_pays``)
 LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host cost outweighs the GEMM time a kernel "
                    "could save, but under CUDA-graph capture (docs/patching.md)")
