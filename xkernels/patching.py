@@ -10,9 +10,10 @@ Rules, in order:
 0. *Block fusions* (``xkernels/blocks.py``): a module whose forward is, statement for statement,
    a known one (Llama's decoder layer, BERT's output block, GPT-2's block, ViT's layer, Llama's
    or Phi-3's gated MLP, a Llama/Gemma RMSNorm, any linear -> activation -> linear MLP, BERT's
-   feed-forward chunk), whatever its class is called, gets an equivalent forward on the instance that runs the residual add with
-   the norm after it as one pass, the gated MLP as one op, an RMSNorm as one kernel, a training
-   step's feed-forward block as one autograd node. The report lists them under ``blocks``.
+   feed-forward chunk), whatever its class is called, gets an equivalent forward on the instance
+   that runs the residual add with the norm after it as one pass, the gated MLP as one op, an
+   RMSNorm as one kernel, a training step's feed-forward block as one autograd node. The report
+   lists them under ``blocks``.
 1. *Fusions*: in an ``nn.Sequential``, a linear layer directly followed by an activation module;
    in a known module class (``data/patch_patterns.json``: BertIntermediate, GPT2MLP, LlamaMLP,
    ViTMLP, ...), its projection and the activation its forward applies to it. The layer becomes
