@@ -210,6 +210,8 @@ class Op(Signature):
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Run the op: see the module doc."""
         if _is_compiling():
+            if self.autocast_params and autocasting():  # the custom op gets no cast of its own
+                args, kwargs = autocast.cast_args(self, args, kwargs)
             return self._compiled(self._bind(args, kwargs))
         table = self._native
         if table is not None:  # a repeat run in C++ (ops/native_front_door.py), else None

@@ -158,3 +158,25 @@ def test_a_training_call_the_policy_gives_pytorch_leaves_the_casts_to_autocast(b
         want = F.gelu(lin(x))
     assert not casts and got.dtype == want.dtype == torch.bfloat16
     assert torch.equal(got, want)
+
+
+def test_compiled_calls_cast_too(backend, device):
+    """``torch.compile(fullgraph=True)`` of a function calling the ops under autocast: the custom
+    op gets no cast from the compiler, so the front door casts while tracing; bf16 results as
+    eager gives, fp32 gradients, and fp32 again without autocast (no graph reused across the two)."""
+    torch._dynamo.reset()
+    x, w = rand((8, 32), torch.float32, device).requires_grad_(), rand((16, 32), torch.float32, device)
+    w.requires_grad_()
+    fns = {linear: torch.compile(lambda x, w: linear(x, w), fullgraph=True),
+           matmul: torch.compile(lambda x, w: matmul(x, w.t()), fullgraph=True)}
+    for op, fn in fns.items():
+        with _autocast(device):
+            got = fn(x, w)
+        assert got.dtype == torch.bfloat16, op.name
+        b16 = [t.detach().to(torch.bfloat16).double() for t in (x, w)]
+        assert_close(got.detach(), b16[0] @ b16[1].t(), torch.bfloat16, scale=4.0)
+        x.grad = w.grad = None
+        got.float().sum().backward()
+        assert x.grad.dtype == w.grad.dtype == torch.float32
+        assert fn(x, w).dtype == torch.float32, op.name
+    torch._dynamo.reset()
