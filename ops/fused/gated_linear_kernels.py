@@ -108,17 +108,23 @@ def gated_linear_kernel(x_ptr, wg_ptr, wu_ptr, y_ptr, bg_ptr, bu_ptr, g_ptr, u_p
 
 
 @triton.jit
-def _gated_tma_tile(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg_ptr, bu_ptr, tile, M, N, K,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_PRE: tl.constexpr):
-    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+def _gated_accumulate(x_desc, wg_desc, wu_desc, off_m, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     acc_g = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     acc_u = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         a = x_desc.load([off_m, k])
         acc_g = tl.dot(a, wg_desc.load([off_n, k]).T, acc_g)
         acc_u = tl.dot(a, wu_desc.load([off_n, k]).T, acc_u)
-    rn = off_n + tl.arange(0, BLOCK_N)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gated_store(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_m, off_n, N, WIDTH: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr, ACT: tl.constexpr, STORE_PRE: tl.constexpr):
+    """The biases, the pre-activations (``STORE_PRE``) and ``act(gate) * up`` of ``WIDTH``
+    columns from ``off_n``."""
+    rn = off_n + tl.arange(0, WIDTH)
     if HAS_BIAS:
         acc_g += tl.load(bg_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
     if HAS_UP_BIAS:
@@ -131,23 +137,52 @@ def _gated_tma_tile(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg_ptr, bu
 
 
 @triton.jit
+def _gated_epilogue(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_m, off_n, N, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr, ACT: tl.constexpr,
+                    STORE_PRE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr):
+    if EPILOGUE_SUBTILE:  # two column halves: half the staging buffer in shared memory
+        g0, g1 = tl.split(tl.permute(tl.reshape(acc_g, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        u0, u1 = tl.split(tl.permute(tl.reshape(acc_u, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _gated_store(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, g0, u0, off_m, off_n, N, BLOCK_N // 2, HAS_BIAS,
+                     HAS_UP_BIAS, ACT, STORE_PRE)
+        _gated_store(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, g1, u1, off_m, off_n + BLOCK_N // 2, N, BLOCK_N // 2,
+                     HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE)
+    else:
+        _gated_store(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_m, off_n, N, BLOCK_N, HAS_BIAS,
+                     HAS_UP_BIAS, ACT, STORE_PRE)
+
+
+@triton.jit
 def gated_linear_tma_kernel(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg_ptr, bu_ptr, M, N, K,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr,
-                            ACT: tl.constexpr, STORE_PRE: tl.constexpr, PERSISTENT: tl.constexpr = False):
+                            ACT: tl.constexpr, STORE_PRE: tl.constexpr, PERSISTENT: tl.constexpr = False,
+                            EPILOGUE_SUBTILE: tl.constexpr = False):
     """The same for 2-D fp16/bf16 x (M, K) and (N, K) K-contiguous weights with 16-byte rows:
     x and weight tiles move through tensor descriptors (the TMA engine), which zero-fill reads
-    past the edges and clip writes. ``PERSISTENT``: one program per SM walking the tiles."""
+    past the edges and clip writes. Two of ``matmul_tma_kernel``'s schedule options:
+    ``PERSISTENT`` (the grid's programs walk tiles ``pid, pid + nprog, ...`` in one flattened
+    loop, the next tile's loads overlapping this tile's epilogue) and ``EPILOGUE_SUBTILE`` (y,
+    gate and up stored in two column halves: their descriptors' block is (BLOCK_M, BLOCK_N // 2)).
+    Not warp specialization: Triton 3.6's pass wrote NaN into this two-accumulator kernel's output
+    on an H100 (results/2026-11-28-h100-gated-linear-sweep)."""
     pid = tl.program_id(0)
     if PERSISTENT:
         nprog = tl.num_programs(0)
+        tile_c = pid - nprog
         n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
-        for tile in range(pid, n_tiles, nprog):
-            _gated_tma_tile(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg_ptr, bu_ptr, tile, M, N, K,
-                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE)
+        for tile in tl.range(pid, n_tiles, nprog, flatten=True):
+            off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc_g, acc_u = _gated_accumulate(x_desc, wg_desc, wu_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
+            tile_c += nprog  # the epilogue recounts its tile (matmul_tma_kernel's persistent loop)
+            off_cm, off_cn = _tile_offsets(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            _gated_epilogue(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_cm, off_cn, N, BLOCK_M,
+                            BLOCK_N, HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE, EPILOGUE_SUBTILE)
     else:
-        _gated_tma_tile(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg_ptr, bu_ptr, pid, M, N, K,
-                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE)
+        off_m, off_n = _tile_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc_g, acc_u = _gated_accumulate(x_desc, wg_desc, wu_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        _gated_epilogue(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_m, off_n, N, BLOCK_M, BLOCK_N,
+                        HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE, EPILOGUE_SUBTILE)
 
 
 @triton.jit

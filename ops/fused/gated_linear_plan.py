@@ -45,7 +45,7 @@ OP = "gated_linear"
 GATED_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
 #: ``gate_kernel``'s tile (element-wise: rows of the output, up to 256 columns)
 GATE_BLOCK = (16, 256)
-_TMA_KEYS = ("TMA", "PERSISTENT")
+_TMA_KEYS = matmul_config.TMA_ONLY
 
 
 def _empty(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -177,25 +177,39 @@ class GatedPlan(Plan):
         self.programs, self.tiles = programs, tiles
 
     def _plan_tma(self, backend: Backend, call: GatedCall, cfg: dict[str, Any], M: int, N: int, K: int) -> None:
+        """The TMA kernel under the config's schedule options, as ``linear``'s TMA plan reads them:
+        ``PERSISTENT`` (``min(tiles, compute units x PROGRAMS_PER_SM)`` programs) and
+        ``EPILOGUE_SUBTILE`` (y, gate and up stored in column halves: their descriptors' block is
+        (BLOCK_M, BLOCK_N // 2)). ``WARP_SPECIALIZE`` is refused (the kernel's doc says why)."""
         from xkernels.ops.fused import gated_linear_kernels as GK
 
         bm, bn, bk = (int(cfg[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
         units = backend.compute_units(call.device) if cfg.get("PERSISTENT") else None
-        programs = max(1, min(tiles, units)) if units else tiles
-        self.tma = {"x": [bm, bk], "w": [bn, bk], "y": [bm, bn]}
+        per_sm = max(1, int(cfg.get("PROGRAMS_PER_SM") or 1)) if units else 1
+        programs = max(1, min(tiles, units * per_sm)) if units else tiles
+        if cfg.get("WARP_SPECIALIZE"):
+            raise ValueError(f"gated_linear: config {cfg} asks for WARP_SPECIALIZE, which its TMA kernel does not "
+                             "take (Triton 3.6's warp specialization wrote NaN into its output on an H100)")
+        subtile = bool(cfg.get("EPILOGUE_SUBTILE")) and bn % 2 == 0
+        self.tma = {"x": [bm, bk], "w": [bn, bk], "y": [bm, bn // 2 if subtile else bn]}
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=int(cfg.get("GROUP_M", 8)),
                                HAS_BIAS=call.bg is not None, HAS_UP_BIAS=call.bu is not None,
-                               ACT=ACTIVATIONS[call.activation], STORE_PRE=call.save, PERSISTENT=bool(units))
+                               ACT=ACTIVATIONS[call.activation], STORE_PRE=call.save, PERSISTENT=bool(units),
+                               EPILOGUE_SUBTILE=subtile)
         self.options = {k: cfg[k] for k in backend.launch_options if cfg.get(k) is not None}
         self.jit_fn = GK.gated_linear_tma_kernel
         self.launcher = Launcher(backend.kernel(GK.gated_linear_tma_kernel), (programs,), self.constexprs,
                                  self.options, backend.fast_launch, varying=tuple(range(8)))
         self.route = "triton kernel"
-        self.variant = self._variant(call, "tiles loaded through tensor descriptors (TMA)") + (
-            ", persistent (a program per SM)" if units else "")
+        schedule = [s for s, on in ((f"persistent ({per_sm} program{'s' if per_sm > 1 else ''} per SM)", units),
+                                    ("epilogue in column halves", subtile)) if on]
+        self.variant = self._variant(call, "tiles loaded through tensor descriptors (TMA)") + "".join(
+            f", {s}" for s in schedule)
         self.config = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": self.constexprs["GROUP_M"],
-                       **self.options, "TMA": True, **({"PERSISTENT": True} if units else {})}
+                       **self.options, "TMA": True, **({"PERSISTENT": True} if units else {}),
+                       **({"PROGRAMS_PER_SM": per_sm} if per_sm > 1 else {}),
+                       **({"EPILOGUE_SUBTILE": True} if subtile else {})}
         self.programs, self.tiles = programs, tiles
 
     @staticmethod

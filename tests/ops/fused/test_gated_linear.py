@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import xkernels
-from helpers import Unchanged, rand
+from helpers import TMA_FORM_IDS, TMA_FORMS, Unchanged, rand
 from xkernels import tuning
 from xkernels.ops import gated_linear
 from xkernels.ops.fused import gated_linear_hot, gated_linear_plan
@@ -289,7 +289,10 @@ def test_npu_table_fits_l0c():
             assert 2 * c["BLOCK_M"] * c["BLOCK_N"] * 4 <= l0c, (key, r)
 
 
-def test_cuda_takes_the_vendor_route_where_nothing_was_measured():
+def test_cuda_routes_by_the_measured_rules():
+    """sm90: the fused kernel inside the sweep's envelope up to 128 tokens (the pointer kernel to 8,
+    the TMA kernel from 9), the vendor route from 129 tokens and wherever nothing was measured
+    (fp16, biases, relu, another width)."""
     from xkernels.backends.cuda import CudaBackend
 
     class _H100(CudaBackend):
@@ -307,11 +310,62 @@ def test_cuda_takes_the_vendor_route_where_nothing_was_measured():
     plan = gated_linear.make_plan(call, _H100())
     assert plan.vendor and plan.route == "vendor BLAS + gate kernel" and "gated_linear.json [default]" in plan.source
     assert "no measurement" in plan.why
+    for m, tma in ((1, False), (8, False), (9, True), (128, True)):
+        for act in ("silu", "gelu_tanh"):
+            for w in ((meta(14336, 4096), meta(14336, 4096)), (meta(2 * 8192, 3072),)):
+                k = w[0].shape[1]
+                fused = gated_linear.make_plan(gated_linear.check(meta(m, k), *w, activation=act), _H100())
+                assert not fused.vendor and (fused.tma is not None) == tma, (m, act, fused.config)
+                assert fused.measured and "gated_linear.json [sm90]" in fused.source, fused.source
+    unmeasured = [(meta(129, 4096), meta(14336, 4096), meta(14336, 4096)),
+                  (meta(16, 4096), meta(14336, 4096), meta(14336, 4096), meta(14336), meta(14336)),
+                  (meta(16, 4096), meta(4096, 4096), meta(4096, 4096)),
+                  (meta(16, 8192), meta(14336, 8192), meta(14336, 8192))]
+    for args in unmeasured:
+        assert gated_linear.make_plan(gated_linear.check(*args), _H100()).vendor, [a.shape for a in args]
+    assert gated_linear.make_plan(gated_linear.check(meta(16, 4096), meta(14336, 4096), meta(14336, 4096),
+                                                     activation="relu"), _H100()).vendor
+    half = lambda *s: torch.empty(s, dtype=torch.float16, device="meta")  # noqa: E731
+    assert gated_linear.make_plan(gated_linear.check(half(16, 4096), half(14336, 4096), half(14336, 4096)),
+                                  _H100()).vendor
     with tuning.force({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": True}):
         tma = gated_linear.make_plan(call, _H100())
         pointer = gated_linear.make_plan(gated_linear.check(meta(2048, 4095)[:, :4094], meta(64, 4094)), _H100())
     assert tma.tma is not None and tma.config["TMA"] and "TMA" in tma.variant
     assert pointer.tma is None and "TMA" not in pointer.config  # 8188-byte rows: no tensor descriptors
+
+
+@pytest.mark.parametrize("cfg", TMA_FORMS, ids=TMA_FORM_IDS)
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+def test_tma_kernel_schedules_match_float64(tma_interpreter, nan_memory, cfg, concat):
+    """The TMA kernel under each schedule option (as ``linear``'s Hopper configs set them), run by
+    the interpreter with tensor descriptors on: edge tiles in M, N and K (5 x 5 tiles of 64 x 64,
+    3 SMs when persistent), into NaN-poisoned buffers, inference and training (gate and up
+    stored for the backward: output and every gradient against float64)."""
+    d = torch.float16
+    args = _args("cpu", d, m=296, k=72, n=264, concat=concat)
+    with tuning.force(cfg):
+        expl = gated_linear.explain(*args, activation="silu")
+        with Unchanged(*args):
+            got = gated_linear(*args, activation="silu")
+    assert expl.route == "triton kernel" and "tensor descriptors (TMA)" in expl.variant, expl
+    for flag, words in (("PERSISTENT", "persistent"), ("EPILOGUE_SUBTILE", "column halves")):
+        assert (words in expl.variant) == bool(cfg.get(flag)), (flag, expl.variant)
+        assert expl.config.get(flag, False) == cfg.get(flag, False), (flag, expl.config)
+    _assert_gated_close(got, *args, "silu", d)
+    leaves = [None if a is None else a.detach().clone().requires_grad_() for a in args]
+    with tuning.force(cfg):
+        y = gated_linear(*leaves, activation="gelu")
+    dy = rand(y.shape, d, "cpu")
+    y.backward(dy)
+    ref = [None if a is None else a.detach().double().requires_grad_() for a in args]
+    y64 = reference_gated_linear(*ref, activation="gelu")
+    y64.backward(dy.double())
+    _assert_gated_close(y, *args, "gelu", d)
+    for name, g, r in zip(("x", "weight", "up_weight", "bias", "up_bias"), leaves, ref):
+        if r is not None:
+            scale = r.grad.abs().max().item() + 1
+            torch.testing.assert_close(g.grad.double(), r.grad, rtol=2e-2, atol=2e-2 * scale, msg=name)
 
 
 def test_explain_names_route_and_table(backend, device):

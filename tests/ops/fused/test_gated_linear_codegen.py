@@ -87,9 +87,13 @@ def _compile(plan, call):
 _TMA = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3, "TMA": True}
 
 
-@pytest.mark.parametrize("persistent", [False, True], ids=["one tile each", "persistent"])
+_SCHEDULES = {"one tile each": {}, "persistent": {"PERSISTENT": True},
+              "persistent + subtile": {"PERSISTENT": True, "EPILOGUE_SUBTILE": True}}
+
+
+@pytest.mark.parametrize("schedule", list(_SCHEDULES))
 @pytest.mark.parametrize("form", ["separate + biases", "concatenated", "kept for backward"])
-def test_tma_kernel_loads_through_descriptors_and_runs_wgmma(form, persistent):
+def test_tma_kernel_loads_through_descriptors_and_runs_wgmma(form, schedule):
     """Llama-3-8B's gate/up at 512 tokens (and Phi-3's concatenated form)."""
     x = _meta(512, 4096)
     if form == "concatenated":
@@ -98,7 +102,9 @@ def test_tma_kernel_loads_through_descriptors_and_runs_wgmma(form, persistent):
         args = (x, _meta(1024, 4096), _meta(1024, 4096), _meta(1024), _meta(1024))
     call = gated_linear.check(*args)
     call.save = form == "kept for backward"
-    with tuning.force({**_TMA, **({"PERSISTENT": True} if persistent else {})}):
+    opts = _SCHEDULES[schedule]
+    persistent, subtile = bool(opts.get("PERSISTENT")), bool(opts.get("EPILOGUE_SUBTILE"))
+    with tuning.force({**_TMA, **opts}):
         plan = gated_linear.make_plan(call, _H100())
     assert plan.tma is not None and plan.config["TMA"] and plan.constexprs["STORE_PRE"] == call.save
     assert plan.tiles == 4 * 8 and plan.programs == (min(plan.tiles, SMS) if persistent else plan.tiles)
@@ -107,8 +113,22 @@ def test_tma_kernel_loads_through_descriptors_and_runs_wgmma(form, persistent):
     ptx = kernel.asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
     stores = ptx.count("cp.async.bulk.tensor.2d.global.shared")
-    assert stores == (3 if call.save else 1), stores  # y, plus gate and up when kept
+    # y (+ gate and up when kept), per column half; the flattened persistent loop may emit its
+    # epilogue twice (a peeled last iteration)
+    per_copy = (3 if call.save else 1) * (2 if subtile else 1)
+    assert stores in (per_copy, 2 * per_copy if persistent else per_copy), stores
+    assert plan.tma["y"] == [plan.config["BLOCK_M"], 64 if subtile else 128]
+    assert "setmaxnreg" not in ptx and kernel.metadata.num_warps == plan.options["num_warps"]  # not warp-specialized
     assert kernel.metadata.shared <= SMEM, kernel.metadata.shared
+
+
+def test_tma_plan_refuses_warp_specialization():
+    """Triton 3.6's warp specialization wrote NaN into the two-accumulator kernel's output on an
+    H100: a config asking for it is refused by name, not run."""
+    call = gated_linear.check(_meta(512, 4096), _meta(1024, 4096), _meta(1024, 4096))
+    with tuning.force({**_TMA, "PERSISTENT": True, "WARP_SPECIALIZE": True}):
+        with pytest.raises(ValueError, match="WARP_SPECIALIZE"):
+            gated_linear.make_plan(call, _H100())
 
 
 def test_pointer_kernel_compiles_for_sm90():
