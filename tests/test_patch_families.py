@@ -8,7 +8,11 @@ Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3 with sandwich norms, Grani
 residuals, Cohere's parallel block, Falcon, GPT-NeoX, GPT-J, CodeGen, Bloom, OPT, Phi, StableLM,
 Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral and Qwen2-MoE experts),
 encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, BEiT, CLIP, SigLIP,
-Swin) and encoder-decoders (T5 with gated-gelu, BART)."""
+Swin) and encoder-decoders (T5 with gated-gelu, BART).
+
+Every causal LM among them, and the families ``patch()``'s block forwards were written from
+(Llama, Mistral, Qwen2, Gemma, Phi-3, GPT-2), also generates: ``model.generate()`` with the KV
+cache (one token per step after the prompt), patched, gives the original's tokens and step logits."""
 
 from __future__ import annotations
 
@@ -72,8 +76,20 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
 }
 
 
-def _build(tf, family: str) -> torch.nn.Module:
-    cfg_name, model_name, kwargs = FAMILIES[family]
+#: the block forwards' own families, for generation (the training test covers them in test_patch.py)
+GENERATORS: dict[str, tuple[str, str, dict]] = {
+    **{f: v for f, v in FAMILIES.items() if v[1].endswith("ForCausalLM")},
+    "llama": ("LlamaConfig", "LlamaForCausalLM", LM),
+    "mistral": ("MistralConfig", "MistralForCausalLM", LM),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", LM),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(LM, head_dim=8)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(LM, pad_token_id=0)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64)),
+}
+
+
+def _build(tf, family: str, families: dict[str, tuple[str, str, dict]] = FAMILIES) -> torch.nn.Module:
+    cfg_name, model_name, kwargs = families[family]
     if not hasattr(tf, cfg_name) or not hasattr(tf, model_name):
         pytest.skip(f"transformers {tf.__version__} has no {model_name}")
     cfg = getattr(tf, cfg_name)(**kwargs)
@@ -127,3 +143,32 @@ def test_patch_keeps_every_family_exact(backend, device, family):
     report.undo()
     again, _ = _step(model, inputs)
     assert_model_close(again, want, ref)
+
+
+@pytest.mark.parametrize("family", list(GENERATORS))
+def test_patched_generation_matches(backend, device, family):
+    """Greedy ``generate()`` of a patched model (prompt, then one token per step through the KV
+    cache: the decoder layers' fused forwards with ``past_key_values``) gives the original's
+    tokens, and each step's logits within the float32 tolerance of the float64 model's."""
+    tf = require_transformers()
+    model = _build(tf, family, GENERATORS).to(device).eval()
+    ref64 = copy.deepcopy(model).double()
+    patched = copy.deepcopy(model)
+    report = xkernels.patch(patched)
+    assert report.replaced, f"{family}: no nn.Linear replaced\n{report}"
+    torch.manual_seed(1)
+    ids = torch.randint(3, 64, (2, 5), device=device)
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None, use_cache=True,
+              return_dict_in_generate=True, output_logits=True)
+    with torch.no_grad():
+        want, got = model.generate(ids, **kw), patched.generate(ids, **kw)
+        # the float64 model's logits at the same tokens (one full forward over the sequence)
+        ref = ref64(want.sequences[:, :-1]).logits[:, ids.shape[1] - 1:]
+    assert torch.equal(got.sequences, want.sequences), f"{family}: {got.sequences} != {want.sequences}"
+    assert len(got.logits) == len(want.logits) == ref.shape[1] == 4
+    for step, (g, w) in enumerate(zip(got.logits, want.logits)):
+        r = ref[:, step]
+        try:
+            assert_model_close(g, w, r)
+        except AssertionError as e:
+            raise AssertionError(f"{family}: logits of step {step}: {e}") from None

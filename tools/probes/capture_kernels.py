@@ -9,7 +9,8 @@ plain capture holds a materialized attention mask and a masked SDPA kernel (no f
 every layer, plus the mask's construction, and those kernels make up the difference; the
 bench's capture holds the eager call's kernels, its total within a few percent of eager's.
 
-    python tools/probes/capture_kernels.py [--model bert-base] [--pass forward|step] [--plain] [--patch] [--top 15]
+    python tools/probes/capture_kernels.py [--model bert-base] [--batch B --seq S] [--pass forward|step] [--plain]
+        [--patch] [--top 15]
 
 Prints, per variant (eager, graph; plain graph with ``--plain``): the total device time of the
 call's kernels, the kernel count, and the top kernels by device time (torch.profiler); then
@@ -34,6 +35,8 @@ def main() -> int:
     ap.add_argument("--plain", action="store_true", help="also the capture of the bare model call")
     ap.add_argument("--patch", action="store_true", help="xkernels.patch the model first")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--batch", type=int, default=None, help="the zoo's default when not given")
+    ap.add_argument("--seq", type=int, default=None, help="the zoo's default when not given")
     args = ap.parse_args()
 
     import torch
@@ -47,7 +50,7 @@ def main() -> int:
         return 2
     dev = torch.device("cuda")
     built = model_zoo.build(model_zoo.zoo_config(args.model, "base"), f"--model {args.model}",
-                            getattr(torch, args.dtype), dev, zoo_name=args.model)
+                            getattr(torch, args.dtype), dev, batch=args.batch, seq=args.seq, zoo_name=args.model)
     model, inputs = built.model, built.inputs
     if args.patch:
         import xkernels
