@@ -39,7 +39,7 @@ from xkernels.backend import Backend
 from xkernels.ops import checks
 from xkernels.ops.autograd import activation_grad, input_needs
 from xkernels.ops.fused import gated_linear_hot
-from xkernels.ops.fused.gated_linear_plan import GatedPlan
+from xkernels.ops.fused.gated_linear_plan import GatedPlan, gate_grads
 from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.op import Op, Param, Plan
 from xkernels.ops.route import Route
@@ -204,28 +204,29 @@ class GatedLinear(Op):
         BLAS + gate kernel plan (``autograd_run``: the PyTorch composition), a ``KernelRoute``
         for the fused kernel; ``None`` for an empty result."""
         assert isinstance(plan, GatedPlan)
-        return gated_linear_hot.make_hot(plan, call, canon)
+        return gated_linear_hot.make_hot(plan, call, canon, GatedLinearFunction)
 
     # -- autograd and torch.compile -----------------------------------------------------------
     def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         call = self.check(*canon)  # before autograd records anything
         return GatedLinearFunction.apply(lambda: self._forward_saving(call, canon), *canon)
 
-    def _forward_saving(self, call: GatedCall, canon: tuple[Any, ...]) -> tuple[torch.Tensor, Any, Any]:
-        """(y, gate, up) of a call whose backward will need gate and up (``None`` for both where
-        a plugin's implementation computed y: the backward then recomputes them)."""
+    def _forward_saving(self, call: GatedCall, canon: tuple[Any, ...]) -> tuple[torch.Tensor, Any, Any, Any]:
+        """(y, gate, up, backend) of a call whose backward will need gate and up (``None`` for both
+        where a plugin's implementation computed y: the backward then recomputes them); ``backend``
+        the one whose kernels ran (the backward's element-wise kernel runs there), else ``None``."""
         backend = self._backend(call)
         impl = registry.op_impl(self.name, backend.name)
         if impl is not None:
-            return impl.fn(*canon), None, None
+            return impl.fn(*canon), None, None, None
         if not backend.runs_triton or not call.kernel_ok or call.empty:
             y, g, u = torch_parts(call)
-            return y.reshape(call.out_shape), g, u
+            return y.reshape(call.out_shape), g, u, None
         call.save = True
         plan = self.plan(call, backend)
         assert isinstance(plan, GatedPlan)
         y, g, u = plan.run(call)
-        return y.view(call.out_shape), g, u
+        return y.view(call.out_shape), g, u, backend
 
     def _compiled(self, canon: tuple[Any, ...]) -> torch.Tensor:
         if _lib is None:
@@ -269,9 +270,11 @@ def reference_gated_linear(x: torch.Tensor, weight: torch.Tensor, up_weight: tor
 def gated_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, up_weight: torch.Tensor | None,
                    bias: torch.Tensor | None, up_bias: torch.Tensor | None, activation: str,
                    gate: torch.Tensor | None, up: torch.Tensor | None, needs: tuple[bool, ...],
-                   mm: Any, lin: Any) -> tuple[torch.Tensor | None, ...]:
+                   mm: Any, lin: Any, backend: Any = None) -> tuple[torch.Tensor | None, ...]:
     """Gradients for (x, weight, up_weight, bias, up_bias). ``gate``/``up`` (M, I) as the forward
-    kept them, or ``None``: recomputed with ``lin`` (a GEMM each; one for a concatenated weight)."""
+    kept them, or ``None``: recomputed with ``lin`` (a GEMM each; one for a concatenated weight).
+    ``backend``: where the forward's kernels ran; d(gate) and d(up) then come from one
+    ``gate_grad_kernel`` launch there (``gated_linear_plan.gate_grads``), else from PyTorch's ops."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
     if gate is None or up is None:
@@ -281,10 +284,15 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, up_w
             gate, up = lin(x2, weight, bias), lin(x2, up_weight, up_bias)
     n = gate.shape[-1]
     dy2 = dy.reshape(-1, n)
-    d_up = dy2 * activate(gate, activation)
-    d_gate = activation_grad(dy2 * up, activation, 0.0, gate, lambda: gate)  # relu: gate > 0 where act(gate) > 0
+    fused = None if backend is None else gate_grads(backend, dy2, gate, up, activation, up_weight is None)
+    if fused is not None:
+        d_gate, d_up, d = fused
+    else:
+        d_up = dy2 * activate(gate, activation)
+        d_gate = activation_grad(dy2 * up, activation, 0.0, gate, lambda: gate)  # relu: gate > 0 where act(gate) > 0
+        d = torch.cat([d_gate, d_up], dim=1) if up_weight is None else None
     if up_weight is None:
-        d = torch.cat([d_gate, d_up], dim=1)
+        assert d is not None
         gx = mm(d, weight).reshape(x.shape) if needs[0] else None
         gw = mm(d.mT, x2) if needs[1] else None
         gb = d.sum(0) if needs[3] and bias is not None else None
@@ -320,20 +328,39 @@ def _matmul_ops() -> Any:
 
 
 class GatedLinearFunction(torch.autograd.Function):
+    """A ``gated_linear`` call that needs a gradient, either route: ``run()`` gives ``(y, gate,
+    up, backend)`` (gate and up kept: the fused kernel's ``STORE_PRE``, or the BLAS's results on
+    the vendor route). The backward reads them in one element-wise kernel (``gate_grads``), then
+    the GEMMs. A backward that builds a graph (``create_graph``) differentiates PyTorch's
+    composition at the same inputs instead, so second derivatives are PyTorch's."""
+
     @staticmethod
     def forward(ctx: Any, run: Any, x: torch.Tensor, weight: torch.Tensor, up_weight: torch.Tensor | None,
                 bias: torch.Tensor | None, up_bias: torch.Tensor | None, activation: str) -> torch.Tensor:
-        y, gate, up = run()
+        y, gate, up, backend = run()
         ctx.save_for_backward(x, weight, up_weight, bias, up_bias, gate, up)
-        ctx.activation = activation
+        ctx.activation, ctx.backend = activation, backend
         return y
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
         x, weight, up_weight, bias, up_bias, gate, up = ctx.saved_tensors
-        grads = gated_backward(dy, x, weight, up_weight, bias, up_bias, ctx.activation, gate, up,
-                               tuple(ctx.needs_input_grad[1:6]), _eager_mm, _eager_lin)
+        needs = tuple(ctx.needs_input_grad[1:6])
+        if torch.is_grad_enabled():  # create_graph: PyTorch's composition, differentiated again
+            return (None, *_composition_grads(dy, (x, weight, up_weight, bias, up_bias), ctx.activation, needs), None)
+        grads = gated_backward(dy, x, weight, up_weight, bias, up_bias, ctx.activation, gate, up, needs, _eager_mm,
+                               _eager_lin, ctx.backend)
         return (None, *grads, None)
+
+
+def _composition_grads(dy: torch.Tensor, inputs: tuple[Any, ...], activation: str,
+                       needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
+    """The gradients ``reference_gated_linear`` has at ``inputs``, with their graph (a backward
+    that builds one)."""
+    y = reference_gated_linear(*inputs, activation=activation)
+    want = [t for t, n in zip(inputs, needs) if n and t is not None]
+    got = iter(torch.autograd.grad(y, want, dy, create_graph=True, allow_unused=True))
+    return tuple(next(got) if n and t is not None else None for t, n in zip(inputs, needs))
 
 
 # -- the custom op xkernels::gated_linear (torch.compile, torch.export) --------------------------

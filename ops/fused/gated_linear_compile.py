@@ -12,7 +12,8 @@ cube-core count, on the calls of :func:`gated_layouts`:
 * separate weights: no bias; both biases, the gate's only, the up projection's only; the
   concatenated ``(2I, H)`` weight with and without its ``(2I,)`` bias (the same strides as two
   separate weights: those cases share a compilation with the separate ones);
-* with biases also the autograd forward (``STORE_PRE``: gate and up written beside y);
+* with biases also the autograd forward (``STORE_PRE``: gate and up written beside y), and
+  after it the backward's element-wise kernel (``gate_grad_kernel``) at the same (M, I);
 * per entry and dtype, on the SwiGLU class (silu, separate weights, biases, autograd): K not a
   multiple of ``BLOCK_K`` (masked K steps), a few output tiles (a program each) and a call whose
   offsets pass 2**31 (``INDEX_64``); every other call runs the persistent loop (more output tiles
@@ -113,3 +114,23 @@ def gated_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                 loop = " persistent" if plan.constexprs.get("PERSISTENT") else ""
                 yield target.case(op.name, plan.jit_fn, rt, plan.constexprs, cls["dtype"],
                                   f"{shown(plan.config)}|{label}{loop}{idx}|{entry.where}")
+                if save:  # the backward's element-wise kernel, on the gate and up this forward kept
+                    yield _grad_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}")
+
+
+def _grad_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[str, Any], dtype: torch.dtype,
+               label: str) -> CompileCase:
+    """``gate_grad_kernel`` at the forward's (M, I): dy, gate and up as the backward reads them
+    (the halves of one (M, 2I) buffer for a concatenated weight, whose halves it writes too)."""
+    from xkernels.ops.fused.gated_linear_plan import GateGradPlan
+
+    wide = cls["weight"] == "concatenated"
+    dy = meta((M, N), dtype)
+    pair = meta((M, 2 * N), dtype) if wide else None
+    g, u = (pair[:, :N], pair[:, N:]) if pair is not None else (meta((M, N), dtype), meta((M, N), dtype))
+    dg, du = (pair[:, :N], pair[:, N:]) if pair is not None else (meta((M, N), dtype), meta((M, N), dtype))
+    strides = (*dy.stride(), *g.stride(), *u.stride(), *dg.stride(), *du.stride())
+    plan = GateGradPlan(target.backend, torch.device("meta"), M, N, cls["activation"], strides)
+    flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64") if plan.constexprs[k])
+    return target.case(op.name, plan.jit_fn, plan.args(dy, g, u, dg, du), plan.constexprs, cls["dtype"],
+                       f"gate grad kernel {plan.constexprs['BLOCK_M']}x{plan.constexprs['BLOCK_N']}{flags}|{label}")

@@ -9,9 +9,9 @@ allocation, the launch.
 
 * :class:`~xkernels.ops.route.VendorRoute` (a ``{"VENDOR": true}`` plan): ``F.linear`` (the
   device's BLAS, one GEMM against a concatenated weight, two otherwise), then the gate kernel.
-  The gate kernel has no derivative, so where a gradient is required the front door runs the
-  route's ``autograd_run``: the PyTorch composition ``act(F.linear(x, Wg, bg)) * F.linear(x, Wu,
-  bu)``, which autograd records with aten's own backward (as ``linear``'s fused-epilogue route).
+  Where a gradient is required the front door runs the route's ``autograd_run``: the same
+  GEMM(s) and gate kernel with gate and up kept, recorded by the op's ``autograd.Function``, whose
+  backward reads them in one element-wise kernel (``gate_grad_kernel``).
 * :class:`~xkernels.ops.route.KernelRoute` (the fused kernel, pointer or TMA variant): allocate
   the result, launch. A call needing a gradient takes the op's ``autograd.Function`` (which keeps
   gate and up for the backward: another plan).
@@ -29,7 +29,6 @@ import torch
 from xkernels.ops.layout import contiguous_strides
 from xkernels.ops.matmul.hot import _HostDescriptor
 from xkernels.ops.matmul.plan import precision
-from xkernels.ops.matmul.vendor import activate
 from xkernels.ops.route import KernelRoute, Route, VendorRoute
 
 if TYPE_CHECKING:
@@ -54,29 +53,46 @@ class _Operands(NamedTuple):
     wu: torch.Tensor
 
 
-def make_hot(plan: GatedPlan, call: GatedCall, canon: tuple[Any, ...]) -> Route | None:
-    """The route of ``call``'s signature (module doc); ``None`` for an empty result."""
+def make_hot(plan: GatedPlan, call: GatedCall, canon: tuple[Any, ...], function: Any) -> Route | None:
+    """The route of ``call``'s signature (module doc); ``None`` for an empty result. ``function``:
+    the op's ``autograd.Function``, which the vendor route's calls needing a gradient go through."""
     if call.empty:
         return None
     detail = f"{plan.variant} {plan.config}"
     if plan.vendor:
-        return VendorRoute(_vendor(plan, call), detail, autograd_run=_composition(call.activation))
+        return VendorRoute(_vendor(plan, call), detail, autograd_run=_vendor_training(plan, call, function))
     if plan.tma is not None:
         return KernelRoute(_tma(plan, call), detail)
     return KernelRoute(_pointer(plan, call, canon[0]), detail)
 
 
-def _composition(activation: str) -> Any:
-    """The PyTorch composition of a call with ``activation`` (its derivative is autograd's)."""
-    def composed(x: torch.Tensor, weight: torch.Tensor, up_weight: Any = None, bias: Any = None, up_bias: Any = None,
-                 act: Any = None) -> torch.Tensor:
-        if up_weight is None:
-            gate, up = _linear(x, weight, bias).chunk(2, dim=-1)
-        else:
-            gate, up = _linear(x, weight, bias), _linear(x, up_weight, up_bias)
-        return activate(gate, activation) * up
+def _vendor_training(plan: GatedPlan, call: GatedCall, function: Any) -> Any:
+    """A call needing a gradient on the vendor route: the same BLAS GEMM(s) and gate kernel, gate
+    and up kept, recorded by the op's ``autograd.Function``, whose backward reads them in one
+    element-wise kernel. (PyTorch's composition ``act(gate) * up``, which autograd would record
+    instead, writes act(gate) and keeps it, and its backward makes three element-wise passes.)"""
+    M, N, _ = plan.dims
+    size, stride, alloc = _result(plan, call)
+    dtype, backend, gate_args, launch = call.dtype, plan.backend, plan.gate_dims, plan.launcher
+    concatenated = call.concatenated
 
-    return composed
+    def saving(x: torch.Tensor, weight: torch.Tensor, up_weight: Any, bias: Any, up_bias: Any) -> tuple[Any, ...]:
+        if concatenated:
+            g = _linear(x, weight, bias)  # (..., 2N): the gate kernel reads rows of 2N
+            gate, u = g.narrow(-1, 0, N), g.narrow(-1, N, N)
+        else:
+            g = gate = _linear(x, weight, bias)
+            u = _linear(x, up_weight, up_bias)
+        y = alloc(size, stride, dtype)
+        launch(g, u, y, *gate_args)
+        return y, gate.reshape(M, N), u.reshape(M, N), backend
+
+    def training(x: torch.Tensor, weight: torch.Tensor, up_weight: Any = None, bias: Any = None, up_bias: Any = None,
+                 activation: Any = None) -> torch.Tensor:
+        return function.apply(lambda: saving(x, weight, up_weight, bias, up_bias), x, weight, up_weight, bias,
+                              up_bias, activation)
+
+    return training
 
 
 def _result(plan: GatedPlan, call: GatedCall) -> tuple[tuple[int, ...], tuple[int, ...], Any]:

@@ -12,12 +12,18 @@ up projections (one GEMM against a concatenated weight, or two), and this kernel
 and writes ``act(gate) * up`` (torch's route reads them for the activation, writes act(gate),
 reads it back for the multiply).
 
-Shared with ``ops/matmul/kernels.py`` (imported, not copied): ``_activation`` (the ``ACT``
-codes of ``matmul_plan.ACTIVATIONS``) and ``_tma_tile`` (grouped tile order for L2 reuse). They
-are re-wrapped with ``triton.jit`` here because the interpreter backends run a second,
-interpreted copy of this module, whose kernels may only call helpers of their own module
-(``backends/interpreter.py``): wrapping the same Python functions gives the compiled module
-compiled helpers and the interpreted copy interpreted ones.
+``gate_grad_kernel`` is the backward's element-wise half, for either route: from the output's
+gradient and the kept gate and up it writes ``d(gate) = dy * up * act'(gate)`` and ``d(up) = dy *
+act(gate)``, reading each input once (autograd's mul and activation backwards read them five
+times, write three intermediates). Where the weight is concatenated, both land in the halves of
+one (M, 2I) buffer, the weight gradient's GEMM operand.
+
+Shared with ``ops/matmul/kernels.py`` (imported, not copied): ``_activation`` and
+``_activation_grad`` (the ``ACT`` codes of ``matmul_plan.ACTIVATIONS``) and ``_tma_tile`` (grouped
+tile order for L2 reuse). They are re-wrapped with ``triton.jit`` here because the interpreter
+backends run a second, interpreted copy of this module, whose kernels may only call helpers of
+their own module (``backends/interpreter.py``): wrapping the same Python functions gives the
+compiled module compiled helpers and the interpreted copy interpreted ones.
 """
 
 import triton
@@ -26,6 +32,7 @@ import triton.language as tl
 from xkernels.ops.matmul import kernels as _shared
 
 _activation = triton.jit(_shared._activation.fn)
+_activation_grad = triton.jit(_shared._activation_grad.fn)
 _tile_offsets = triton.jit(_shared._tma_tile.fn)
 
 
@@ -215,3 +222,40 @@ def _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, B
     u = tl.load(u_ptr + rm[:, None] * sum_ + rn[None, :] * sun, mask=mask, other=0.0).to(tl.float32)
     y = _activation(g, 0.0, ACT) * u
     tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gate_grad_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, M, N, n_tiles, nprog, sdm, sdn, sgm, sgn, sum_, sun,
+                     sam, san, sbm, sbn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
+                     PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
+    """dG = dY * U * act'(G) and dU = dY * act(G) over (BLOCK_M, BLOCK_N) tiles of the (M, N)
+    operands (any strides), dY, G and U read once each (fp32 math)."""
+    pid = tl.program_id(0)
+    if INDEX_64:
+        pid = pid.to(tl.int64)
+    if PERSISTENT:
+        for tile in range(pid, n_tiles, nprog):
+            _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, tile, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san,
+                            sbm, sbn, BLOCK_M, BLOCK_N, ACT, INDEX_64)
+    else:
+        _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, pid, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san,
+                        sbm, sbn, BLOCK_M, BLOCK_N, ACT, INDEX_64)
+
+
+@triton.jit
+def _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, tile, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san, sbm,
+                    sbn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr):
+    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
+    rm = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if INDEX_64:
+        rm = rm.to(tl.int64)
+        rn = rn.to(tl.int64)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    dy = tl.load(dy_ptr + rm[:, None] * sdm + rn[None, :] * sdn, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + rm[:, None] * sum_ + rn[None, :] * sun, mask=mask, other=0.0).to(tl.float32)
+    dg = dy * u * _activation_grad(g, 0.0, ACT)
+    du = dy * _activation(g, 0.0, ACT)
+    tl.store(dg_ptr + rm[:, None] * sam + rn[None, :] * san, dg.to(dg_ptr.dtype.element_ty), mask=mask)
+    tl.store(du_ptr + rm[:, None] * sbm + rn[None, :] * sbn, du.to(du_ptr.dtype.element_ty), mask=mask)

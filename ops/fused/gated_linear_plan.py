@@ -275,3 +275,67 @@ class GatedPlan(Plan):
         yd = desc(y, t["y"])
         return (desc(call.x2, t["x"]), desc(call.wg, t["w"]), desc(call.wu, t["w"]), yd,
                 desc(g, t["y"]) if g is not None else yd, desc(u, t["y"]) if u is not None else yd)
+
+
+# -- the backward's element-wise half ---------------------------------------------------------------
+#: dtypes ``gate_grad_kernel`` reads and writes (others take PyTorch's ops)
+GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_GRAD_PLANS_MAX = 64
+
+
+class GateGradPlan:
+    """The launch of ``gate_grad_kernel`` for one (M, N), dtype, activation and set of strides on
+    one backend and device: ``gate_kernel``'s tiles and grid (element-wise, up to 256 columns)."""
+
+    def __init__(self, backend: Backend, device: torch.device, M: int, N: int, activation: str,
+                 strides: tuple[int, ...]) -> None:
+        from xkernels.ops.fused import gated_linear_kernels as GK
+
+        bm, bn = min(GATE_BLOCK[0], next_pow2(M)), min(GATE_BLOCK[1], next_pow2(N))
+        tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+        programs = backend.programs(tiles, "vector", device)
+        spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 10, 2)]
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation], PERSISTENT=programs < tiles,
+                               INDEX_64=max(spans) + 2**16 > INT32_MAX)
+        options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
+        self.jit_fn = GK.gate_grad_kernel
+        self.launcher = Launcher(backend.kernel(GK.gate_grad_kernel), (programs,), self.constexprs, options,
+                                 backend.fast_launch, varying=(0, 1, 2, 3, 4))
+        self.tail = (M, N, tiles, programs, *strides)
+
+    def args(self, dy: torch.Tensor, g: torch.Tensor, u: torch.Tensor, dg: torch.Tensor,
+             du: torch.Tensor) -> tuple[Any, ...]:
+        return (dy, g, u, dg, du, *self.tail)
+
+
+_grad_plans: dict[tuple[Any, ...], GateGradPlan] = {}
+
+
+def gate_grads(backend: Backend, dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str,
+               concatenated: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+    """``(d_gate, d_up, d)`` of the (M, I) output gradient ``dy`` and the kept ``gate`` and ``up``
+    (any strides), by one ``gate_grad_kernel`` launch: ``d`` the (M, 2I) buffer whose halves are
+    ``d_gate`` and ``d_up`` for a concatenated weight, else ``None``. ``None`` where the kernel
+    does not apply (a backend that runs no Triton, another dtype, mixed dtypes or devices): the
+    caller computes them with PyTorch's ops."""
+    dtype = gate.dtype
+    if (not backend.runs_triton or dtype not in GRAD_DTYPES or dy.dtype != dtype or up.dtype != dtype
+            or dy.device != gate.device or up.device != gate.device or dy.shape != gate.shape
+            or up.shape != gate.shape or dy.dim() != 2):
+        return None
+    M, N = gate.shape
+    if concatenated:
+        d = _empty((M, 2 * N), dtype, gate.device)
+        dg, du = d[:, :N], d[:, N:]
+    else:
+        d, dg, du = None, _empty((M, N), dtype, gate.device), _empty((M, N), dtype, gate.device)
+    if M and N:
+        strides = (*dy.stride(), *gate.stride(), *up.stride(), *dg.stride(), *du.stride())
+        key = (backend.name, gate.device, dtype, M, N, activation, strides)
+        plan = _grad_plans.get(key)
+        if plan is None:
+            if len(_grad_plans) >= _GRAD_PLANS_MAX:
+                _grad_plans.clear()
+            plan = _grad_plans[key] = GateGradPlan(backend, gate.device, M, N, activation, strides)
+        plan.launcher(*plan.args(dy, gate, up, dg, du))
+    return dg, du, d

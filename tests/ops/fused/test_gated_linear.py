@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -213,6 +215,82 @@ def test_gradients_match_float64(backend, device, nan_memory, concat, route):
                 assert g.shape == r.shape and g.dtype == d, name
                 scale = r.abs().max().item() + 1
                 torch.testing.assert_close(g.cpu().double(), r, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+def test_gate_grad_kernel_matches_float64(backend, device, nan_memory, dtype, concat):
+    """The backward's element-wise half in one launch: d(gate) = dy * up * act'(gate), d(up) = dy *
+    act(gate), into NaN-poisoned buffers (the halves of one (M, 2I) buffer for a concatenated
+    weight), from strided gate/up views (the BLAS's (M, 2I) result), for every activation, against
+    float64; gate values of exactly 0 included (relu's derivative there is PyTorch's, 0)."""
+    if not backend.runs_triton:
+        assert gated_linear_plan.gate_grads(backend, *(rand((3, 4), dtype, device),) * 3, "silu", concat) is None
+        return
+    m, n = 37, 300  # two column tiles of 256, edge rows
+    gu = rand((m, 2 * n), dtype, device)
+    gu[:, :7] = 0
+    gate, up = gu[:, :n], gu[:, n:]
+    dy = rand((m, n), dtype, device)
+    for activation in ACTIVATIONS:
+        with Unchanged(dy, gu):
+            d_gate, d_up, d = gated_linear_plan.gate_grads(backend, dy, gate, up, activation, concat)
+        assert (d is not None) == concat
+        if concat:
+            assert d.shape == (m, 2 * n) and d_gate.data_ptr() == d.data_ptr() and d_up.data_ptr() == d[:, n:].data_ptr()
+        g64, u64, dy64 = gate.double().requires_grad_(), up.double().requires_grad_(), dy.double()
+        (_act(g64, activation) * u64).backward(dy64)
+        for name, got, want in (("d(gate)", d_gate, g64.grad), ("d(up)", d_up, u64.grad)):
+            assert got.dtype == dtype and not torch.isnan(got).any(), (activation, name)
+            bound = RTOL[dtype] * (want.abs() + (dy64 * u64).abs() * SLOPE + dy64.abs()) + 1e-6
+            err = (got.double() - want).abs()
+            assert (err <= bound).all(), f"{activation} {name}: worst {(err / bound).max().item():.2f}x the bound"
+
+
+@pytest.mark.parametrize("route", ["planned", "vendor"])
+@pytest.mark.parametrize("concat", [False, True], ids=["separate", "concatenated"])
+def test_training_backward_launches_the_gate_grad_kernel(backend, device, route, concat, monkeypatch):
+    """Either route keeps gate and up for its backward, which takes d(gate) and d(up) from one
+    ``gate_grads`` launch on a backend that runs Triton (PyTorch's ops elsewhere); a backward
+    that builds a graph differentiates PyTorch's composition instead, and its second derivatives
+    match float64's."""
+    calls = []
+    real = gated_linear_plan.gate_grads
+
+    def counted(*a, **k):
+        out = real(*a, **k)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(gated_linear_plan, "gate_grads", counted)
+    monkeypatch.setattr(sys.modules[gated_linear.__module__], "gate_grads", counted)
+    d = torch.float32
+    args = _args(device, d, m=4, k=12, n=6, lead=(2,), concat=concat)
+    cfg = {"VENDOR": True} if route == "vendor" else None
+    leaves = [None if a is None else a.detach().clone().requires_grad_() for a in args]
+    with tuning.force(cfg) if cfg else contextlib.nullcontext():
+        y = gated_linear(*leaves, activation="silu")
+        y.square().sum().backward()
+    assert calls == ([True] if backend.runs_triton else []), calls
+    ref = [None if a is None else a.detach().double().cpu().requires_grad_() for a in args]
+    reference_gated_linear(*ref, activation="silu").square().sum().backward()
+    for name, g, r in zip(("x", "weight", "up_weight", "bias", "up_bias"), leaves, ref):
+        if r is not None:
+            torch.testing.assert_close(g.grad.cpu().double(), r.grad, rtol=1e-4, atol=1e-5 * (r.grad.abs().max() + 1),
+                                       msg=name)
+    # second derivatives: d/dW of |d loss / dx|^2
+    calls.clear()
+    leaves = [None if a is None else a.detach().clone().requires_grad_() for a in args]
+    with tuning.force(cfg) if cfg else contextlib.nullcontext():
+        y = gated_linear(*leaves, activation="silu")
+    gx, = torch.autograd.grad(y.square().sum(), leaves[0], create_graph=True)
+    assert calls == []  # the graph-building backward: PyTorch's composition
+    second = torch.autograd.grad(gx.square().sum(), leaves[1])[0]  # through y again, too
+    ref = [None if a is None else a.detach().double().cpu().requires_grad_() for a in args]
+    gx64, = torch.autograd.grad(reference_gated_linear(*ref, activation="silu").square().sum(), ref[0],
+                                create_graph=True)
+    want = torch.autograd.grad(gx64.square().sum(), ref[1])[0]
+    torch.testing.assert_close(second.cpu().double(), want, rtol=1e-4, atol=1e-5 * (want.abs().max().item() + 1))
 
 
 def test_gradient_of_x_only_and_bf16(backend, device):
