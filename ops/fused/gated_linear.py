@@ -28,6 +28,7 @@ concatenated weight, two with separate ones). Under ``torch.compile`` the custom
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +154,16 @@ class GatedLinear(Op):
                          torch.Size((*x.shape[:-1], inter)), x.dtype, x.device, not reason, reason)
 
     # -- routing ------------------------------------------------------------------------------
+    def explain(self, *args: Any, **kwargs: Any) -> Any:
+        """``Op.explain``, plus how a call needing a gradient runs (``GatedLinearFunction``)."""
+        exp = super().explain(*args, **kwargs)
+        if exp.route not in ("triton kernel", "vendor BLAS + gate kernel"):
+            return exp
+        keeps = ("the fused kernel also writes gate and up" if exp.route == "triton kernel"
+                 else "the BLAS's gate and up results are kept")
+        return dataclasses.replace(exp, training=f"{keeps}; the backward reads them in one element-wise kernel "
+                                                 "(gate_grad_kernel: d(gate), d(up)), then the GEMMs")
+
     def plan_key(self, call: GatedCall, backend: Backend) -> Any:
         return (backend.name, call.device, call.dtype, call.activation, call.concatenated, call.save,
                 *((_shape(t), t.stride()) for t in (call.x2, call.wg, call.wu)),

@@ -458,6 +458,8 @@ def test_explain_names_route_and_table(backend, device):
     assert not kernel or "gelu_tanh(gate) * up" in expl.variant
     assert expl.config_source.startswith("gated_linear.json")
     assert ("x read once" in str(expl)) if kernel else ("no measurement shows the fused kernel" in expl.why)
+    assert "gate_grad_kernel" in expl.training and "with a gradient:" in str(expl)
+    assert ("fused kernel also writes gate and up" if kernel else "gate and up results are kept") in expl.training
 
 
 def test_export_from_ops():
