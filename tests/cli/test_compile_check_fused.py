@@ -67,10 +67,23 @@ def test_add_norm_a5_reads_its_own_larger_tiles():
 
 @pytest.mark.parametrize("soc", [A2, A5])
 def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
-    cases, notes = collect([soc], ["gated_linear"])
+    everything, notes = collect([soc], ["gated_linear"])
     assert notes == []
+    grads = [c for c in everything if c.kernel is gated_linear_kernels.gate_grad_kernel]
+    cases = [c for c in everything if c not in grads]
     assert all(c.kernel is gated_linear_kernels.gated_linear_kernel for c in cases)  # npu: never the vendor route
     assert {c.config.rsplit("|", 1)[1] for c in cases} == _where(soc, "gated_linear")
+    # the backward's element-wise kernel after each forward that keeps gate and up, at its (M, I)
+    kept = [c for c in cases if c.constants["STORE_PRE"]]
+    assert len(grads) == len(kept) and all(c.config.startswith("gate grad kernel") for c in grads)
+    assert sorted((c.dtype, c.config.rsplit("|", 1)[1]) for c in grads) == sorted(
+        (c.dtype, c.config.rsplit("|", 1)[1]) for c in kept)  # per dtype and table entry
+    for dtype in ("float16", "bfloat16", "float32"):
+        got = [c.constants for c in grads if c.dtype == dtype]
+        assert {k["ACT"] for k in got} == {ACTIVATIONS[a] for a in ("relu", "gelu", "gelu_tanh", "silu")}
+        assert {k["INDEX_64"] for k in got} == {True, False}, dtype  # the M x I past 2**31 call
+    wide = [c for c in grads if "[Wg; Wu]" in c.config]  # gate, up and their gradients: (M, 2I) halves
+    assert wide and all("sgm" not in c.constants and c.constants["sgn"] == c.constants["san"] == 1 for c in wide)
     acts = {code for name, code in ACTIVATIONS.items() if name in ("relu", "gelu", "gelu_tanh", "silu")}
     for dtype in ("float16", "bfloat16", "float32"):
         got = [c.constants for c in cases if c.dtype == dtype]
