@@ -189,7 +189,9 @@ def child_at(block: torch.nn.Module, path: tuple[str, ...]) -> Any:
     return m
 
 
-def _hooked(m: torch.nn.Module) -> bool:
+def hooked(m: torch.nn.Module) -> bool:
+    """Whether ``m`` has forward or backward hooks, which a fused forward or a replacement would
+    not run (``blocks`` and ``patching`` then leave it as it is)."""
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
                 or getattr(m, "_backward_pre_hooks", None))
 
@@ -209,7 +211,7 @@ class FeedForwardStep:
             return None
         up, act, down = child_at(block, self.up), child_at(block, self.act), child_at(block, self.down)
         if (type(up) is not xnn.Linear or up.activation is None or type(down) is not xnn.Linear
-                or down.activation is not None or type(act) is not torch.nn.Identity or _hooked(up) or _hooked(down)):
+                or down.activation is not None or type(act) is not torch.nn.Identity or hooked(up) or hooked(down)):
             return None
         pu, pd = up._parameters, down._parameters
         w1 = pu["weight"] if "weight" in pu else up.weight

@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from xkernels.block_steps import FeedForwardStep, NormStep, gated_step, norm_step
+from xkernels.block_steps import FeedForwardStep, NormStep, gated_step, hooked, norm_step
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.autocast import autocasting
 from xkernels.ops.op import _is_compiling
@@ -219,7 +219,7 @@ def norm_problem(norm: Any) -> str | None:
     kind = norm_kind(type(norm))
     if kind is None:
         return f"{type(norm).__name__} is not a LayerNorm or a Llama/Gemma-style RMSNorm"
-    if _hooked(norm):
+    if hooked(norm):
         return f"{type(norm).__name__} has hooks"
     if kind.kind == "layer" and len(norm.normalized_shape) != 1:
         return f"LayerNorm over {tuple(norm.normalized_shape)}: only the last dim is fused"
@@ -235,11 +235,6 @@ def add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
     if kind.kind == "layer":
         return add_layer_norm(x, residual, norm.weight, norm.bias, eps, return_sum=return_sum)
     return add_rms_norm(x, residual, norm.weight, eps, offset=kind.offset, return_sum=return_sum)
-
-
-def _hooked(m: torch.nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or getattr(m, "_backward_pre_hooks", None))
 
 
 # -- the fused forwards: children read from ``_modules`` (no ``nn.Module.__getattr__`` frame) ------
@@ -360,12 +355,12 @@ def _norms(*names: str) -> Callable[[torch.nn.Module], str | None]:
 
 
 def _plain_linear(m: Any) -> bool:
-    return type(m) is torch.nn.Linear and not _hooked(m)
+    return type(m) is torch.nn.Linear and not hooked(m)
 
 
 def _gate_activation(act: Any) -> str | None:
     found = activation_of(act) if isinstance(act, torch.nn.Module) else "not a module"
-    if isinstance(found, str) or found[0] not in ("relu", "gelu", "gelu_tanh", "silu") or _hooked(act):
+    if isinstance(found, str) or found[0] not in ("relu", "gelu", "gelu_tanh", "silu") or hooked(act):
         return None
     return found[0]
 
@@ -390,7 +385,7 @@ def _linear_activation(act: Any) -> str | None:
     from xkernels.nn import linear_activations
 
     found = activation_of(act) if isinstance(act, torch.nn.Module) else "not a module"
-    if isinstance(found, str) or found[0] not in linear_activations() or _hooked(act):
+    if isinstance(found, str) or found[0] not in linear_activations() or hooked(act):
         return None
     return found[0]
 
@@ -412,7 +407,7 @@ def _bert_chunk_problem(m: torch.nn.Module) -> str | None:
         return "intermediate is not BERT's dense + activation block"
     if not isinstance(out, torch.nn.Module) or _class_forward(type(out)) != canonical(BERT_OUTPUT):
         return "output is not BERT's output block"
-    if _hooked(inter) or _hooked(out):
+    if hooked(inter) or hooked(out):
         return "intermediate or output has hooks"
     if not _plain_linear(getattr(inter, "dense", None)) or not _plain_linear(getattr(out, "dense", None)):
         return "a dense layer is not a plain torch.nn.Linear without hooks"
@@ -552,7 +547,7 @@ def fusion_for(module: torch.nn.Module) -> tuple[BlockFusion | None, str | None]
     fusion = _fusion_for(type(module))
     if fusion is None or (fusion.candidate is not None and not fusion.candidate(module)):
         return None, None
-    if _hooked(module):
+    if hooked(module):
         return fusion, "the module has hooks"
     if fusion.method in module.__dict__:
         return fusion, f"its {fusion.method} is already replaced on the instance"

@@ -39,7 +39,7 @@ import torch
 
 from xkernels import blocks
 from xkernels import nn as xnn
-from xkernels.block_steps import FeedForwardStep, child_at
+from xkernels.block_steps import FeedForwardStep, child_at, hooked
 from xkernels.patterns import activation_of, loaded, patterns
 
 __all__ = ["FusedBlock", "Left", "PatchReport", "Replaced", "patch"]
@@ -146,11 +146,6 @@ def _conv1d_classes() -> tuple[type, ...]:
     return tuple(cls for cls, _ in loaded(patterns()["conv1d"]))
 
 
-def _hooked(m: torch.nn.Module) -> bool:
-    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
-                or getattr(m, "_backward_pre_hooks", None))
-
-
 def _swap(layer: torch.nn.Module, activation: str | None, slope: float) -> torch.nn.Module:
     if type(layer) is torch.nn.Linear:
         return xnn.Linear.from_linear(layer, activation, negative_slope=slope)
@@ -215,8 +210,8 @@ def patch(model: torch.nn.Module) -> PatchReport:
         found = activation_of(act_mod) if isinstance(act_mod, torch.nn.Module) else "not a module"
         why = (found if isinstance(found, str)
                else f"activation {found[0]!r} is not fused by xkernels.ops.linear in this build" if found[0] not in supported
-               else "the activation module has hooks" if _hooked(act_mod) else "")
-        if why or _hooked(layer):
+               else "the activation module has hooks" if hooked(act_mod) else "")
+        if why or hooked(layer):
             if why:
                 report.left.append(Left(qual(parent, act), type(act_mod).__name__, f"{why}; the layer is swapped unfused"))
             continue  # the layer itself is handled by rule 2 / 3
@@ -239,7 +234,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
             elif type(child) not in swappable:
                 report.left.append(Left(name, type(child).__name__, f"a subclass of {type(child).__mro__[1].__name__}: "
                                                                     "its forward or its users may differ"))
-            elif _hooked(child):
+            elif hooked(child):
                 report.left.append(Left(name, type(child).__name__, "has hooks; the replacement would not run them"))
             else:
                 new = _swap(child, None, 0.01)
