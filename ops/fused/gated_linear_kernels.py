@@ -209,15 +209,21 @@ def gate_kernel(g_ptr, u_ptr, y_ptr, M, N, n_tiles, nprog, sgm, sgn, sum_, sun, 
 
 
 @triton.jit
-def _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr):
+def _element_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
+    """Rows, columns and in-bounds mask of element-wise tile ``tile`` (row-major tile order)."""
     tiles_n = (N + BLOCK_N - 1) // BLOCK_N
     rm = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
     if INDEX_64:
         rm = rm.to(tl.int64)
         rn = rn.to(tl.int64)
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    return rm, rn, (rm < M)[:, None] & (rn < N)[None, :]
+
+
+@triton.jit
+def _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr):
+    rm, rn, mask = _element_tile(tile, M, N, BLOCK_M, BLOCK_N, INDEX_64)
     g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + rm[:, None] * sum_ + rn[None, :] * sun, mask=mask, other=0.0).to(tl.float32)
     y = _activation(g, 0.0, ACT) * u
@@ -245,13 +251,7 @@ def gate_grad_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, M, N, n_tiles, nprog,
 @triton.jit
 def _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, tile, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san, sbm,
                     sbn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr):
-    tiles_n = (N + BLOCK_N - 1) // BLOCK_N
-    rm = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if INDEX_64:
-        rm = rm.to(tl.int64)
-        rn = rn.to(tl.int64)
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    rm, rn, mask = _element_tile(tile, M, N, BLOCK_M, BLOCK_N, INDEX_64)
     dy = tl.load(dy_ptr + rm[:, None] * sdm + rn[None, :] * sdn, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + rm[:, None] * sum_ + rn[None, :] * sun, mask=mask, other=0.0).to(tl.float32)
