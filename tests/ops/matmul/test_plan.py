@@ -103,7 +103,8 @@ def test_divisibility_hints_follow_the_shape():
     plan, call = _plan(matmul, a, b)
     assert plan.config["divisibility hints"] == {"DIV_N": 8, "DIV_K": 8, "DIV_SAM": 8, "DIV_SBK": 8, "DIV_SCM": 8}
     assert plan.constexprs["DIV_M"] == 1  # M = 20 runs along a's rows, not a contiguous dim
-    assert_close(_run(plan, call), a.double() @ b.double())
+    # fp32 sums of 40 unit-normal products: rounding reaches a few 1e-6 where they cancel
+    assert_close(_run(plan, call), a.double() @ b.double(), scale=40 / 8)
     odd, _ = _plan(matmul, rand((33, 17), torch.float32, "cpu"), rand((17, 29), torch.float32, "cpu"))
     assert "divisibility hints" not in odd.config
     sixteens, _ = _plan(matmul, rand((32, 64), torch.float32, "cpu"), rand((64, 48), torch.float32, "cpu"))
