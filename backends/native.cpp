@@ -55,6 +55,7 @@ using xk::make_launch;
 // The backward a signature's first Python backward planned (add_norm_bwd.HotBackward).
 struct Backward {
   Launch launch;
+  Launch sum;  // part_sum_kernel: d(w)/d(b) from the partials, in the parameters' dtypes; empty: aten's sum
   std::array<bool, 11> present{};  // which of the kernel's 11 tensor arguments the launch takes
   std::array<bool, 4> needs{};     // the gradients it was planned for: x, residual, weight, bias
   bool has_ds = false, need_x = false, need_r = false, need_dw = false, need_db = false, shared = false;
@@ -63,7 +64,10 @@ struct Backward {
   at::ScalarType x_dtype{}, dr_dtype{}, w_dtype{}, b_dtype{};
   bool has_dr = false;
 
-  ~Backward() { xk::drop_python(launch); }
+  ~Backward() {
+    xk::drop_python(launch);
+    xk::drop_python(sum);
+  }
 };
 
 struct AddNormSpec {
@@ -168,7 +172,18 @@ struct AddNormBackward : public Node {
     }
     if (!b.launch(ts)) return false;
     at::Tensor gw, gb;
-    if (b.n_part) {
+    if (b.n_part && !b.sum.empty()) {
+      at::Tensor w_out = b.need_dw ? at::empty({b.n}, opts.dtype(b.w_dtype)) : at::Tensor();
+      at::Tensor b_out = b.need_db ? at::empty({b.n}, opts.dtype(b.b_dtype)) : at::Tensor();
+      if (spec->poison) {
+        for (auto* t : {&w_out, &b_out}) if (t->defined()) t->fill_(NAN);
+      }
+      if (b.sum({part, w_out.defined() ? w_out : part, b_out.defined() ? b_out : part})) {
+        gw = w_out;
+        gb = b_out;
+      }
+    }
+    if (b.n_part && !gw.defined() && !gb.defined()) {  // no record, or it declined: aten's sum and casts
       at::Tensor red = part.sum(0);
       if (b.need_dw && b.need_db && b.w_dtype == b.b_dtype && red.scalar_type() != b.b_dtype) red = red.to(b.b_dtype);
       if (b.need_dw) gw = red[0].scalar_type() == b.w_dtype ? red[0] : red[0].to(b.w_dtype);
@@ -226,6 +241,7 @@ void set_backward(AddNormSpec& spec, const py::object& launch, const py::tuple& 
                   const py::dict& d) {
   auto b = std::make_shared<Backward>();
   b->launch = make_launch(launch);
+  if (d.contains("sum") && !d["sum"].is_none()) b->sum = make_launch(d["sum"]);
   TORCH_CHECK(present.size() == 11 && needs.size() == 4, "xkernels native: bad backward description");
   for (int i = 0; i < 11; ++i) b->present[i] = present[i].cast<bool>();
   for (int i = 0; i < 4; ++i) b->needs[i] = needs[i].cast<bool>();

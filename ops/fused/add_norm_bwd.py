@@ -11,9 +11,10 @@ reached it), the weight and the forward's fp32 ``mean``/``rstd``::
 and writes it once, as d(x) in x's dtype and, where the residual's dtype differs, as d(residual)
 in its own (the same tensor serves both otherwise). A broadcast residual gets d(s) in fp32, summed
 over its broadcast dims by ``sum_to_size``. d(w) = Σ dy * xhat and d(b) = Σ dy are summed per
-program into an fp32 ``part`` buffer ``[programs, K, N]`` (K = 1 or 2), reduced over programs by
-one ``torch.sum(0)`` (then cast to the parameters' dtype): aten's column reduction, one launch,
-chosen without measuring over a second Triton kernel that would need its own plan and compile.
+program into an fp32 ``part`` buffer ``[programs, K, N]`` (K = 1 or 2), which ``part_sum_kernel``
+sums over the programs in a fixed order and writes in the parameters' dtypes: one launch, where
+aten's ``part.sum(0)`` and the casts to bf16/fp16 took two or three (an H100's profile of a
+BERT-base training step at 1 x 128 tokens: 3.5 µs for each block's fp32 column sum alone).
 The grid is persistent: ``WAVES`` programs per compute unit (SM), capped by the tiles and the
 backend's grid, so ``part`` stays ``WAVES * SMs * K * N * 4`` bytes (1.6 MB for BERT on an H100).
 
@@ -51,6 +52,9 @@ BWD_DEFAULT = {"backward": "kernel", "BLOCK_N": 4096, "BLOCK_M": 1, "num_warps":
 _plans: OrderedDict[Any, BwdPlan] = OrderedDict()
 _routes: OrderedDict[Any, str] = OrderedDict()  # a backward signature -> "kernel" / "torch" (see route())
 PLAN_CACHE_SIZE = 256
+#: part_sum_kernel's tile: at most SUM_COLS columns per program (fewer until the programs fill the
+#: compute units), SUM_ROWS partial rows per step, SUM_TILE elements
+SUM_COLS, SUM_ROWS, SUM_TILE = 64, 128, 2048
 registry.listeners.append(_plans.clear)  # a plugin's tables may change the configs
 registry.listeners.append(_routes.clear)
 
@@ -104,6 +108,8 @@ class BwdPlan:
         self.launcher = Launcher(backend.kernel(K.add_norm_bwd_kernel), self.grid, self.constexprs, self.options,
                                  backend.fast_launch)
         self._filler: torch.Tensor | None = None
+        self._backend, self._device, self._index64, self._flags = backend, device, index64, flags
+        self._summers: dict[Any, list[Any]] = {}  # (w dtype, b dtype) -> part_sum_kernel's launch (summer())
 
     def filler(self, device: torch.device) -> torch.Tensor:
         """The tensor passed for absent operands (never read or written: constexpr flags), one per
@@ -120,6 +126,52 @@ class BwdPlan:
         shape = (self.programs, self.n_part, self.n)
         return empty(shape, torch.float32, device) if self.one_chunk else torch.zeros(shape, dtype=torch.float32,
                                                                                      device=device)
+
+    def summer(self, w_dtype: torch.dtype | None, b_dtype: torch.dtype | None) -> list[Any]:
+        """``[launcher, hot launch or None, (column blocks, programs)]`` of ``part_sum_kernel`` for these parameter dtypes:
+        up to ``SUM_COLS`` columns per program, halved down to 16 while the programs are fewer
+        than the compute units, the partials' rows (at most ``WAVES * SMs``) in steps of up to
+        ``SUM_ROWS`` (by rule: results/2026-11-28-h200-norm-parameter-sums measured the first
+        form, 64 columns, slower than aten's sum at 8192 x 768 with its 12 programs)."""
+        key = (w_dtype if self._flags["NEED_DW"] else None, b_dtype if self._flags["NEED_DB"] else None)
+        entry = self._summers.get(key)
+        if entry is None:
+            import triton.language as tl
+
+            from xkernels.ops.fused import add_norm_kernels as K
+
+            ty = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+            block_n = min(SUM_COLS, max(16, next_pow2(self.n)))
+            units = self._backend.compute_units(self._device) or 1
+            while block_n > 16 and (self.n + block_n - 1) // block_n < units:
+                block_n //= 2  # a program per compute unit where the columns allow (BERT's 768: 48)
+            block_p = min(SUM_ROWS, max(2, next_pow2(self.programs)), max(2, SUM_TILE // block_n))
+            constexprs = dict(NEED_DW=self._flags["NEED_DW"], NEED_DB=self._flags["NEED_DB"],
+                              BLOCK_P=block_p, BLOCK_N=block_n,
+                              INDEX_64=self._index64, W_TY=ty.get(key[0], tl.float32), B_TY=ty.get(key[1], tl.float32))
+            options = {k: v for k, v in (("num_warps", 4),) if k in self._backend.launch_options}
+            blocks = (self.n + block_n - 1) // block_n
+            grid = (self._backend.programs(blocks, "vector", self._device),)  # persistent where capped
+            launcher = Launcher(self._backend.kernel(K.part_sum_kernel), grid, constexprs, options,
+                                self._backend.fast_launch)
+            entry = self._summers[key] = [launcher, None, (blocks, grid[0])]
+        return entry
+
+    def param_grads(self, part: torch.Tensor, w_dtype: torch.dtype | None, b_dtype: torch.dtype | None,
+                    empty: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """d(w), d(b) (``None`` where not required) from ``part``: one ``part_sum_kernel`` launch,
+        by its launch record from the second call of these dtypes on."""
+        entry = self.summer(w_dtype, b_dtype)
+        gw = empty((self.n,), w_dtype, part.device) if self._flags["NEED_DW"] else None
+        gb = empty((self.n,), b_dtype, part.device) if self._flags["NEED_DB"] else None
+        args = (part, part if gw is None else gw, part if gb is None else gb, self.programs, self.n, self.db_at,
+                self.n_part * self.n, *entry[2])
+        hot = entry[1]
+        if hot is None or not hot(*args[:3]):
+            entry[0](*args)
+            if hot is None:
+                entry[1] = entry[0].hot(args, 3)
+        return gw, gb
 
 
 def _lookup(backend: Backend, device: torch.device, kind: str, s_dtype: torch.dtype, n: int,
@@ -210,18 +262,11 @@ def finish(plan: BwdPlan, part: torch.Tensor | None, dx: torch.Tensor | None, dr
            weight: torch.Tensor | None, bias_dtype: torch.dtype | None, res: tuple[torch.Size, torch.dtype] | None,
            need_dw: bool, need_db: bool, need_r: bool, shared: bool,
            broadcast: bool) -> tuple[torch.Tensor | None, ...]:
-    """The gradients from a launch's outputs: d(w) and d(b) reduced over programs (one cast for
-    both where their dtypes agree), d(residual) shared with d(x) or summed to its shape."""
+    """The gradients from a launch's outputs: d(w) and d(b) summed over programs (``part_sum_kernel``),
+    d(residual) shared with d(x) or summed to its shape."""
     gw = gb = None
     if part is not None:
-        red = part.sum(0)
-        if need_dw and need_db and weight.dtype == bias_dtype and red.dtype != bias_dtype:
-            red = red.to(bias_dtype)
-        if need_dw:
-            gw = red[0] if red.dtype == weight.dtype else red[0].to(weight.dtype)
-        if need_db:
-            last = red[plan.n_part - 1]
-            gb = last if last.dtype == bias_dtype else last.to(bias_dtype)
+        gw, gb = plan.param_grads(part, None if weight is None else weight.dtype, bias_dtype, add_norm_plan._empty)
     gr = None
     if need_r:
         gr = dx if shared else dr.sum_to_size(res[0]).to(res[1]) if broadcast else dr
@@ -322,7 +367,7 @@ class HotBackward:
                 need_x=bool(need_x), need_r=bool(need_r), need_dw=bool(need_dw), need_db=bool(need_db),
                 shared=bool(shared), one_chunk=plan.one_chunk, programs=plan.programs, n_part=plan.n_part, n=n,
                 x_dtype=x_dtype, dr_dtype=dr_dtype, w_dtype=None if weight is None else weight.dtype,
-                b_dtype=bias_dtype))
+                b_dtype=bias_dtype, sum=self._native_sum(plan, weight, bias_dtype)))
         empty = add_norm_plan._empty
         fixed = args[_TENSORS:]
         f = filler
@@ -340,6 +385,13 @@ class HotBackward:
 
         return run
 
+    def _native_sum(self, plan: BwdPlan, weight: torch.Tensor | None, bias_dtype: torch.dtype | None) -> Any:
+        """What a native grad_fn launches ``part_sum_kernel`` with (the record the first backward's
+        ``param_grads`` made), or ``None``: no partials, or no record (it sums with aten's ``sum``)."""
+        if not plan.n_part:
+            return None
+        hot = plan.summer(None if weight is None else weight.dtype, bias_dtype)[1]
+        return None if hot is None else native_launch(hot, self.backend)
 
 
 def native_launch(launch: Any, backend: Backend) -> Any:

@@ -27,7 +27,8 @@ row) are written only when ``STORE_STATS`` (autograd keeps them for the backward
 
 ``add_norm_bwd_kernel`` (below) is the backward: per row tile d(s) = rstd * (g - mean(g) -
 xhat * mean(g * xhat)) + ds from s (or x + residual recomputed), dy, ds, w and the saved
-statistics, written once as d(x) / d(residual); d(w)/d(b) partial sums per program (host side and
+statistics, written once as d(x) / d(residual); d(w)/d(b) partial sums per program, which
+``part_sum_kernel`` sums over the programs and writes in the parameters' dtypes (host side and
 traffic: ``add_norm_bwd.py``).
 
 Rules for kernels here (they also run under the in-process interpreter): call only helpers of
@@ -305,3 +306,34 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
             tl.store(part_ptr + pbase + cols0, acc_w, mask=cmask)
         if NEED_DB:
             tl.store(part_ptr + pbase + db_at + cols0, acc_b, mask=cmask)
+
+
+@triton.jit
+def part_sum_kernel(part_ptr, dw_ptr, db_ptr, P, N, db_at, part_row, n_blocks, nprog,
+                    NEED_DW: tl.constexpr, NEED_DB: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+                    INDEX_64: tl.constexpr, W_TY: tl.constexpr, B_TY: tl.constexpr):
+    """d(w) / d(b) from ``add_norm_bwd_kernel``'s per-program partials ``part[P, K, N]`` (fp32):
+    each of the ``n_blocks`` column blocks (program ``pid`` takes blocks ``pid, pid + nprog, ...``)
+    is summed over the P programs' rows in a fixed order (steps of ``BLOCK_P`` rows, each reduced
+    by ``_colsum``) and written once, rounded to nearest in the parameters' dtypes ``W_TY`` /
+    ``B_TY``: the reduction and the cast in one launch."""
+    pid = tl.program_id(0)
+    for blk in range(pid, n_blocks, nprog):
+        cols = blk * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        acc_w = tl.full((BLOCK_N,), 0.0, tl.float32)
+        acc_b = tl.full((BLOCK_N,), 0.0, tl.float32)
+        for p0 in range(0, P, BLOCK_P):
+            prow = p0 + tl.arange(0, BLOCK_P)
+            mask = (prow < P)[:, None] & cmask[None, :]
+            if INDEX_64:
+                prow = prow.to(tl.int64)
+            off = prow[:, None] * part_row + cols[None, :]
+            if NEED_DW:
+                acc_w += _colsum(tl.load(part_ptr + off, mask=mask, other=0.0))
+            if NEED_DB:
+                acc_b += _colsum(tl.load(part_ptr + off + db_at, mask=mask, other=0.0))
+        if NEED_DW:
+            tl.store(dw_ptr + cols, _round_to(acc_w, W_TY).to(W_TY), mask=cmask)
+        if NEED_DB:
+            tl.store(db_ptr + cols, _round_to(acc_b, B_TY).to(B_TY), mask=cmask)

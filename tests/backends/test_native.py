@@ -10,7 +10,7 @@ import torch
 from helpers import Unchanged, rand
 from xkernels.backends import native
 from xkernels.ops import add_layer_norm, add_rms_norm
-from xkernels.ops.fused import add_norm_native
+from xkernels.ops.fused import add_norm_bwd, add_norm_native
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +149,38 @@ def test_native_matches_python_path(ext, backend, device, fresh, monkeypatch, ca
             if a is not None:
                 assert a.dtype == b.dtype and a.shape == b.shape and not torch.isnan(a.float()).any()
                 assert torch.equal(a, b), f"call {i}: gradient {k} differs from the Python path"
+
+
+def test_parameter_gradients_summed_by_one_kernel(ext, backend, device, fresh, monkeypatch):
+    """d(w) and d(b) come from one ``part_sum_kernel`` launch per backward, in the native
+    backwards too (not aten's ``sum`` and casts), and in the parameters' dtype."""
+    if not backend.runs_triton:
+        pytest.skip("no kernel route on this backend: nothing is recorded natively")
+    from xkernels.launch import Launcher
+
+    sums = []
+    real = Launcher.__call__
+
+    def counting(self, *args):
+        if "W_TY" in self.constexprs:
+            sums.append(self.constexprs["W_TY"])
+        return real(self, *args)
+
+    monkeypatch.setattr(Launcher, "__call__", counting)
+    add_norm_bwd._plans.clear()  # a plan of an earlier test would launch by its record from the first call
+    handed = []  # what each native backward was handed for the sum: a launch, or None (aten's sum)
+    real_sum = add_norm_bwd.HotBackward._native_sum
+    monkeypatch.setattr(add_norm_bwd.HotBackward, "_native_sum",
+                        lambda self, *a: handed.append(real_sum(self, *a)) or handed[-1])
+    calls = _training("layer", torch.bfloat16, device, calls=5)
+    assert [c[0] for c in calls][2:] == ["AddNormBackward"] * 3
+    assert handed and all(h is not None for h in handed), handed
+    if backend.name.startswith("interpreter"):  # every launch is Python there, the native ones' too
+        assert len(sums) == 5, f"{len(sums)} part_sum_kernel launches for 5 backwards"
+    else:  # the first by Triton's launcher, the repeats by the launch record (C), unseen here
+        assert len(sums) >= 1
+    for _, _, _, grads, _ in calls:
+        assert grads[2].dtype == grads[3].dtype == torch.bfloat16
 
 
 def _reference_grads(kind, x, r, w, b, dy, ds, eps=1e-5):

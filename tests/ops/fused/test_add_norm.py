@@ -382,6 +382,30 @@ def test_backward_chunked_broadcast_promoted(backend, device, poison, monkeypatc
     assert spy.n == (4 if backend.runs_triton else 0)
 
 
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_backward_parameter_sums(backend, device, poison, monkeypatch, kind):
+    """d(w)/d(b) summed over many programs' partials (more than one step of the summing kernel's
+    rows, columns past one program's block with a tail), and again with both kernels' grids
+    capped at two programs (persistent loops), written in the parameters' own dtypes (fp32
+    weight, bf16 bias over bf16 activations), against float64."""
+    from xkernels.ops.fused import add_norm_bwd
+
+    monkeypatch.setattr(add_norm_bwd, "SUM_ROWS", 4)
+    monkeypatch.setattr(add_norm_bwd, "SUM_COLS", 16)
+    spy = BackwardSpy(monkeypatch)
+    bf = torch.bfloat16
+    x, r = rand((37, 40), bf, device), rand((37, 40), bf, device)
+    w = rand((40,), torch.float32, device)
+    b = rand((40,), bf, device) if kind == "layer" else None
+    for cap in (None, 2):
+        if cap:
+            monkeypatch.setattr(backend, "programs", lambda n, unit="vector", device=None: max(1, min(n, cap)))
+        with tuning.force({"BLOCK_N": 64, "BLOCK_M": 2, "WAVES": 64 if cap is None else 1}):
+            check_backward(kind, x, r, w, b)
+            check_backward(kind, x, r, None if kind == "layer" else w, b, with_ds=False)
+    assert spy.n == (4 if backend.runs_triton else 0)
+
+
 def test_backward_only_some_inputs(backend, device, poison):
     """Gradients asked for some inputs only: the others stay None; a weight-only backward."""
     x, r, w = rand((4, 32), torch.bfloat16, device), rand((4, 32), torch.bfloat16, device), \
