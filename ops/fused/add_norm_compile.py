@@ -18,6 +18,14 @@ SoC's vector-core count, on the calls of :func:`add_norm_layouts`:
 * every one of them in the persistent loop (more row tiles than vector cores, as the npu
   backend launches); the autograd forward also with a few row tiles (one program each) and
   with 64-bit row offsets (rows x N past 2**31), once per code path.
+
+The backward (``add_norm_bwd_kernel``, then ``part_sum_kernel`` for d(w)/d(b)): each rule with
+``"pass": "backward"`` (and ``BWD_DEFAULT`` where none takes a class), planned by ``BwdPlan`` with
+the SoC's cores, at the widest one-chunk row the entry serves and at a chunked row where its
+range has one: every gradient from the saved sum and the sum's gradient (the most live tiles);
+x + residual recomputed, d(residual) in fp32 of an fp32 residual, no sum gradient; d(x) alone
+(no d(w)/d(b), no partials); the full form with 64-bit offsets; ``part_sum_kernel`` after the
+full form, with the parameters in the activations' dtype and in fp32.
 """
 
 from __future__ import annotations
@@ -39,8 +47,7 @@ def add_norm_entries(op: Any, target: CompileTarget) -> list[Entry]:
     from xkernels.ops.fused.add_norm_plan import DEFAULT
 
     classes = [{"norm": op.kind, "dtype": d} for d in AN_DTYPES]
-    # the backward's rules ("pass": "backward") choose the backward's route, not a forward kernel:
-    # the backward kernel is not planned by this check yet (docs/npu-offline-compile.md)
+    # the backward's rules ("pass": "backward") are planned by _backward_cases
     return rule_entries(target, TABLE, op.name, classes, SHAPE_FIELDS, DEFAULT,
                         keep=lambda when: when.get("pass") != "backward")
 
@@ -85,6 +92,72 @@ def add_norm_layouts(op: Any, target: CompileTarget, cfg: dict[str, Any], shape_
 
 
 def add_norm_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
+    yield from _forward_cases(op, target)
+    yield from _backward_cases(op, target)
+
+
+def _backward_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
+    from xkernels.ops.fused import add_norm_kernels as K
+    from xkernels.ops.fused.add_norm_bwd import BWD_DEFAULT, BwdPlan
+
+    layer = op.kind == "layer"
+    classes = [{"pass": "backward", "norm": op.kind, "dtype": d} for d in AN_DTYPES]
+    entries = rule_entries(target, TABLE, op.name, classes, SHAPE_FIELDS, BWD_DEFAULT,
+                           keep=lambda when: when.get("pass") == "backward")
+    dev = torch.device("meta")
+    for entry in entries:
+        if entry.config.get("backward", "kernel") != "kernel":
+            continue
+        bm = max(1, int(entry.config["BLOCK_M"]))
+        many = dim("rows", bm * (2 * target.backend.max_programs("vector") + 1), entry.shape_when)
+        one, chunked = _widths(entry.config, entry.shape_when)
+        for cls in entry.classes:
+            dtype = getattr(torch, cls["dtype"])
+            forms = [("d(x, w, b) from s, with d(s)", dict(HAS_S=True, HAS_RES=False, HAS_DS=True, STORE_X=True,
+                                                          STORE_R=False, NEED_DW=True, NEED_DB=layer)),
+                     ("x + r recomputed, d(r) fp32, no d(s)", dict(HAS_S=False, HAS_RES=True, HAS_DS=False,
+                                                                   STORE_X=True, STORE_R=True, NEED_DW=True,
+                                                                   NEED_DB=layer)),
+                     ("d(x) only", dict(HAS_S=True, HAS_RES=False, HAS_DS=True, STORE_X=True, STORE_R=False,
+                                        NEED_DW=False, NEED_DB=False))]
+            for width, path in ((one, "one pass"), (chunked, "chunked")):
+                if width is None:
+                    continue
+                big = dim("rows", 2**31 // width + 2 * bm, entry.shape_when)
+                for i, (what, flags) in enumerate(forms + [(forms[0][0] + ", rows x N past 2**31", forms[0][1])]):
+                    rows = big if i == len(forms) else many
+                    shape = torch.Size((rows, width))
+                    strides = {k: width for k in ("s", "x", "residual", "dy", "ds", "dx", "dr")}
+                    plan = BwdPlan(target.backend, dev, op.kind, shape, dtype, strides,
+                                   dict(flags, HAS_W=True), dict(entry.config), entry.where)
+                    t = lambda dt=dtype: meta((rows, width), dt)  # noqa: E731
+                    part = meta((plan.programs, plan.n_part, width), torch.float32) if plan.n_part else None
+                    f = meta((4,), torch.float32)
+                    args = (t() if flags["HAS_S"] else f, t() if flags["HAS_RES"] else f,
+                            t(torch.float32) if flags["HAS_RES"] else f, t(), t() if flags["HAS_DS"] else f,
+                            meta((width,), dtype), meta((rows,), torch.float32) if layer else f,
+                            meta((rows,), torch.float32), t(), t(torch.float32) if flags["STORE_R"] else f,
+                            f if part is None else part, *plan.tail, 0.0, plan.db_at, plan.n_part * width,
+                            plan.tiles, plan.programs)
+                    c = plan.constexprs
+                    tags = "".join(f" {k.lower()}" for k in ("ONE_CHUNK", "INDEX_64") if c[k])
+                    label = f"{path}, {what}"
+                    yield target.case(op.name, K.add_norm_bwd_kernel, args, c, cls["dtype"],
+                                      f"backward {c['BLOCK_M']}x{c['BLOCK_N']} programs {plan.programs}{tags}|"
+                                      f"{label}|{entry.where}")
+                    if i != 0 or part is None:
+                        continue
+                    for pdt in dict.fromkeys((dtype, torch.float32)):
+                        launcher, _, (blocks, nprog) = plan.summer(pdt, pdt if layer else None)
+                        gw, gb = meta((width,), pdt), meta((width,), pdt) if layer else part
+                        sargs = (part, gw, gb, plan.programs, width, plan.db_at, plan.n_part * width, blocks, nprog)
+                        sc = launcher.constexprs
+                        yield target.case(op.name, K.part_sum_kernel, sargs, sc, cls["dtype"],
+                                          f"part sum {sc['BLOCK_P']}x{sc['BLOCK_N']} programs {nprog}|"
+                                          f"{label}, parameters {str(pdt).removeprefix('torch.')}|{entry.where}")
+
+
+def _forward_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
     for entry in add_norm_entries(op, target):
         for cls in entry.classes:
             dtype = getattr(torch, cls["dtype"])

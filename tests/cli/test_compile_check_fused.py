@@ -24,19 +24,19 @@ def _table(name: str) -> dict:
     return json.loads((ROOT / "ops" / "tuning" / "npu" / f"{name}.json").read_text())
 
 
-def _where(soc: str, table: str) -> set[str]:
-    """Every shipped forward rule of ``table`` an SoC reads, as the case labels name it (rules with
-    ``"pass": "backward"`` choose the backward's route: not planned by this check yet)."""
+def _where(soc: str, table: str, backward: bool = False) -> set[str]:
+    """Every shipped forward rule of ``table`` an SoC reads (``backward``: every rule with
+    ``"pass": "backward"``), as the case labels name it."""
     archs = _table(table)["archs"]
     return {f"{table}.json [{k}] rule {i}" for k in npu.table_keys(soc) for i, r in enumerate(archs.get(k, ()))
-            if r.get("when", {}).get("pass") != "backward"}
+            if (r.get("when", {}).get("pass") == "backward") == backward}
 
 
 @pytest.mark.parametrize("soc", [A2, A3, A5])
 def test_add_norm_cases_cover_every_entry_dtype_and_variant(soc):
     cases, notes = collect([soc], ["add_layer_norm", "add_rms_norm"])
     assert notes == []
-    assert all(c.kernel is add_norm_kernels.add_norm_kernel for c in cases)
+    cases = [c for c in cases if c.kernel is add_norm_kernels.add_norm_kernel]
     for op, rms in (("add_layer_norm", False), ("add_rms_norm", True)):
         mine = [c for c in cases if c.op == op]
         assert all(c.constants["RMS"] is rms for c in mine)
@@ -58,9 +58,38 @@ def test_add_norm_cases_cover_every_entry_dtype_and_variant(soc):
     assert full.signature["eps"] == full.signature["offset"] == "fp32"
 
 
+@pytest.mark.parametrize("soc", [A2, A5])
+def test_add_norm_backward_cases_cover_every_rule_form_and_parameter_sum(soc):
+    """The backward kernel per ``"pass": "backward"`` rule, dtype and form (every gradient from
+    the saved sum; recomputed sum with an fp32 d(residual); d(x) alone; 64-bit offsets; chunked
+    rows where the rule's range has them), each full form followed by ``part_sum_kernel`` for
+    parameters in the activations' dtype and in fp32, planned with the SoC's cores."""
+    cases, _ = collect([soc], ["add_layer_norm", "add_rms_norm"])
+    bwd = [c for c in cases if c.kernel is add_norm_kernels.add_norm_bwd_kernel]
+    sums = [c for c in cases if c.kernel is add_norm_kernels.part_sum_kernel]
+    assert bwd and sums and len(bwd) + len(sums) + sum(
+        c.kernel is add_norm_kernels.add_norm_kernel for c in cases) == len(cases)
+    for op, rms in (("add_layer_norm", False), ("add_rms_norm", True)):
+        mine = [c for c in bwd if c.op == op]
+        assert {c.config.rsplit("|", 1)[1] for c in mine} == _where(soc, "add_norm", backward=True), op
+        for dtype in ("float16", "bfloat16", "float32"):
+            got = [c.constants for c in mine if c.dtype == dtype]
+            for flag in ("HAS_S", "HAS_RES", "HAS_DS", "STORE_R", "NEED_DW", "ONE_CHUNK", "INDEX_64"):
+                assert {k[flag] for k in got} == {True, False}, (op, dtype, flag)
+            assert {k["NEED_DB"] for k in got} == ({False} if rms else {True, False}), (op, dtype)
+            assert all(k["RMS"] is rms for k in got)
+            params = {(c.signature["dw_ptr"], c.constants["NEED_DB"]) for c in sums if c.op == op and c.dtype == dtype}
+            want_dw = {"*fp32", {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}[dtype]}
+            assert {p for p, _ in params} == want_dw and {b for _, b in params} == {not rms}, (op, dtype, params)
+    assert all(c.constants["BLOCK_P"] * c.constants["BLOCK_N"] <= 2048 for c in sums)
+
+
 def test_add_norm_a5_reads_its_own_larger_tiles():
-    a5 = {(c.dtype, c.constants["BLOCK_M"] * c.constants["BLOCK_N"]) for c in collect_cases([A5], ["add_rms_norm"])}
-    a2 = {(c.dtype, c.constants["BLOCK_M"] * c.constants["BLOCK_N"]) for c in collect_cases([A2], ["add_rms_norm"])}
+    def tiles(soc):
+        return {(c.dtype, c.constants["BLOCK_M"] * c.constants["BLOCK_N"]) for c in collect_cases([soc], ["add_rms_norm"])
+                if c.kernel is add_norm_kernels.add_norm_kernel}
+
+    a5, a2 = tiles(A5), tiles(A2)
     assert max(n for d, n in a5 if d == "float16") == 2 * max(n for d, n in a2 if d == "float16") == 8192
     assert max(n for d, n in a5 if d == "float32") == 2 * max(n for d, n in a2 if d == "float32") == 4096
 

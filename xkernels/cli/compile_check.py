@@ -51,6 +51,9 @@ class _Geometry(npu_backend.NpuBackend):
     def max_programs(self, unit: Any = "vector", device: Any = None) -> int:
         return min(self.cores[0] if unit == "cube" else self.cores[1], npu_backend.MAX_GRID)
 
+    def compute_units(self, device: Any = None) -> int:
+        return self.cores[0]  # AI cores, as the backend's properties() reads them from the driver
+
     def arch(self, device: Any = None) -> str:
         return self.soc
 
