@@ -132,15 +132,12 @@ class GatedPlan(Plan):
         gemms = ("one F.linear against the concatenated gate_up weight" if call.concatenated
                  else "two F.linear (gate, up)")
         self.variant = f"{gemms} (the device's BLAS), then act(gate) * up in one Triton pass ({call.activation})"
-        bm, bn = min(GATE_BLOCK[0], next_pow2(M)), min(GATE_BLOCK[1], next_pow2(N))
-        tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
-        programs = backend.programs(tiles, "vector", call.device)
+        bm, bn, tiles, programs, options = gate_grid(backend, call.device, M, N)
         g_stride = 2 * N if call.concatenated else N  # F.linear's contiguous (M, 2N) or (M, N) result
         index64 = max(M * g_stride, M * N) + 2**16 > INT32_MAX
         self.gate_dims = (M, N, tiles, programs, g_stride, 1, g_stride, 1, N, 1)
         constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[call.activation], PERSISTENT=programs < tiles,
                           INDEX_64=index64)
-        options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
         self.jit_fn, self.constexprs = GK.gate_kernel, constexprs
         self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
                                  backend.fast_launch, varying=(0, 1, 2))
@@ -283,6 +280,16 @@ GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _GRAD_PLANS_MAX = 64
 
 
+def gate_grid(backend: Backend, device: Any, M: int, N: int) -> tuple[int, int, int, int, dict[str, Any]]:
+    """The element-wise tiles of ``gate_kernel`` and ``gate_grad_kernel`` over an (M, N) result:
+    ``(BLOCK_M, BLOCK_N, tiles, programs, launch options)``, up to ``GATE_BLOCK`` per tile, the
+    backend's vector grid (persistent where it caps the tiles)."""
+    bm, bn = min(GATE_BLOCK[0], next_pow2(M)), min(GATE_BLOCK[1], next_pow2(N))
+    tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
+    options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
+    return bm, bn, tiles, backend.programs(tiles, "vector", device), options
+
+
 class GateGradPlan:
     """The launch of ``gate_grad_kernel`` for one (M, N), dtype, activation and set of strides on
     one backend and device: ``gate_kernel``'s tiles and grid (element-wise, up to 256 columns)."""
@@ -291,13 +298,10 @@ class GateGradPlan:
                  strides: tuple[int, ...]) -> None:
         from xkernels.ops.fused import gated_linear_kernels as GK
 
-        bm, bn = min(GATE_BLOCK[0], next_pow2(M)), min(GATE_BLOCK[1], next_pow2(N))
-        tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
-        programs = backend.programs(tiles, "vector", device)
+        bm, bn, tiles, programs, options = gate_grid(backend, device, M, N)
         spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 10, 2)]
         self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation], PERSISTENT=programs < tiles,
                                INDEX_64=max(spans) + 2**16 > INT32_MAX)
-        options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
         self.jit_fn = GK.gate_grad_kernel
         self.launcher = Launcher(backend.kernel(GK.gate_grad_kernel), (programs,), self.constexprs, options,
                                  backend.fast_launch, varying=(0, 1, 2, 3, 4))
