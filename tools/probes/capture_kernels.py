@@ -9,8 +9,8 @@ plain capture holds a materialized attention mask and a masked SDPA kernel (no f
 every layer, plus the mask's construction, and those kernels make up the difference; the
 bench's capture holds the eager call's kernels, its total within a few percent of eager's.
 
-    python tools/probes/capture_kernels.py [--model bert-base] [--batch B --seq S] [--pass forward|step] [--plain]
-        [--patch] [--top 15]
+    python tools/probes/capture_kernels.py [--model bert-base|config.json] [--batch B --seq S]
+        [--pass forward|step] [--plain] [--patch] [--top 15]
 
 Prints, per variant (eager, graph; plain graph with ``--plain``): the total device time of the
 call's kernels, the kernel count, and the top kernels by device time (torch.profiler); then
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="bert-base")
+    ap.add_argument("--model", default="bert-base", help="a zoo model, or a transformers config.json path")
     ap.add_argument("--pass", dest="which", choices=["forward", "step"], default="forward")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--plain", action="store_true", help="also the capture of the bare model call")
@@ -49,8 +49,14 @@ def main() -> int:
         print("needs a CUDA device", file=sys.stderr)
         return 2
     dev = torch.device("cuda")
-    built = model_zoo.build(model_zoo.zoo_config(args.model, "base"), f"--model {args.model}",
-                            getattr(torch, args.dtype), dev, batch=args.batch, seq=args.seq, zoo_name=args.model)
+    if args.model.endswith(".json"):  # a transformers config.json, as bench --model-config takes it
+        from xkernels.cli import bench_models
+
+        spec = bench_models.file_spec(args.model)
+        built = model_zoo.build(spec.data, spec.source, getattr(torch, args.dtype), dev, args.batch, args.seq, None, 0)
+    else:
+        built = model_zoo.build(model_zoo.zoo_config(args.model, "base"), f"--model {args.model}",
+                                getattr(torch, args.dtype), dev, batch=args.batch, seq=args.seq, zoo_name=args.model)
     model, inputs = built.model, built.inputs
     if args.patch:
         import xkernels
