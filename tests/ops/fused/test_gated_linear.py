@@ -368,9 +368,9 @@ def test_npu_table_fits_l0c():
 
 
 def test_cuda_routes_by_the_measured_rules():
-    """sm90: the fused kernel inside the sweep's envelope up to 128 tokens (the pointer kernel to 8,
-    the TMA kernel from 9), the vendor route from 129 tokens and wherever nothing was measured
-    (fp16, biases, relu, another width)."""
+    """sm90: the fused kernel inside the sweeps' envelope up to 64 tokens, bf16 and fp16 (the
+    pointer kernel to 16, the TMA kernel from 17), the vendor route from 65 tokens and wherever
+    nothing was measured (biases, relu, another width)."""
     from xkernels.backends.cuda import CudaBackend
 
     class _H100(CudaBackend):
@@ -388,14 +388,19 @@ def test_cuda_routes_by_the_measured_rules():
     plan = gated_linear.make_plan(call, _H100())
     assert plan.vendor and plan.route == "vendor BLAS + gate kernel" and "gated_linear.json [default]" in plan.source
     assert "no measurement" in plan.why
-    for m, tma in ((1, False), (8, False), (9, True), (128, True)):
+    half = lambda *s: torch.empty(s, dtype=torch.float16, device="meta")  # noqa: E731
+    for m, tma in ((1, False), (16, False), (17, True), (64, True)):
         for act in ("silu", "gelu_tanh"):
-            for w in ((meta(14336, 4096), meta(14336, 4096)), (meta(2 * 8192, 3072),)):
-                k = w[0].shape[1]
-                fused = gated_linear.make_plan(gated_linear.check(meta(m, k), *w, activation=act), _H100())
-                assert not fused.vendor and (fused.tma is not None) == tma, (m, act, fused.config)
-                assert fused.measured and "gated_linear.json [sm90]" in fused.source, fused.source
-    unmeasured = [(meta(129, 4096), meta(14336, 4096), meta(14336, 4096)),
+            for t in (meta, half):
+                for w in ((t(14336, 4096), t(14336, 4096)), (t(2 * 8192, 3072),)):
+                    k = w[0].shape[1]
+                    fused = gated_linear.make_plan(gated_linear.check(t(m, k), *w, activation=act), _H100())
+                    assert not fused.vendor and (fused.tma is not None) == tma, (m, act, fused.config)
+                    assert fused.measured and "gated_linear.json [sm90]" in fused.source, fused.source
+    # 65-128 tokens: the H200 measured the vendor route ahead there (results/2026-11-28-h200-gated-linear-decode)
+    unmeasured = [(meta(65, 4096), meta(14336, 4096), meta(14336, 4096)),
+                  (meta(128, 4096), meta(14336, 4096), meta(14336, 4096)),
+                  (meta(129, 4096), meta(14336, 4096), meta(14336, 4096)),
                   (meta(16, 4096), meta(14336, 4096), meta(14336, 4096), meta(14336), meta(14336)),
                   (meta(16, 4096), meta(4096, 4096), meta(4096, 4096)),
                   (meta(16, 8192), meta(14336, 8192), meta(14336, 8192))]
@@ -403,9 +408,8 @@ def test_cuda_routes_by_the_measured_rules():
         assert gated_linear.make_plan(gated_linear.check(*args), _H100()).vendor, [a.shape for a in args]
     assert gated_linear.make_plan(gated_linear.check(meta(16, 4096), meta(14336, 4096), meta(14336, 4096),
                                                      activation="relu"), _H100()).vendor
-    half = lambda *s: torch.empty(s, dtype=torch.float16, device="meta")  # noqa: E731
-    assert gated_linear.make_plan(gated_linear.check(half(16, 4096), half(14336, 4096), half(14336, 4096)),
-                                  _H100()).vendor
+    assert gated_linear.make_plan(gated_linear.check(half(16, 4096), half(14336, 4096), half(14336, 4096),
+                                                     half(14336), half(14336)), _H100()).vendor  # biases: unmeasured
     with tuning.force({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "TMA": True}):
         tma = gated_linear.make_plan(call, _H100())
         pointer = gated_linear.make_plan(gated_linear.check(meta(2048, 4095)[:, :4094], meta(64, 4094)), _H100())
