@@ -126,14 +126,10 @@ def model_ab(name, rounds, batch=None, seq=None):
         runners["two linears"] = model_runs.make_runner("cudagraph", built.model, built.inputs, target)
     finally:
         feed_forward.plan_for = real
-    per = {k: [] for k in runners}
-    for r in range(rounds):
-        for k in list(runners) if r % 2 == 0 else list(runners)[::-1]:
-            per[k].append(bm._time(runners[k], target, bm.MODEL_SETTINGS)["forward+backward"][0])
+    out = bm.interleaved_device_ms(runners, target, rounds)
     for runner in runners.values():
         runner.release()
     report.undo()
-    out = {k: (statistics.median(v), min(v), max(v)) for k, v in per.items()}
     base = out["two linears"][0]
     print(f"\n{name} ({built.tokens} tokens), patched, CUDA graphs, training step device ms:")
     for k, (med, lo, hi) in out.items():

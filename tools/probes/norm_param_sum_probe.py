@@ -125,14 +125,10 @@ def model_ab(name, rounds):
         runners["aten sum + casts"] = model_runs.make_runner("cudagraph", built.model, built.inputs, target)
     runners["part_sum_kernel"] = model_runs.make_runner("cudagraph", built.model, built.inputs, target)
     launches = {k: kernel_counts(r) for k, r in runners.items()}  # the A/B is real: each replay's kernels
-    per = {k: [] for k in runners}
-    for i in range(rounds):
-        for k in list(runners) if i % 2 == 0 else list(runners)[::-1]:
-            per[k].append(bm._time(runners[k], target, bm.MODEL_SETTINGS)["forward+backward"][0])
+    out = bm.interleaved_device_ms(runners, target, rounds)
     for runner in runners.values():
         runner.release()
     report.undo()
-    out = {k: (statistics.median(v), min(v), max(v)) for k, v in per.items()}
     base = out["aten sum + casts"][0]
     print(f"\n{name} ({built.tokens} tokens), patched, CUDA graphs, training step device ms:")
     for k, (med, lo, hi) in out.items():

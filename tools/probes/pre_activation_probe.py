@@ -140,14 +140,10 @@ def model_ab(name, rounds):
                                                                               target)
     finally:
         pre_activation.plan_for = real
-    per = {k: [] for k in runners}
-    for r in range(rounds):
-        for k in list(runners) if r % 2 == 0 else list(runners)[::-1]:
-            per[k].append(bm._time(runners[k], target, bm.MODEL_SETTINGS)["forward+backward"][0])
+    out = bm.interleaved_device_ms(runners, target, rounds)
     for runner in runners.values():
         runner.release()
     report.undo()
-    out = {k: (statistics.median(v), min(v), max(v)) for k, v in per.items()}
     base = out["split forward (linear, torch act)"][0]
     print(f"\n{name} ({built.tokens} tokens), patched, CUDA graphs, training step device ms:")
     for k, (med, lo, hi) in out.items():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -297,6 +298,18 @@ def _time(runner: Any, target: Target, settings: perf.Settings) -> dict[str, tup
         result[p] = (d.median_ms, host_ms(fn, target, max(settings.min_reps, 1)))
     runner.model.zero_grad(set_to_none=True)
     return result
+
+
+def interleaved_device_ms(runners: dict[str, Any], target: Target, rounds: int,
+                          which: str = "forward+backward") -> dict[str, tuple[float, float, float]]:
+    """Device ms of pass ``which`` (``"forward"`` / ``"forward+backward"``) per runner, timed in
+    ``rounds`` rounds whose order alternates: ``{name: (median, min, max)}`` over the rounds (the
+    probes' A/Bs of one model's ways)."""
+    per: dict[str, list[float]] = {k: [] for k in runners}
+    for i in range(rounds):
+        for k in list(runners) if i % 2 == 0 else list(runners)[::-1]:
+            per[k].append(_time(runners[k], target, MODEL_SETTINGS)[which][0])
+    return {k: (statistics.median(v), min(v), max(v)) for k, v in per.items()}
 
 
 def host_ms(fn: Callable[[], Any], target: Target, reps: int) -> float:
