@@ -268,3 +268,18 @@ def test_grad_deviation_reports_missing_gradients():
     assert bench_models._grad_deviation({"a": torch.tensor([1.5, -4.0]), "b": torch.tensor([-1e-19])}, want) == 0.125
     with pytest.raises(RuntimeError, match=r"no gradient reached 1 parameters \(e.g. a\)"):
         bench_models._grad_deviation({"a": None, "b": torch.tensor([0.0])}, want)
+
+
+def test_interleaved_device_ms_alternates_and_summarises(monkeypatch):
+    """The probes' A/B timer: each round times every runner, in alternating order, and each
+    runner's rounds become (median, min, max) of the pass asked for."""
+    order, times = [], {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 9.0])}
+
+    def fake_time(runner, target, settings):
+        order.append(runner)
+        return {"forward": (0.0, 0.0), "forward+backward": (next(times[runner]), 0.0)}
+
+    monkeypatch.setattr(bench_models, "_time", fake_time)
+    out = bench_models.interleaved_device_ms({"a": "a", "b": "b"}, None, 3)
+    assert order == ["a", "b", "b", "a", "a", "b"]
+    assert out == {"a": (2.0, 1.0, 3.0), "b": (5.0, 4.0, 9.0)}
