@@ -23,7 +23,8 @@ The backward (``add_norm_bwd_kernel``, then ``part_sum_kernel`` for d(w)/d(b)): 
 ``"pass": "backward"`` (and ``BWD_DEFAULT`` where none takes a class), planned by ``BwdPlan`` with
 the SoC's cores, at the widest one-chunk row the entry serves and at a chunked row where its
 range has one: every gradient from the saved sum and the sum's gradient (the most live tiles);
-x + residual recomputed, d(residual) in fp32 of an fp32 residual, no sum gradient; d(x) alone
+x + residual recomputed, no sum gradient (an fp32 sum from a bf16 x and an fp32 residual, so
+d(x) and d(residual) are written apart; a half-precision sum from both in its dtype); d(x) alone
 (no d(w)/d(b), no partials); the full form with 64-bit offsets; ``part_sum_kernel`` after the
 full form, with the parameters in the activations' dtype and in fp32.
 """
@@ -113,11 +114,15 @@ def _backward_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
         one, chunked = _widths(entry.config, entry.shape_when)
         for cls in entry.classes:
             dtype = getattr(torch, cls["dtype"])
+            # a sum's dtype is torch's promotion of x's and the residual's: an fp32 sum may come
+            # from a bf16 x and an fp32 residual (d(x) and d(residual) then written apart)
+            mixed = dtype == torch.float32
+            x_dtype = torch.bfloat16 if mixed else dtype
             forms = [("d(x, w, b) from s, with d(s)", dict(HAS_S=True, HAS_RES=False, HAS_DS=True, STORE_X=True,
                                                           STORE_R=False, NEED_DW=True, NEED_DB=layer)),
-                     ("x + r recomputed, d(r) fp32, no d(s)", dict(HAS_S=False, HAS_RES=True, HAS_DS=False,
-                                                                   STORE_X=True, STORE_R=True, NEED_DW=True,
-                                                                   NEED_DB=layer)),
+                     (f"x + r recomputed{', bf16 x, d(r) fp32' if mixed else ''}, no d(s)",
+                      dict(HAS_S=False, HAS_RES=True, HAS_DS=False, STORE_X=True, STORE_R=mixed, NEED_DW=True,
+                           NEED_DB=layer)),
                      ("d(x) only", dict(HAS_S=True, HAS_RES=False, HAS_DS=True, STORE_X=True, STORE_R=False,
                                         NEED_DW=False, NEED_DB=False))]
             for width, path in ((one, "one pass"), (chunked, "chunked")):
@@ -133,10 +138,11 @@ def _backward_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                     t = lambda dt=dtype: meta((rows, width), dt)  # noqa: E731
                     part = meta((plan.programs, plan.n_part, width), torch.float32) if plan.n_part else None
                     f = meta((4,), torch.float32)
-                    args = (t() if flags["HAS_S"] else f, t() if flags["HAS_RES"] else f,
-                            t(torch.float32) if flags["HAS_RES"] else f, t(), t() if flags["HAS_DS"] else f,
+                    xd = x_dtype if flags["HAS_RES"] else dtype  # d(x) in x's dtype
+                    args = (t() if flags["HAS_S"] else f, t(xd) if flags["HAS_RES"] else f,
+                            t() if flags["HAS_RES"] else f, t(), t() if flags["HAS_DS"] else f,
                             meta((width,), dtype), meta((rows,), torch.float32) if layer else f,
-                            meta((rows,), torch.float32), t(), t(torch.float32) if flags["STORE_R"] else f,
+                            meta((rows,), torch.float32), t(xd), t() if flags["STORE_R"] else f,
                             f if part is None else part, *plan.tail, 0.0, plan.db_at, plan.n_part * width,
                             plan.tiles, plan.programs)
                     c = plan.constexprs

@@ -61,7 +61,8 @@ def test_add_norm_cases_cover_every_entry_dtype_and_variant(soc):
 @pytest.mark.parametrize("soc", [A2, A5])
 def test_add_norm_backward_cases_cover_every_rule_form_and_parameter_sum(soc):
     """The backward kernel per ``"pass": "backward"`` rule, dtype and form (every gradient from
-    the saved sum; recomputed sum with an fp32 d(residual); d(x) alone; 64-bit offsets; chunked
+    the saved sum; the sum recomputed, from a bf16 x and an fp32 residual where the sum is fp32;
+    d(x) alone; 64-bit offsets; chunked
     rows where the rule's range has them), each full form followed by ``part_sum_kernel`` for
     parameters in the activations' dtype and in fp32, planned with the SoC's cores."""
     cases, _ = collect([soc], ["add_layer_norm", "add_rms_norm"])
@@ -74,8 +75,10 @@ def test_add_norm_backward_cases_cover_every_rule_form_and_parameter_sum(soc):
         assert {c.config.rsplit("|", 1)[1] for c in mine} == _where(soc, "add_norm", backward=True), op
         for dtype in ("float16", "bfloat16", "float32"):
             got = [c.constants for c in mine if c.dtype == dtype]
-            for flag in ("HAS_S", "HAS_RES", "HAS_DS", "STORE_R", "NEED_DW", "ONE_CHUNK", "INDEX_64"):
+            for flag in ("HAS_S", "HAS_RES", "HAS_DS", "NEED_DW", "ONE_CHUNK", "INDEX_64"):
                 assert {k[flag] for k in got} == {True, False}, (op, dtype, flag)
+            # d(residual) apart from d(x) only where the sum is fp32 (a bf16 x, an fp32 residual)
+            assert {k["STORE_R"] for k in got} == ({True, False} if dtype == "float32" else {False}), (op, dtype)
             assert {k["NEED_DB"] for k in got} == ({False} if rms else {True, False}), (op, dtype)
             assert all(k["RMS"] is rms for k in got)
             params = {(c.signature["dw_ptr"], c.constants["NEED_DB"]) for c in sums if c.op == op and c.dtype == dtype}
