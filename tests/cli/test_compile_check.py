@@ -37,7 +37,7 @@ def test_shipped_tables_have_no_never_selected_entries():
     cases, notes = collect([A2, A3, A5])
     assert notes == []
     assert {c.op for c in cases} == {"broadcast", "add", "matmul", "linear", "gated_linear", "add_layer_norm",
-                                     "add_rms_norm"}
+                                     "add_rms_norm", "rotary_embedding"}
 
 
 def test_a3_reads_its_family_then_the_a2_rules():
@@ -164,7 +164,7 @@ def test_an_op_joins_by_declaring_compile_cases(monkeypatch):
     from xkernels.ops import op as op_module
 
     assert list(compile_ops()) == ["add", "broadcast", "matmul", "linear", "gated_linear", "add_layer_norm",
-                                   "add_rms_norm"]
+                                   "add_rms_norm", "rotary_embedding"]
     seen: list[CompileTarget] = []
 
     class Toy(op_module.Op):
