@@ -13,7 +13,9 @@ Rules, in order:
    feed-forward chunk), whatever its class is called, gets an equivalent forward on the instance
    that runs the residual add with the norm after it as one pass, the gated MLP as one op, an
    RMSNorm as one kernel, a training step's feed-forward block as one autograd node. The report
-   lists them under ``blocks``.
+   lists them under ``blocks``. An attention module whose forward calls transformers'
+   ``rotate_half``-form ``apply_rotary_pos_emb`` gets its own forward with that call running
+   ``xkernels.ops.rotary_embedding`` (``xkernels/rotary_fusion.py``), reported as ``rotary embedding``.
 1. *Fusions*: in an ``nn.Sequential``, a linear layer directly followed by an activation module;
    in a known module class (``data/patch_patterns.json``: BertIntermediate, GPT2MLP, LlamaMLP,
    ViTMLP, ...), its projection and the activation its forward applies to it. The layer becomes
@@ -37,7 +39,7 @@ from typing import Any
 
 import torch
 
-from xkernels import blocks
+from xkernels import blocks, rotary_fusion
 from xkernels import nn as xnn
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
 from xkernels.patterns import activation_of, loaded, patterns
@@ -186,6 +188,17 @@ def patch(model: torch.nn.Module) -> PatchReport:
                 else FEED_FORWARD_TRAINING if fusion.feed_forward is not None else "")
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, note))
         done.update((id(module), attr) for attr in fusion.consumed)
+    for module in list(model.modules()):  # attention: the rotary embedding's call bound to the fused op
+        found, why = rotary_fusion.fusion_for(module)
+        if not found or any(m is module for m in report._forwards):
+            continue
+        name = names[id(module)] or "(root)"
+        if why:
+            report.left.append(Left(name, type(module).__name__, f"{rotary_fusion.FUSION} not fused: {why}"))
+            continue
+        rotary_fusion.apply(module)
+        report._forwards.append(module)
+        report.blocks.append(FusedBlock(name, type(module).__name__, rotary_fusion.FUSION))
 
     # 1. fusions: (parent, layer slot, activation slot); first those of the feed-forward blocks
     # (whatever their class, the up-projection runs with its activation fused)

@@ -1,0 +1,114 @@
+"""``patch()``'s rotary embedding fusion (xkernels/rotary_fusion.py): attention modules whose
+forward calls transformers' rotate_half-form ``apply_rotary_pos_emb`` run
+``xkernels.ops.rotary_embedding`` (the kernel, forward and backward); other instances and the
+class keep the original; interleaved forms are left and reported; ``undo()`` restores."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import xkernels
+from helpers import assert_model_close, require_transformers
+from xkernels import rotary_fusion
+from xkernels.ops.fused import rotary
+
+LM = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+          vocab_size=64, max_position_embeddings=64)
+#: family -> (config class, model class, config arguments); every one rotates with rotate_half
+ROTATE_HALF = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", LM),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", LM),
+    "gpt_neox (partial)": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(LM, rotary_pct=0.5)),
+    "phi3 (partial)": ("Phi3Config", "Phi3ForCausalLM", dict(LM, pad_token_id=0, partial_rotary_factor=0.5)),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", LM),
+}
+
+
+def _build(tf, spec):
+    cfg_name, model_name, kwargs = spec
+    cfg = getattr(tf, cfg_name)(**kwargs)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return getattr(tf, model_name)(cfg)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts the rotary kernel's launches (forward and backward plans)."""
+    seen = {"forward": 0, "backward": 0}
+    real = rotary.RotaryPlan.run
+
+    def counted(self, call):
+        seen["backward" if call.backward else "forward"] += 1
+        return real(self, call)
+
+    monkeypatch.setattr(rotary.RotaryPlan, "run", counted)
+    return seen
+
+
+def _step(model, ids):
+    model.zero_grad(set_to_none=True)
+    y = model(ids).logits
+    y.double().square().mean().backward()
+    return y.detach(), [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("family", list(ROTATE_HALF))
+def test_attention_runs_the_fused_rotary(backend, device, family, launches):
+    tf = require_transformers()
+    model = _build(tf, ROTATE_HALF[family]).to(device).train()
+    other = copy.deepcopy(model)  # an unpatched instance of the same classes
+    ref64 = copy.deepcopy(model).double()
+    ids = torch.randint(3, 64, (2, 7), device=device)
+    want, want_grads = _step(model, ids)
+    ref, ref_grads = _step(ref64, ids)
+    report = xkernels.patch(model)
+    assert report.counts().get(rotary_fusion.FUSION) == 2, report
+    got, got_grads = _step(model, ids)
+    if backend.runs_triton:
+        assert launches == {"forward": 2, "backward": 2}, launches
+    assert_model_close(got, want, ref)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
+        assert_model_close(g, w, r)
+    before = dict(launches)
+    _step(other, ids)
+    assert launches == before, "an unpatched instance of the same class ran the fused rotary"
+    attn = next(m for m in model.modules() if "forward" in m.__dict__ and rotary_fusion.fusion_for(m)[0])
+    assert type(attn).forward.__globals__[rotary_fusion.NAME] is not attn.forward.__func__.__globals__[
+        rotary_fusion.NAME], "the class's module globals were changed"
+    report.undo()
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    _step(model, ids)
+    assert launches == before, "undo() left the fused rotary in place"
+
+
+def test_interleaved_rotary_is_left_and_reported(backend, device):
+    tf = require_transformers()
+    model = _build(tf, ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
+                                                               vocab_size=64)))
+    report = xkernels.patch(model)
+    assert rotary_fusion.FUSION not in report.counts()
+    left = [m for m in report.left if rotary_fusion.FUSION in m.reason]
+    assert len(left) == 2 and "not a rotate_half form" in left[0].reason, report
+
+
+def test_other_dtypes_and_shapes_keep_the_original(device):
+    """The fused apply_rotary_pos_emb hands a call the op would compute differently (mixed
+    dtypes: torch's promotion; a full-width form given a narrower cos: the original's error)
+    to the original."""
+    calls = []
+
+    def original(q, k, cos, sin, unsqueeze_dim=1):
+        calls.append(1)
+        return q, k
+
+    full = rotary_fusion.fused_rotary(original, partial=False)
+    q = torch.randn(1, 2, 3, 8, device=device)
+    cos = torch.randn(1, 3, 8, device=device)
+    full(q.bfloat16(), q.bfloat16(), cos, cos)
+    full(q, q, cos[..., :4], cos[..., :4])
+    assert len(calls) == 2

@@ -1,0 +1,168 @@
+"""Rotary embeddings for ``xkernels.patch``: an attention module whose forward calls its modeling
+module's ``apply_rotary_pos_emb`` gets the same forward with that one name bound to
+``xkernels.ops.rotary_embedding`` (q and k in one kernel launch instead of about fourteen
+PyTorch ops).
+
+Detection is by behaviour, as for the block fusions: the function the forward's global
+``apply_rotary_pos_emb`` names, and the ``rotate_half`` beside it, must be, statement for
+statement, one of transformers' ``rotate_half`` forms below (Llama's, shared by 118 families in
+transformers 5.23: Mistral, Qwen2/3, Gemma, ...; GPT-NeoX's and Phi-3's partial rotary; Olmo's,
+which casts back to q's dtype), and the forward must call it by that name. Interleaved forms
+(GPT-J, Cohere, GLM) and any other are left as they are, and reported.
+
+The instance's new forward is the class's own code object with a copy of its module's globals in
+which ``apply_rotary_pos_emb`` is ``fused_rotary(original)``: nothing else changes, and the class
+and every other instance keep the original. ``fused_rotary`` runs the op where q, k, cos and sin
+share one dtype and device and the shapes are the form's own (a full-width form with a narrower
+``cos`` keeps the original, which raises what it raises); while ``torch.compile`` traces, the
+original (Inductor fuses it). ``PatchReport.undo()`` removes the forward.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+import types
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+
+from xkernels.blocks import canonical
+from xkernels.ops import rotary_embedding
+from xkernels.ops.op import _is_compiling
+
+NAME = "apply_rotary_pos_emb"
+FUSION = "rotary embedding"
+
+# -- the originals, as read in transformers 5.23 (docstrings and comments aside) --------------------
+ROTATE_HALF = '''
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+'''
+
+LLAMA = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+'''
+
+OLMO = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    q_type, k_type = q.dtype, k.dtype
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed.to(q_type), k_embed.to(k_type)
+'''
+
+GPT_NEOX = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
+    q_embed = torch.cat([q_embed, q_pass], dim=-1)
+    k_embed = torch.cat([k_embed, k_pass], dim=-1)
+    return q_embed, k_embed
+'''
+
+PHI3 = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)
+    k_embed = torch.cat([(k_rot * cos) + (rotate_half(k_rot) * sin), k_pass], dim=-1)
+    return q_embed, k_embed
+'''
+
+#: canonical source -> whether the form rotates part of the head dim (cos narrower than q)
+FORMS = {LLAMA: False, OLMO: False, GPT_NEOX: True, PHI3: True}
+
+
+@cache
+def _forms() -> dict[str, bool]:
+    return {canonical(src): partial for src, partial in FORMS.items()}
+
+
+def _calls(fn: Any, name: str) -> bool:
+    """Whether ``fn``'s source calls the global ``name``."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(tree))
+
+
+@cache
+def _class_form(cls: type) -> tuple[bool | None, str | None]:
+    """``(partial, None)``: the class's forward calls a known form; ``(None, why not)``: it calls
+    an ``apply_rotary_pos_emb`` xkernels does not fuse; ``(None, None)``: no rotary call at all."""
+    fn = cls.__dict__.get("forward") or getattr(cls, "forward", None)
+    if not isinstance(fn, types.FunctionType) or NAME not in fn.__code__.co_names:
+        return None, None
+    if not _calls(fn, NAME):
+        return None, None
+    if hasattr(fn, "__wrapped__"):
+        return None, "its forward is wrapped by a decorator"
+    target = fn.__globals__.get(NAME)
+    if target is None or not callable(target):
+        return None, f"{NAME} is not a function in {fn.__module__}"
+    partial = _forms().get(canonical(target))
+    if partial is None:
+        return None, f"{fn.__module__}.{NAME} is not a rotate_half form xkernels fuses (e.g. an interleaved rotary)"
+    if canonical(fn.__globals__.get("rotate_half")) != canonical(ROTATE_HALF):
+        return None, f"{fn.__module__}.rotate_half is not transformers' rotate_half"
+    return partial, None
+
+
+def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
+    """``(True, None)``: ``module`` takes the rotary fusion; ``(True, why not)``: its forward calls
+    a rotary embedding it cannot take; ``(False, None)``: no rotary embedding in its forward."""
+    partial, why = _class_form(type(module))
+    if partial is None:
+        return why is not None, why
+    if "forward" in module.__dict__:
+        return True, "its forward is already replaced on the instance"
+    return True, None
+
+
+def fused_rotary(original: Callable[..., Any], partial: bool) -> Callable[..., Any]:
+    """``apply_rotary_pos_emb`` running ``xkernels.ops.rotary_embedding`` where the call is the
+    form's own with one dtype and device, else ``original``."""
+
+    def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
+        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+                or not q.dtype == k.dtype == cos.dtype == sin.dtype
+                or not (partial or cos.shape[-1] == q.shape[-1] == k.shape[-1])):
+            return original(q, k, cos, sin, unsqueeze_dim)
+        return rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def apply(module: torch.nn.Module) -> None:
+    """Give ``module`` its class's forward with ``apply_rotary_pos_emb`` bound to the fused one."""
+    fn = type(module).forward
+    partial, _ = _class_form(type(module))
+    scope = dict(fn.__globals__)
+    scope[NAME] = fused_rotary(fn.__globals__[NAME], bool(partial))
+    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__, new.__doc__ = fn.__qualname__, fn.__doc__
+    module.forward = types.MethodType(new, module)
