@@ -295,6 +295,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("remember_vendor", &remember_vendor, py::arg("tensors"), py::arg("why"))
       .def("remember_route", &remember_route, py::arg("tensors"), py::arg("spec"))
       .def("remove", &remove_override)
+      .def("reinstall", &reinstall_override)
+      .def_property_readonly("installed", [](Override& o) { return bool(o.lib); })
       .def("clear", [](Override& o) {
         std::lock_guard<std::mutex> g(o.lock);
         o.clear();

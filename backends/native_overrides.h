@@ -126,6 +126,7 @@ Key add_key(const at::Tensor& self, const at::Tensor& other, const c10::Scalar& 
 
 struct Override {
   int op = 0;
+  int slot = 0;  // the dispatch key's (slot_of)
   py::object py_fn;  // routing._add / _add_ / _mm / _bmm / _addmm
   std::unique_ptr<torch::Library> lib;
   std::mutex lock;
@@ -429,6 +430,8 @@ struct QuietWarnings : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
+void reinstall_override(const std::shared_ptr<Override>& ov);
+
 // Registers the override of aten overload `name` on dispatch key `key`; the returned handle's
 // `remove()` (or its destruction) restores aten's kernel.
 std::shared_ptr<Override> override_op(const std::string& name, const std::string& key, py::object py_fn) {
@@ -439,24 +442,33 @@ std::shared_ptr<Override> override_op(const std::string& name, const std::string
   const int slot = slot_of(key);
   auto ov = std::make_shared<Override>();
   ov->op = op;
+  ov->slot = slot;
   ov->py_fn = std::move(py_fn);
+  reinstall_override(ov);
+  return ov;
+}
+
+// Registers `ov` (made by override_op, then removed) again, with the signatures it was handed
+// before: an enable() after a disable() (each `with xkernels.enabled():` block) starts with them.
+void reinstall_override(const std::shared_ptr<Override>& ov) {
   {
     std::lock_guard<std::mutex> g(g_over_lock);
-    TORCH_CHECK(!g_over[op][slot], "xkernels native override: ", name, " on ", key, " is registered already");
-    g_over[op][slot] = ov;
+    TORCH_CHECK(!g_over[ov->op][ov->slot] && !ov->lib, "xkernels native override: ", kOpNames[ov->op],
+                " is registered already");
+    g_over[ov->op][ov->slot] = ov;
     changed();
   }
   QuietWarnings quiet;  // "Overriding a previously registered kernel": the point here
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-  ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dispatch_key(slot), __FILE__, __LINE__);
-  if (slot == 0) impl_op<0>(*ov->lib, op);
-  if (slot == 1) impl_op<1>(*ov->lib, op);
-  if (slot == 2) impl_op<2>(*ov->lib, op);
-  return ov;
+  ov->lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", dispatch_key(ov->slot), __FILE__,
+                                             __LINE__);
+  if (ov->slot == 0) impl_op<0>(*ov->lib, ov->op);
+  if (ov->slot == 1) impl_op<1>(*ov->lib, ov->op);
+  if (ov->slot == 2) impl_op<2>(*ov->lib, ov->op);
 }
 
 void remove_override(Override& ov) {
-  ov.lib.reset();  // aten's kernel is in effect again
+  ov.lib.reset();  // aten's kernel is in effect again; the signatures stay for a reinstall
   std::lock_guard<std::mutex> g(g_over_lock);
   for (auto& row : g_over)
     for (auto& o : row)

@@ -7,10 +7,11 @@
 
 How: a ``torch.library.Library("aten", "IMPL")`` per routed aten overload and dispatch key,
 registered when an op is turned on and destroyed (which restores aten's own kernel) when it is
-turned off. The overrides sit on the backend dispatch keys (``CUDA``; ``PrivateUse1`` for npu;
-``CPU`` only when, at the time of the call that turns routing on, a kernel backend that serves
-cpu tensors is forced, e.g. ``use_backend("interpreter")``), i.e. below the Autograd key: aten's
-own derivative formulas record the graph and their backward ops are routed too.
+turned off (a C++ override keeps the signatures it learnt for the next ``enable()``). The
+overrides sit on the backend dispatch keys (``CUDA``; ``PrivateUse1`` for npu; ``CPU`` only when,
+at the time of the call that turns routing on, a kernel backend that serves cpu tensors is
+forced, e.g. ``use_backend("interpreter")``), i.e. below the Autograd key: aten's own derivative
+formulas record the graph and their backward ops are routed too.
 
 Inside an override the xkernels op runs through ``Op.call_no_grad``; a call whose route is the
 aten call itself (``Route.aten_call``: xkernels' vendor-BLAS route) goes to aten's ``.out`` kernel straight away,
@@ -168,16 +169,22 @@ class _NativeOverride:
     calls the Python override. ``_destroy`` restores aten's kernel, as a
     ``torch.library.Library``'s does."""
 
-    def __init__(self, handle: Any, slot: tuple[str, str]) -> None:
-        self.handle, self.slot = handle, slot
+    def __init__(self, handle: Any, slot: tuple[str, str], python_override: Any = None) -> None:
+        self.handle, self.slot, self.python_override = handle, slot, python_override
 
     def _destroy(self) -> None:
         _count_native(self.handle, self.slot)
         self.handle.remove()
+        if self.python_override is not None:  # kept with its signatures for the next enable()
+            _parked[self.slot] = (self.handle, self.python_override)
 
 
 #: (aten overload, dispatch key) -> the native override's handle, while registered
 _natives: dict[tuple[str, str], Any] = {}
+#: the same, for the overrides removed by a disable() (or the end of an ``enabled()`` block): the
+#: next enable() registers them again with the signatures they learnt, so a block entered per
+#: step does not send each step's first call of every signature back to Python
+_parked: dict[tuple[str, str], tuple[Any, Any]] = {}  # -> (handle, the Python override it calls)
 NATIVE_KEYS = ("CUDA", "CPU")  # launch records (CUDA), the interpreters' Python launches (CPU: CI runs it)
 
 
@@ -190,15 +197,24 @@ def _native_override(name: str, key: str) -> Any:
         if mod is None:
             native.module()  # a later enable() finds it built
         return None
-    handle = mod.override_composite(name, key) if name in NATIVE_ONLY else mod.override_op(name, key, _OVERRIDES[name])
+    python_override = None
+    if name in NATIVE_ONLY:
+        handle = mod.override_composite(name, key)
+    else:
+        python_override = _OVERRIDES[name]
+        handle, fn = _parked.pop((name, key), (None, None))
+        if handle is not None and fn is python_override:
+            handle.reinstall()
+        else:
+            handle = mod.override_op(name, key, python_override)
     _natives[(name, key)] = handle
-    return _NativeOverride(handle, (name, key))
+    return _NativeOverride(handle, (name, key), python_override)
 
 
 def _forget_native() -> None:
     """A plugin registered (its tables may change routes): the C++ overrides forget the
     signatures they were handed, as the ops forget their routes."""
-    for handle in list(_natives.values()):
+    for handle in [*_natives.values(), *(h for h, _ in _parked.values())]:
         handle.clear()
 
 

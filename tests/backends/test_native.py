@@ -294,6 +294,7 @@ def routed_add(ext, monkeypatch):
     from xkernels.ops.elementwise.add import add as add_op
 
     device, key = _routed_device(monkeypatch)
+    monkeypatch.setattr(routing, "_parked", {})  # no signatures kept from another test's overrides
     add_op._forget()
     routing._ADD_SIGNATURES.clear()
     seen = []
@@ -486,12 +487,19 @@ def test_native_add_override_removed_and_registered_again(routed_add):
     xkernels.disable()
     assert routing._natives == {} and routing.enabled_ops() == {}
     assert torch.equal(x + y, torch.ops.aten.add.out(x, y, out=torch.empty(8, device=device)))  # aten's kernel
-    xkernels.enable(ops=["add"])  # registers again (the C++ slot was freed), with an empty table
+    xkernels.enable(ops=["add"])  # registers the same override again (the C++ slot was freed), its table kept
     assert isinstance(routing._libraries[("add.Tensor", key)], routing._NativeOverride)
     n = len(seen)
     for _ in range(3):
         torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
-    assert len(seen) == n + 1, "the Python repeat did not teach the new override its signature"
+    assert len(seen) == n, "the override registered again went back to Python for a signature it had learnt"
+    # a plugin registering while the override is removed: the kept table is cleared too
+    xkernels.disable()
+    routing._forget_native()
+    xkernels.enable(ops=["add"])
+    for _ in range(3):
+        torch.testing.assert_close(x + y, (x.double() + y.double()).float(), rtol=0, atol=0)
+    assert len(seen) == n + 1, "the Python repeat did not teach the cleared override its signature"
 
 
 def test_a_threads_view_of_the_overrides_follows_every_change(routed_add):
@@ -535,8 +543,11 @@ def test_a_threads_view_of_the_overrides_follows_every_change(routed_add):
         assert on_worker(3) == learned + 1
         xkernels.disable()
         on_worker(2)  # aten's own kernel
-        xkernels.enable(ops=["add"])
-        assert on_worker(3) == learned + 2, "the removed override ran from the worker's view"
+        handle, _ = routing._parked[("add.Tensor", key)]
+        assert handle.take_hits() == (0, {}), "the removed override ran from the worker's view"
+        xkernels.enable(ops=["add"])  # the same override again, with the signature it learnt
+        assert on_worker(3) == learned + 1, "the override registered again lost its signatures"
+        assert handle.take_hits()[0] == 3
     finally:
         jobs.put(None)
         t.join(timeout=60)
@@ -552,6 +563,7 @@ def routed_matmul(ext, monkeypatch):
     from xkernels import routing
 
     device, key = _routed_device(monkeypatch)
+    monkeypatch.setattr(routing, "_parked", {})  # no signatures kept from another test's overrides
     seen = []
     real = routing._repeat
     monkeypatch.setattr(routing, "_repeat",  # the user's calls the Python override saw (not re-entrant ones)
