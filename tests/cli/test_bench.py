@@ -198,7 +198,8 @@ def test_host_mode_on_cpu_times_every_form_with_the_launch_stubbed(capsys):
     for form in ("add(x, y)", "add(x, 2.0)", "add(x, y, alpha=2)", "broadcast(x, b)", "broadcast(x, b, out=o)",
                  "matmul(a, b)", "linear(x, w)", "linear(x, w, b)", 'linear(x, w, b, "gelu")',
                  'linear(x, w, bias=b, activation="gelu")', "nn.Linear module (no_grad)", "enabled(): x + y",
-                 "enabled(): x @ w", "enabled(): F.linear(x, w, b)", "Llama MLP"):
+                 "enabled(): x @ w", "enabled(): F.linear(x, w, b)", "Llama MLP",
+                 "Llama attention's rotary embedding"):
         assert rows[form] == "0.00", (form, out)
     # the patched blocks' rows: one full path per add + norm call until add_norm has routes
     for form, norms in (("BERT output block", 1), ("Llama decoder layer (add+norm steps)", 2)):

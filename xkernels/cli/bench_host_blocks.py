@@ -9,13 +9,16 @@ it fuses a transformers model's; transformers itself is not needed):
 * ``Llama decoder layer (add+norm steps)``: Llama's decoder layer with a pass-through attention
   and MLP, so the row holds the layer's own Python, its input RMSNorm, the residual add with the
   post-attention RMSNorm, and the last residual add;
-* ``Llama MLP``: ``down(act(gate(x)) * up(x))``.
+* ``Llama MLP``: ``down(act(gate(x)) * up(x))``;
+* ``Llama attention's rotary embedding``: an attention stand-in whose forward calls this
+  module's ``apply_rotary_pos_emb`` (Llama's, as transformers 5.23 has it) on Llama-3-8B's heads
+  at 16 tokens and returns q and k (``xkernels/rotary_fusion.py`` binds it to the op).
 
 The training rows (:func:`training_forms`) time one forward and backward per call, gradients
 required of the input and the parameters (modules in eval mode: no dropout), as a training step
 runs them: a linear layer as ``xkernels.nn.Linear`` (its training policy decides, as in a patched
 model: on a host-bound GPU, PyTorch's ops from the native table), the same with GELU, the BERT
-output block, and ``F.linear`` under ``enabled()``.
+output block, ``F.linear`` under ``enabled()``, and the rotary embedding (q and k requiring grad).
 
 Sizes: BERT-base's 768 features; a TinyLlama-sized layer (hidden 2048, intermediate 5632) on
 cuda, a small one (256, 704) on the CPU, where the torch column computes and is for scale only.
@@ -112,6 +115,42 @@ class LlamaMLP(torch.nn.Module):
         return down_proj
 
 
+def rotate_half(x):  # type: ignore[no-untyped-def]
+    """Rotates half the hidden dims of the input."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # type: ignore[no-untyped-def]
+    """Llama's (transformers 5.23)."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+class RotaryAttention(torch.nn.Module):
+    """An attention stand-in that only applies the rotary embedding to its q and k."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def _rotary_operands(device: torch.device, dtype: torch.dtype, grad: bool = False) -> tuple[torch.Tensor, ...]:
+    """q, k in transformers' layout (Llama-3-8B's 32 / 8 heads of 128 at 16 tokens), cos, sin."""
+    s, d = 16, 128
+    q = torch.randn(1, s, 32 * d, device=device, dtype=dtype).view(1, s, 32, d).transpose(1, 2)
+    k = torch.randn(1, s, 8 * d, device=device, dtype=dtype).view(1, s, 8, d).transpose(1, 2)
+    f = torch.arange(s, device=device, dtype=torch.float32)[:, None] / 10000 ** (
+        torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    emb = torch.cat((f, f), dim=-1)[None]
+    if grad:
+        q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+    return q, k, emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def _patched(module: torch.nn.Module, fusions: dict[str, int]) -> torch.nn.Module:
     """A patched deep copy of ``module`` (the original stays torch's), checked to hold ``fusions``."""
     twin = copy.deepcopy(module)
@@ -138,10 +177,14 @@ def block_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
     bert_p = _patched(bert, {"residual add + norm (output block)": 1})
     layer_p = _patched(layer, {"residual add + norm (pre-norm decoder layer)": 1, "rms norm": 2})
     mlp_p = _patched(mlp, {"gated mlp": 1})
+    rope = RotaryAttention()
+    rope_p = _patched(rope, {"rotary embedding": 1})
+    qkcs = _rotary_operands(device, dtype)
     return [
         ("BERT output block", lambda: bert_p(bert_x, bert_in), lambda: bert(bert_x, bert_in)),
         ("Llama decoder layer (add+norm steps)", lambda: layer_p(h), lambda: layer(h)),
         ("Llama MLP", lambda: mlp_p(x), lambda: mlp(x)),
+        ("Llama attention's rotary embedding", lambda: rope_p(*qkcs), lambda: rope(*qkcs)),
     ]
 
 
@@ -160,9 +203,18 @@ def training_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
     w, b = r(768, 768, grad=True), r(768, grad=True)
     gelu = torch.nn.functional.gelu
     linear = torch.nn.functional.linear
+    rope = RotaryAttention()
+    rope_p = _patched(rope, {"rotary embedding": 1})
+    q, k, cos, sin = _rotary_operands(device, dtype, grad=True)
+    dq, dk = torch.randn_like(q), torch.randn_like(k)
+
+    def rope_step(module: torch.nn.Module) -> Callable[[], Any]:
+        return lambda: torch.autograd.backward(module(q, k, cos, sin), (dq, dk))
+
     return [
         ("training: nn.Linear module", lambda: lin_x(x).backward(dy), lambda: lin(x).backward(dy)),
         ("training: nn.Linear + GELU", lambda: up_x(x).backward(dy_up), lambda: gelu(up(x)).backward(dy_up)),
         ("training: BERT output block", lambda: bert_p(x, h).backward(dy), lambda: bert(x, h).backward(dy)),
         ("training: enabled(): F.linear", lambda: linear(x, w, b).backward(dy), lambda: linear(x, w, b).backward(dy)),
+        ("training: rotary embedding", rope_step(rope_p), rope_step(rope)),
     ]
