@@ -112,3 +112,6 @@ def test_other_dtypes_and_shapes_keep_the_original(device):
     full(q.bfloat16(), q.bfloat16(), cos, cos)
     full(q, q, cos[..., :4], cos[..., :4])
     assert len(calls) == 2
+    partial = rotary_fusion.fused_rotary(original, partial=True)
+    partial(q, q, cos[None].expand(2, 1, 3, 8), cos[None].expand(2, 1, 3, 8))  # cos would grow q: the op refuses
+    assert len(calls) == 3

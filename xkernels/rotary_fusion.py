@@ -14,8 +14,9 @@ The instance's new forward is the class's own code object with a copy of its mod
 which ``apply_rotary_pos_emb`` is ``fused_rotary(original)``: nothing else changes, and the class
 and every other instance keep the original. ``fused_rotary`` runs the op where q, k, cos and sin
 share one dtype and device and the shapes are the form's own (a full-width form with a narrower
-``cos`` keeps the original, which raises what it raises); while ``torch.compile`` traces, the
-original (Inductor fuses it). ``PatchReport.undo()`` removes the forward.
+``cos`` keeps the original, which raises what it raises); the original runs every call the op's
+checks refuse, and while ``torch.compile`` traces (Inductor fuses it). ``PatchReport.undo()``
+removes the forward.
 """
 
 from __future__ import annotations
@@ -150,7 +151,10 @@ def fused_rotary(original: Callable[..., Any], partial: bool) -> Callable[..., A
                 or not q.dtype == k.dtype == cos.dtype == sin.dtype
                 or not (partial or cos.shape[-1] == q.shape[-1] == k.shape[-1])):
             return original(q, k, cos, sin, unsqueeze_dim)
-        return rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+        try:
+            return rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+        except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
+            return original(q, k, cos, sin, unsqueeze_dim)
 
     apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
