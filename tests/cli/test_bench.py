@@ -119,6 +119,26 @@ def test_interpreter_backend_runs_the_kernel(capsys, tmp_path):
     assert {"BLOCK_M", "BLOCK_N"} <= set(row["config"])
 
 
+def test_rotary_embedding_cases_are_benched(tmp_path, peaks_dir, monkeypatch):
+    """rotary_embedding's bench cases: the model layers in the size classes (forward and
+    forward+backward rows), --fast on the cpu its smallest (Llama-3-8B decode) with both results'
+    bytes counted."""
+    import torch
+
+    picked = bench.select_cases(["rotary_embedding"], [torch.bfloat16], ["small", "medium", "large"], False)
+    layouts = {c.layout for c in picked}
+    assert "Llama-3-8B prefill 1x2048" in layouts and "Llama-3-8B prefill 1x2048, forward+backward" in layouts
+    assert any(c.backward for c in picked) and any(not c.backward for c in picked)
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(peaks_dir))
+    path = tmp_path / "rotary.json"
+    assert bench.main(["--device", "cpu", "--op", "rotary_embedding", "--dtype", "float32", "--fast",
+                       "--json", str(path)]) == 0
+    (row,) = json.loads(path.read_text())["rows"]
+    assert row["op"] == "rotary_embedding" and row["layout"] == "Llama-3-8B decode 64x1"
+    q, k, table = 64 * 32 * 128 * 4, 64 * 8 * 128 * 4, 64 * 128 * 4
+    assert row["bytes"] == 2 * (q + k) + 2 * table and row["time_ms"] > 0 and row["torch_time_ms"] > 0
+
+
 @pytest.mark.parametrize("device", ["npu", "cuda"])
 def test_absent_device_exits_2_with_one_line(device):
     if xkernels.get_backend(device).is_available():

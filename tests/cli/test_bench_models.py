@@ -60,7 +60,7 @@ def test_tiny_llama_patched_on_the_interpreter(tmp_path, capsys):
     for r in rows[2:]:  # q, k, v, o, gate (+ silu), up, down per layer, and the LM head
         assert (r["patch_replaced"], r["patch_fused"], r["patch_left"]) == (11, 0, 0)  # q, k, v, o, down x 2 + lm_head
         assert r["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
-                                "linear": 11}
+                                "rotary embedding": 2, "linear": 11}
         assert r["rounds"] == r["wall_steps"] == 1 and r["wall_round_ms"] == [r["wall_ms"]]  # tiny: one round
     assert "gated mlp 2" in out and "llama            eager     patch        forward " in out
 
@@ -104,7 +104,7 @@ def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
     assert len(rows) == 4 and all(r["model"] == "Qwen2ForCausalLM" and r["layers"] == 2 for r in rows)
     _check_timed(rows, tokens=8)
     assert rows[-1]["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
-                                   "linear": 11}  # Qwen2: q, k, v, o, down x 2 + lm_head
+                                   "rotary embedding": 2, "linear": 11}  # Qwen2: q, k, v, o, down x 2 + lm_head
     assert "Qwen2ForCausalLM (architectures[0] Qwen2ForCausalLM; 2 layers, hidden 64" in out
     vit = _write(tmp_path, "vit.json", {
         "model_type": "vit", "architectures": ["ViTModel"], "hidden_size": 64, "num_hidden_layers": 2,

@@ -49,7 +49,8 @@ def summary(out: str) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("ops, dtypes", [("add,broadcast", "float16,bfloat16,float32,int32,int64"),
                                          ("matmul,linear", "float16,bfloat16,float32"),
-                                         ("add_layer_norm,add_rms_norm", "float16,bfloat16,float32")])
+                                         ("add_layer_norm,add_rms_norm", "float16,bfloat16,float32"),
+                                         ("rotary_embedding", "float16,bfloat16,float32")])
 def test_quick_interpreter_run_passes(capsys, ops, dtypes, tmp_path):
     import xkernels
 
@@ -91,6 +92,27 @@ def test_fused_norm_outputs_are_each_checked(capsys, wrong, needle):
         rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "add_rms_norm", "--dtype", "float32")
     n, _, failed = summary(out)
     assert rc == 1 and failed >= n // 2, out
+    assert needle in out
+
+
+@pytest.mark.parametrize("wrong, needle", [("q", "output 0: "), ("k", "output 1: "), ("sign", "outside tolerance"),
+                                           ("tensor", "not 2 tensors")])
+def test_rotary_outputs_are_each_checked(capsys, wrong, needle):
+    """(q_embed, k_embed) of rotary_embedding: the real op passes on the cpu backend (PyTorch's formula
+    in the dtype); a wrong q_embed, a wrong k_embed, the rotation the other way (the backward's
+    transposed rotation, -sin) or q_embed alone each fail the case."""
+    rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "rotary_embedding")
+    n, passed, failed = summary(out)
+    assert (rc, failed) == (0, 0) and n == passed == len(cases(["rotary_embedding"], None, ["quick"])), out
+
+    def off(q, k, cos, sin, unsqueeze_dim=1):
+        qe, ke = OPS["rotary_embedding"].torch_fn(q, k, cos, -sin if wrong == "sign" else sin, unsqueeze_dim)
+        return {"q": (qe * 1.001, ke), "k": (qe, ke * 1.001), "sign": (qe, ke), "tensor": qe}[wrong]
+
+    with Override("rotary_embedding", "cpu", off):
+        rc, out = run(capsys, "--device", "cpu", "--quick", "--op", "rotary_embedding", "--dtype", "float32")
+    n, _, failed = summary(out)
+    assert rc == 1 and failed >= n - 1, out  # the empty case has nothing to get wrong
     assert needle in out
 
 

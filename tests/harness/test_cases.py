@@ -26,6 +26,9 @@ def layouts(op: str, dtype: torch.dtype, sizes=("quick",)) -> set[str]:
                 "b transposed", "out=", "batched @ 2-D, K=0", "M=0", "batch=0"]),
     ("linear", ["bias + relu", "bias + gelu", "bias + gelu_tanh", "bias + silu", "bias + leaky_relu", "no bias",
                 "1-D x", "weight transposed", "out=", "K=0", "batched x, K=0"]),
+    ("rotary_embedding", ["GQA", "full rotary", "rope_theta 500000", "per sequence (b, s, r)", "decode",
+                          "partial rotary 8 of 32", "head 20", "contiguous (b, h, s, d)", "unsqueeze_dim=2",
+                          "step-sliced", "empty", "promotes"]),
 ])
 def test_quick_layouts(op, needles):
     have = layouts(op, torch.float16)
@@ -50,7 +53,8 @@ def test_quick_is_small_and_big_sizes_are_full_and_bench():
     full = {(c.op, c.shapes[0]) for c in cases(OP_NAMES, [torch.float32], ["full"])}
     for n in (256, 1024, 2048, 4096, 8192):
         for op in OP_NAMES:
-            assert (op, (n, n)) in full
+            if op != "rotary_embedding":  # 4-D q / k of model layers, no square seed sizes
+                assert (op, (n, n)) in full
     assert ("broadcast", (512, 512, 512)) in full and ("add", (1024, 1024, 1024)) in full
     bench = cases(OP_NAMES, [torch.float32], ["small", "medium", "large"])
     assert bench and all("full" in c.sizes and not c.sizes & {"quick"} for c in bench)
@@ -126,3 +130,63 @@ def test_gated_linear_cases_and_reference():
     want = F.silu(F.linear(x, wg, bg)) * F.linear(x, wu, bu)
     torch.testing.assert_close(OPS["gated_linear"].torch_fn(x, wg, wu, bg, bu), want)
     torch.testing.assert_close(OPS["gated_linear"].torch_fn(x, torch.cat([wg, wu]), None, torch.cat([bg, bu])), want)
+
+
+def test_rotary_cases_are_transformers_layouts_with_real_angles():
+    """rotary_embedding's cases: float dtypes only; q / k as transformers lays them out ((b, s, h*d)
+    projections viewed and transposed); cos / sin the cos and sin of real rotary angles (inv_freq
+    = 1 / theta ** (2i / r) at integer positions, the two halves equal), not random; the model
+    layers (Llama-3-8B prefill, batch, decode; Pythia's and Phi-2's partial rotary) in the bench
+    sizes, forward+backward rows for the training shapes."""
+    from xkernels.harness.case import rotary_positions
+    from xkernels.harness.cases import OPS
+
+    assert {c.dtype for c in cases(["rotary_embedding"], None, ["full"])} == {torch.float16, torch.bfloat16,
+                                                                               torch.float32}
+    by_layout = {c.layout: c for c in cases(["rotary_embedding"], [torch.float32], ["full"])}
+    prefill = by_layout["Llama-3-8B prefill 1x2048"]
+    assert prefill.shapes == ((1, 32, 2048, 128), (1, 8, 2048, 128), (1, 2048, 128), (1, 2048, 128))
+    assert prefill.sizes == {"full", "medium"} and "Llama-3-8B prefill 1x2048, forward+backward" in by_layout
+    assert by_layout["Llama-3-8B prefill 1x2048, forward+backward"].backward
+    assert by_layout["Llama-3-8B batch 16x512, positions per sequence"].shapes[::2] == ((16, 32, 512, 128),
+                                                                                         (16, 512, 128))
+    decode = by_layout["Llama-3-8B decode 64x1"]
+    assert decode.shapes[::2] == ((64, 32, 1, 128), (64, 1, 128)) and "small" in decode.sizes
+    assert not any(c.backward and "decode" in c.layout for c in by_layout.values())
+    pythia = next(c for label, c in by_layout.items() if label.startswith("Pythia"))
+    phi = next(c for label, c in by_layout.items() if label.startswith("Phi-2"))
+    assert pythia.shapes[0][1:2] + pythia.shapes[0][3:] == (16, 128) and pythia.shapes[2][-1] == 32
+    assert phi.shapes[0][1:2] + phi.shapes[0][3:] == (32, 80) and phi.shapes[2][-1] == 32
+
+    q, k, cos, sin = by_layout["cos / sin per sequence (b, s, r)"].make_inputs("cpu", 1).args
+    b, h, s, d = q.shape
+    assert q.stride() == (s * h * d, d, h * d, 1)  # (b, s, h*d) viewed (b, s, h, d), transposed
+    assert k.stride() == (s * k.shape[1] * d, d, k.shape[1] * d, 1)
+    torch.testing.assert_close(cos.square() + sin.square(), torch.ones_like(cos))
+    assert torch.equal(cos[..., :d // 2], cos[..., d // 2:]) and torch.equal(sin[..., :d // 2], sin[..., d // 2:])
+    angles = torch.atan2(sin, cos).double()
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, d, 2).double() / d)
+    want = rotary_positions(b, s).double()[..., None] * inv_freq
+    torch.testing.assert_close(torch.remainder(angles[..., :d // 2] - want + math.pi, 2 * math.pi) - math.pi,
+                               torch.zeros_like(want), atol=1e-4, rtol=0)
+    positions = rotary_positions(4, 1)
+    assert positions.shape == (4, 1) and len(set(positions.flatten().tolist())) == 4  # decode: each its own length
+    assert torch.equal(rotary_positions(1, 5), torch.arange(5)[None])  # a prefill from position 0
+    again = by_layout["cos / sin per sequence (b, s, r)"].make_inputs("cpu", 2).args
+    assert torch.equal(again[2], cos) and not torch.equal(again[0], q)  # the tables are fixed, q / k random
+
+    # the reference: transformers' apply_rotary_pos_emb (rotate_half), partial rotary passing the rest on
+    q, k = torch.randn(2, 4, 3, 10, dtype=torch.float64), torch.randn(2, 2, 3, 10, dtype=torch.float64)
+    cos, sin = torch.randn(1, 3, 6, dtype=torch.float64), torch.randn(1, 3, 6, dtype=torch.float64)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., 3:], x[..., :3]), dim=-1)
+
+    c, sn = cos.unsqueeze(1), sin.unsqueeze(1)
+    for got, x in zip(OPS["rotary_embedding"].torch_fn(q, k, cos, sin), (q, k)):
+        head = x[..., :6]
+        torch.testing.assert_close(got, torch.cat((head * c + rotate_half(head) * sn, x[..., 6:]), dim=-1))
+    refs, mags, terms = OPS["rotary_embedding"].reference(torch.float32, q, k, cos, sin)
+    assert terms == 2 and len(refs) == len(mags) == 2
+    assert torch.equal(mags[0][..., 6:], torch.zeros_like(q[..., 6:]))  # the columns passed on are exact
+    torch.testing.assert_close(mags[1][..., :6], k[..., :6].abs() * c.abs() + rotate_half(k[..., :6]).abs() * sn.abs())

@@ -221,6 +221,40 @@ def test_norm_forward_backward_rows(monkeypatch):
     assert row["bytes"] == forward_only + 4 * 6 * 40 * 4 + 2 * 40 * 4 and row["time_ms"] > 0
 
 
+@pytest.mark.uses_interpreter
+def test_rotary_forward_backward_rows():
+    """rotary_embedding's forward+backward rows: q and k are the leaves (not the cos / sin tables,
+    whose grad would send the op to PyTorch's formula), one random gradient per result (k has the kv
+    heads), the kernel's backward on the interpreter matches torch's, and the backward's least
+    traffic is the gradients of the results read and of q and k written, cos and sin read again."""
+    picked = [c for c in cases(["rotary_embedding"], [torch.float32], ["small", "medium", "large"]) if c.backward]
+    assert picked and all(c.layout.endswith("forward+backward") for c in picked)
+    from xkernels.harness.cases import rotary_args
+
+    small = Case("rotary_embedding", rotary_args(torch.float32, 2, 5, 4, 2, 16, 8), "forward+backward",
+                 frozenset({"small"}), backward=True)
+    inputs, grads = perf.with_grads(small.make_inputs("cpu", 0), 0, small.op)
+    q, k, cos, sin = inputs.args
+    assert q.requires_grad and k.requires_grad and not cos.requires_grad and not sin.requires_grad
+    assert [g.shape for g in grads] == [q.shape, k.shape]
+    want = perf.backward_call(perf.OPS["rotary_embedding"].torch_fn)((inputs, grads))
+    with xkernels.use_backend("interpreter"):
+        got = perf.backward_call(xkernels.ops.rotary_embedding)((inputs, grads))
+        assert "triton kernel" in xkernels.ops.rotary_embedding.explain(*inputs.args).route
+    assert len(got) == len(want) == 2
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+    forward = perf.work("rotary_embedding", small.make_inputs("cpu", 0))
+    both = perf.work("rotary_embedding", small.make_inputs("cpu", 0), backward=True)
+    q_bytes, k_bytes, table = 2 * 4 * 5 * 16 * 4, 2 * 2 * 5 * 16 * 4, 5 * 8 * 4
+    assert forward.bytes == 2 * (q_bytes + k_bytes) + 2 * table
+    assert both.bytes == forward.bytes + 2 * (q_bytes + k_bytes) + 2 * table
+    target = Target(xkernels.get_backend("cpu"), torch.device("cpu"))
+    ceil = perf.Ceilings("test cpu", *(Figure(v, u, "measured") for v, u in ((10.0, "GB/s"), (0.1, "TFLOP/s"))))
+    row = perf.bench_case(small, target, ceil, seed=0, settings=perf.FAST)
+    assert row["bytes"] == both.bytes and row["time_ms"] > 0 and row["torch_time_ms"] > 0
+
+
 class ReplayingBackend(CountingBackend):
     """Records a call by wrapping it: a replay appends ("replay", tag) instead of running host code."""
 

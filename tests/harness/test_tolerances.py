@@ -16,7 +16,7 @@ CITATION = ("https://", "Higham", "IEEE 754", "integers are exact")
 
 
 def test_every_entry_has_a_source():
-    entries = [*T.ELEMENTWISE.values(), *T.MATMUL.values()]
+    entries = [*T.ELEMENTWISE.values(), *T.MATMUL.values(), *T.NORM.values(), *T.ROTARY.values()]
     assert entries
     for tol in entries:
         assert any(c in tol.source for c in CITATION), tol
@@ -75,3 +75,19 @@ def test_unfused_linear_allows_rounded_pre_activation():
     assert unfused.dot_coefficient(64, "gelu") - fused.dot_coefficient(64, "gelu") == pytest.approx(1.13 * 2**-8)
     assert unfused.dot_coefficient(64) == fused.dot_coefficient(64)  # no activation, no extra rounding
     assert "unfused" in unfused.source
+
+
+def test_rotary_rounds_once_in_the_kernel_and_per_product_in_torch():
+    """rotary_embedding: the dtype's element-wise tolerance (one rounding at the store) plus the fp32
+    products and sum, 2 u_fp32 of |x_i cos_i| + |x_j sin_i|; on a backend that runs PyTorch's
+    formula in a half dtype, each product is rounded to it as well (u (1 + u) more)."""
+    cpu, interp = xkernels.get_backend("cpu"), xkernels.get_backend("interpreter")
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        kernel = T.tolerance("rotary_embedding", dtype, interp)
+        assert (kernel.rtol, kernel.atol) == (T.ELEMENTWISE[dtype].rtol, T.ELEMENTWISE[dtype].atol)
+        assert kernel.dot_coefficient(2) == pytest.approx(2 * 2**-24) and "K = 2" in kernel.source
+        torch_route = T.tolerance("rotary_embedding", dtype, cpu)
+        u = T.UNIT_ROUNDOFF[dtype][0] if dtype != torch.float32 else 0.0
+        assert torch_route.dot_coefficient(2) - kernel.dot_coefficient(2) == pytest.approx(u * (1 + u))
+        assert ("runs PyTorch" in torch_route.source) == (dtype != torch.float32)
+    assert "|x||cs|" in kernel.describe(2, magnitude="|x||cs|")

@@ -10,7 +10,8 @@ config.json path ``PATH@BATCHxSEQ``): three copies of one model, torch / patch w
 rotary fusion / patch, in eager and CUDA-graph modes, timed in interleaved rounds with ``bench
 --model``'s device and host timing plus a wall time per step switching way every step.
 
-    python tools/probes/rotary_probe.py --json rotary.json --models llama,llama@1x16,tools/probes/data/pythia-1.4b-2-layers.json@8x512
+    python tools/probes/rotary_probe.py --json rotary.json \
+        --models llama,llama@1x16,tools/probes/data/pythia-1.4b-2-layers.json@8x512
 """
 
 from __future__ import annotations

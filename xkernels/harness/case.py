@@ -24,12 +24,16 @@ class T:
 
     ``view``: ``contiguous``; ``transposed`` (last two dims swapped in memory, ``.mT``);
     ``strided`` (every other element of the last dim, ``[..., ::2]``); ``expanded`` (all dims
-    but the last have stride 0).
+    but the last have stride 0); ``heads`` (a ``(b, h, s, d)`` attention operand as transformers
+    lays it out: a ``(b, s, h*d)`` projection viewed ``(b, s, h, d)`` and transposed, random
+    values); ``cos`` / ``sin`` (a ``(b, s, r)`` rotary table, not random: the cos / sin of real
+    rotary angles, :func:`rotary_angles`, at base ``theta``).
     """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     view: str = "contiguous"
+    theta: float = 10000.0  # the rotary base of a ``cos`` / ``sin`` operand (rope_theta)
 
 
 def random_tensor(shape: Iterable[int], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
@@ -38,6 +42,30 @@ def random_tensor(shape: Iterable[int], dtype: torch.dtype, gen: torch.Generator
     if dtype.is_floating_point:
         return torch.randn(shape, generator=gen, dtype=torch.float32).to(dtype)
     return torch.randint(*INT_RANGE, shape, generator=gen, dtype=dtype)
+
+
+#: the longest position a rotary table of several sequences (``b > 1``) reaches: each sequence
+#: starts at its own position below it (a batch of sequences at different lengths, decode steps)
+MAX_POSITION = 2048
+
+
+def rotary_positions(b: int, s: int) -> torch.Tensor:
+    """``(b, s)`` int64 positions of a rotary table: ``0 .. s-1`` for one sequence (a prefill
+    from the start); for several, sequence ``i`` continues from its own length ``(389 i) mod
+    (MAX_POSITION - s)`` (as transformers' ``position_ids`` of a batch of different lengths, or
+    of decode steps). Fixed by the shape, so that ``cos`` and ``sin`` of a case agree."""
+    starts = torch.zeros(b, dtype=torch.int64) if b == 1 else \
+        (torch.arange(b, dtype=torch.int64) * 389) % max(MAX_POSITION - s, 1)
+    return starts[:, None] + torch.arange(s, dtype=torch.int64)
+
+
+def rotary_angles(b: int, s: int, r: int, theta: float) -> torch.Tensor:
+    """``(b, s, r)`` float32 angles as transformers' default rotary embedding computes them
+    (``LlamaRotaryEmbedding``): ``inv_freq = 1 / theta ** (arange(0, r, 2) / r)``, the angles
+    ``positions * inv_freq`` in float32, concatenated with themselves (``rotate_half``'s halves)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
+    freqs = rotary_positions(b, s).float()[..., None] * inv_freq
+    return torch.cat((freqs, freqs), dim=-1)
 
 
 def _materialize(spec: T, gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -53,6 +81,12 @@ def _materialize(spec: T, gen: torch.Generator, device: torch.device) -> torch.T
     if spec.view == "expanded":
         base = random_tensor((*([1] * (len(shape) - 1)), shape[-1]), spec.dtype, gen).to(device)
         return base.expand(shape)
+    if spec.view == "heads":
+        b, h, n, d = shape
+        return random_tensor((b, n, h * d), spec.dtype, gen).to(device).view(b, n, h, d).transpose(1, 2)
+    if spec.view in ("cos", "sin"):  # cos / sin in float32, cast to the dtype (transformers: .to(x.dtype))
+        angles = rotary_angles(*shape, spec.theta)
+        return (angles.cos() if spec.view == "cos" else angles.sin()).to(device, spec.dtype)
     raise ValueError(f"unknown operand view {spec.view!r}")
 
 

@@ -32,7 +32,7 @@ from xkernels.harness.case import random_tensor as random_tensor
 from xkernels.harness.heldout import SIZE_TAG as HELDOUT
 from xkernels.harness.heldout import heldout_cases
 from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
-from xkernels.harness.torch_ops import NORM_OPS, OP_NAMES, OPS
+from xkernels.harness.torch_ops import OP_NAMES, OPS
 from xkernels.harness.torch_ops import OpSpec as OpSpec
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -349,15 +349,68 @@ def norm_cases(op: str, d: torch.dtype) -> list[Case]:
     return cases
 
 
+#: rotary embedding layers: (label, batch, tokens, q heads, kv heads, head dim, rotary dim, rope base,
+#: rows of cos / sin (1: one table for the batch, b: one per sequence), bench size), from each model's
+#: Hugging Face config.json: Llama-3-8B 32 q / 8 kv heads of 128, rope_theta 500000, full rotary;
+#: Pythia-1.4B (GPT-NeoX) 16 heads of 128, rotary_pct 0.25 (32), rotary_emb_base 10000; Phi-2 32
+#: heads of 80, partial_rotary_factor 0.4 (32), rope_theta 10000. q and k as transformers lays
+#: them out: ``(b, s, h*d)`` projections viewed ``(b, s, h, d)`` and transposed to ``(b, h, s, d)``;
+#: cos / sin ``(1 or b, s, r)`` of real angles at real positions (``case.rotary_positions``).
+ROTARY_LAYERS = (("Llama-3-8B prefill 1x2048", 1, 2048, 32, 8, 128, 128, 500000.0, 1, "medium"),
+                 ("Llama-3-8B batch 16x512, positions per sequence", 16, 512, 32, 8, 128, 128, 500000.0, 16, "medium"),
+                 ("Llama-3-8B decode 64x1", 64, 1, 32, 8, 128, 128, 500000.0, 64, "small"),
+                 ("Pythia-1.4B (GPT-NeoX) 4x512, rotary 32 of 128", 4, 512, 16, 16, 128, 32, 10000.0, 1, "medium"),
+                 ("Phi-2 4x512, head 80, rotary 32", 4, 512, 32, 32, 80, 32, 10000.0, 1, "medium"))
+
+
+def rotary_args(d: torch.dtype, b: int, s: int, hq: int, hkv: int, hd: int, r: int, theta: float = 10000.0,
+                cos_rows: int = 1, view: str = "heads") -> tuple[T, T, T, T]:
+    """q ``(b, hq, s, hd)``, k ``(b, hkv, s, hd)`` (``view``: ``heads``, transformers' transposed
+    projections, or ``contiguous``) and the cos / sin tables ``(cos_rows, s, r)``."""
+    return (T((b, hq, s, hd), d, view), T((b, hkv, s, hd), d, view),
+            T((cos_rows, s, r), d, "cos", theta), T((cos_rows, s, r), d, "sin", theta))
+
+
+def rotary_cases(d: torch.dtype) -> list[Case]:
+    """``rotary_embedding``: full and partial rotary, GQA, one table for the batch or one per
+    sequence, decode, odd head dims, other layouts; the model layers of :data:`ROTARY_LAYERS`,
+    forward and forward+backward (decode: forward only, it is inference)."""
+    C = lambda *a, layout, **kw: Case("rotary_embedding", a, layout, Q, **kw)  # noqa: E731
+    R = lambda *a, **kw: rotary_args(d, *a, **kw)  # noqa: E731
+    o = _other_float(d)
+    cases = [
+        C(*R(2, 7, 4, 2, 16, 16), layout="GQA 4/2 heads, head 16, full rotary"),
+        C(*R(1, 16, 8, 2, 128, 128, 500000.0), layout="head 128, rope_theta 500000 (Llama-3)"),
+        C(*R(3, 5, 4, 4, 32, 32, cos_rows=3), layout="cos / sin per sequence (b, s, r)"),
+        C(*R(4, 1, 4, 2, 64, 64, cos_rows=4), layout="decode: 1 token per sequence"),
+        C(*R(2, 9, 4, 4, 32, 8), layout="partial rotary 8 of 32 (GPT-NeoX)"),
+        C(*R(2, 9, 4, 4, 20, 8), layout="partial rotary 8 of 20, head 20 (Phi-2)"),
+        C(*R(2, 6, 3, 1, 16, 16, view="contiguous"), layout="q, k contiguous (b, h, s, d), MQA"),
+        C(T((2, 6, 4, 16), d), T((2, 6, 2, 16), d), T((1, 6, 16), d, "cos"), T((1, 6, 16), d, "sin"),
+          layout="unsqueeze_dim=2: q, k (b, s, h, d)", kwargs=(("unsqueeze_dim", 2),)),
+        C(T((2, 4, 7, 16), d, "strided"), *R(2, 7, 2, 2, 16, 16)[1:], layout="q step-sliced [..., ::2] (copied)"),
+        C(*R(2, 0, 4, 2, 16, 16), layout="empty: 0 tokens"),
+        C(*R(2, 5, 4, 2, 16, 16)[:2], T((1, 5, 16), o, "cos"), T((1, 5, 16), o, "sin"),
+          layout=f"cos / sin {str(o)[6:]} (promotes)"),
+    ]
+    for label, b, s, hq, hkv, hd, r, theta, rows, size in ROTARY_LAYERS:
+        args = R(b, s, hq, hkv, hd, r, theta, cos_rows=rows)
+        cases.append(Case("rotary_embedding", args, label, _bench(size)))
+        if s > 1:  # training: q and k's gradients through the backward's transposed rotation
+            cases.append(Case("rotary_embedding", args, f"{label}, forward+backward", _bench(size), backward=True))
+    return cases
+
+
 _BUILDERS: dict[str, Callable[[torch.dtype], list[Case]]] = {
     "broadcast": broadcast_cases, "add": add_cases, "matmul": matmul_cases, "linear": linear_cases,
     "gated_linear": gated_linear_cases,
-    "add_layer_norm": lambda d: norm_cases("add_layer_norm", d), "add_rms_norm": lambda d: norm_cases("add_rms_norm", d)}
+    "add_layer_norm": lambda d: norm_cases("add_layer_norm", d), "add_rms_norm": lambda d: norm_cases("add_rms_norm", d),
+    "rotary_embedding": rotary_cases}
 
 
 def dtypes_for(op: str) -> tuple[torch.dtype, ...]:
     """The dtypes an op is checked in: floats everywhere, ints for the element-wise ops."""
-    return FLOAT_DTYPES if OPS[op].matmul_like or op in NORM_OPS else FLOAT_DTYPES + INT_DTYPES
+    return FLOAT_DTYPES if OPS[op].matmul_like or OPS[op].floats_only else FLOAT_DTYPES + INT_DTYPES
 
 
 def cases(ops: Iterable[str] = OP_NAMES, dtypes: Iterable[torch.dtype] | None = None,

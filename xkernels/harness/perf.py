@@ -248,17 +248,21 @@ def _distinct_bytes(t: torch.Tensor) -> int:
 
 def work(op: str, inputs: Inputs, backward: bool = False) -> Work:
     """What one call of ``op`` on ``inputs`` must do, whatever the implementation. ``backward``
-    (the fused norms' forward+backward rows): plus the backward's least traffic, reading the
+    (the forward+backward rows): plus the backward's least traffic. The fused norms: reading the
     sum, dy and the sum's gradient, writing d(x) (d(residual) is the same tensor) and the
-    parameters' gradients."""
+    parameters' gradients. rotary_embedding: reading the gradients of q_embed and k_embed and
+    the cos / sin tables again, writing those of q and k (cos / sin take none)."""
     with torch.no_grad():
         outs = expected_result(op, inputs)
-    outs = outs if isinstance(outs, tuple) else (outs,)  # (y, s) of the fused norms
+    outs = outs if isinstance(outs, tuple) else (outs,)  # (y, s) of the fused norms, rotary's (q, k)
     out = outs[0]
-    tensors = inputs.named_tensors(OPS[op].arg_names).values()
-    nbytes = sum(_distinct_bytes(t) for t in tensors) + sum(o.numel() * o.element_size() for o in outs)
-    if backward:
-        nbytes += 4 * out.numel() * out.element_size() + sum(_distinct_bytes(t) for t in list(tensors)[2:])
+    tensors = list(inputs.named_tensors(OPS[op].arg_names).values())
+    out_bytes = sum(o.numel() * o.element_size() for o in outs)
+    nbytes = sum(_distinct_bytes(t) for t in tensors) + out_bytes
+    if backward and op == "rotary_embedding":
+        nbytes += 2 * out_bytes + sum(_distinct_bytes(t) for t in tensors[2:])
+    elif backward:
+        nbytes += 4 * out.numel() * out.element_size() + sum(_distinct_bytes(t) for t in tensors[2:])
     if OPS[op].matmul_like:
         return Work(nbytes, 2 * OPS[op].gemms * out.numel() * inputs.args[0].shape[-1])
     return Work(nbytes, out.numel())
@@ -375,14 +379,23 @@ def ceilings(target: Target) -> Ceilings:
 
 
 # -- one case -----------------------------------------------------------------------------------
-def with_grads(inputs: Inputs, seed: int) -> tuple[Inputs, tuple[torch.Tensor, ...]]:
-    """``inputs`` with every floating tensor a leaf requiring grad, and random gradients of the
-    results (one per result of a fused norm: y, s), for a forward+backward row."""
+def with_grads(inputs: Inputs, seed: int, op: str | None = None) -> tuple[Inputs, tuple[torch.Tensor, ...]]:
+    """``inputs`` with every floating tensor a leaf requiring grad (with ``op``: those of
+    ``OPS[op].grad_args`` where it names them: rotary's q and k, not its cos / sin tables), and
+    random gradients of the results (one per result: a fused norm's y and s, rotary's q_embed
+    and k_embed; without ``op``, two of the first argument's shape), for a forward+backward row."""
     gen = torch.Generator().manual_seed(seed)
+    picked = OPS[op].grad_args if op is not None else None
     args = tuple(a.detach().clone().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point()
-                 else a for a in inputs.args)
+                 and (picked is None or i in picked) else a for i, a in enumerate(inputs.args))
     x = inputs.args[0]
-    grads = tuple(torch.randn(x.shape, generator=gen).to(x.device, x.dtype) for _ in range(2))
+    if op is None:
+        shapes = [(x.shape, x.dtype)] * 2
+    else:
+        with torch.no_grad():
+            outs = expected_result(op, inputs)
+        shapes = [(o.shape, o.dtype) for o in (outs if isinstance(outs, tuple) else (outs,))]
+    grads = tuple(torch.randn(shape, generator=gen).to(x.device, dtype) for shape, dtype in shapes)
     return Inputs(args, dict(inputs.kwargs)), grads
 
 
@@ -411,7 +424,7 @@ def bench_case(case: Case, target: Target, ceil: Ceilings, seed: int, settings: 
     run_xk = lambda s: fn(*s.args, **s.kwargs)  # noqa: E731
     run_torch = lambda s: torch_fn(*s.args, **s.kwargs)  # noqa: E731
     if case.backward:
-        sets = [with_grads(s, seed + i) for i, s in enumerate(sets)]
+        sets = [with_grads(s, seed + i, case.op) for i, s in enumerate(sets)]
         first = sets[0]
         run_xk, run_torch = backward_call(fn), backward_call(torch_fn)
     with use_backend(target.backend.name):

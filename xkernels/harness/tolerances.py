@@ -51,6 +51,9 @@ class Tolerance:
     #: linear with a residual: the vendor and PyTorch routes round act(x @ W.T + b) to the dtype
     #: before adding it (the kernels round once)
     residual_u: float = 0.0
+    #: PyTorch's rotary formula in the result dtype rounds x * cos and rotate_half(x) * sin to it
+    #: before their sum (the kernel keeps them in fp32)
+    product_u: float = 0.0
 
     def dot_coefficient(self, k: int, activation: str | None = None, residual: bool = False) -> float:
         """The factor of ``mag`` (``|A|@|B|``) allowed for an inner product of length ``k``."""
@@ -58,12 +61,14 @@ class Tolerance:
             return 0.0
         terms = min(float(k), LAMBDA * math.sqrt(k)) if k else 0.0
         rounded = (self.intermediate_u if activation is not None else 0.0) + (self.residual_u if residual else 0.0)
+        rounded += self.product_u
         return ACTIVATION_SLOPE[activation][0] * (2 * self.operand_u + terms * self.accum_u + rounded)
 
-    def describe(self, k: int | None = None, activation: str | None = None, residual: bool = False) -> str:
+    def describe(self, k: int | None = None, activation: str | None = None, residual: bool = False,
+                 magnitude: str = "|A||B|") -> str:
         text = f"rtol {self.rtol:.1e} atol {self.atol:.0e}" if self.rtol or self.atol else "exact"
         if k is not None and self.dot_coefficient(k, activation, residual):
-            text += f" +{self.dot_coefficient(k, activation, residual):.1e}|A||B|"
+            text += f" +{self.dot_coefficient(k, activation, residual):.1e}{magnitude}"
         return text
 
 
@@ -108,6 +113,21 @@ NORM: dict[torch.dtype, Tolerance] = {
 }
 NORM_OPS = ("add_layer_norm", "add_rms_norm")
 
+ROTARY_ROUNDING = ("each element of q_embed / k_embed is x_i cos_i -+ x_j sin_i: two products and their sum in fp32 "
+                   "inside the kernel (fp16 / bf16 products are exact in fp32), rounded once at the store (the "
+                   "element-wise tolerance of the dtype); the fp32 roundings: the inner-product bound with K = 2 "
+                   "terms and operand_u = 0, 2 u_fp32 of the magnitude |x_i cos_i| + |x_j sin_i| (0 on the columns "
+                   "partial rotary passes on); " + HIGHAM)
+
+#: rotary_embedding's q_embed and k_embed by result dtype: one rounding at the store (the
+#: element-wise tolerance) plus the fp32 products and sum over ``mag`` (from the harness reference).
+ROTARY: dict[torch.dtype, Tolerance] = {
+    d: dataclasses.replace(ELEMENTWISE[d], source=f"{ELEMENTWISE[d].source}; {ROTARY_ROUNDING}",
+                           accum_u=2.0**-53 if d == torch.float64 else FP32_U)
+    for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
+ROTARY_OPS = ("rotary_embedding",)
+
 #: Whole models and training runs (many ops, each rounding): the result is compared with the same
 #: model run in float64, and xkernels' error may be at most ``ratio`` times the error of the same
 #: model run by PyTorch in the same dtype, plus ``atol``: both round at the same points (one dtype
@@ -138,6 +158,9 @@ UNIT_ROUNDOFF: dict[torch.dtype, tuple[float, str]] = {
 UNFUSED = "PyTorch's unfused F.linear + activation rounds the pre-activation to the result dtype ({u})"
 RESIDUAL_ROUNDED = ("with a residual, the vendor-BLAS and PyTorch routes round act(x @ W.T + b) to the result "
                     "dtype before adding it ({u}; a promoting residual is not in the harness cases)")
+ROTARY_TORCH = ("a backend that runs PyTorch computes the rotary formula in the result dtype: x * cos and "
+                "rotate_half(x) * sin each rounded to it before their sum, u (1 + u) of the magnitude ({u}; the "
+                "u^2: the sum's rounding of those errors)")
 GATED_ROUNDED = ("gated_linear's vendor route and PyTorch round gate and up to the result dtype before "
                  "act(gate) * up ({u}); the magnitude is |up| * (|x|@|Wg|.T + |bg|) + |act(gate)| * "
                  "(|x|@|Wu|.T + |bu|)")
@@ -147,6 +170,12 @@ def tolerance(op: str, dtype: torch.dtype, backend: Backend) -> Tolerance:
     """The tolerance for ``op`` producing ``dtype`` on ``backend`` (KeyError if none is defined)."""
     if op in NORM_OPS:
         return NORM[dtype]
+    if op in ROTARY_OPS:
+        tol = ROTARY[dtype]
+        if backend.runs_triton or dtype in (torch.float32, torch.float64):  # fp32 in: torch's products are fp32 too
+            return tol
+        u, why = UNIT_ROUNDOFF[dtype]
+        return dataclasses.replace(tol, product_u=u * (1 + u), source=f"{tol.source}; {ROTARY_TORCH.format(u=why)}")
     if op not in ("matmul", "linear", "gated_linear"):
         return ELEMENTWISE[dtype]
     precision = backend.fp32_matmul_precision() if dtype == torch.float32 else "ieee"

@@ -4,7 +4,7 @@
 ``OPS[op].torch_fn`` is the same work done by PyTorch: the reference (run in float64), the
 expected result shape and dtype (run on the meta device, :func:`xkernels.harness.case.expected_result`),
 and the benchmark baseline. ``OPS[op].reference``, where given, is the float64 reference with the
-magnitude the result's rounding scales with (the fused add + norms).
+magnitude the result's rounding scales with (the fused add + norms, rotary_embedding).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-OP_NAMES = ("broadcast", "add", "matmul", "linear", "gated_linear", "add_layer_norm", "add_rms_norm")
+OP_NAMES = ("broadcast", "add", "matmul", "linear", "gated_linear", "add_layer_norm", "add_rms_norm",
+            "rotary_embedding")
 #: ops whose result is ``(y, s)``: a norm of the residual sum and the sum (``return_sum=True``)
 NORM_OPS = ("add_layer_norm", "add_rms_norm")
 
@@ -112,6 +113,32 @@ def _ref_add_rms_norm(dtype: torch.dtype, x: torch.Tensor, residual: torch.Tenso
     return _norm_reference("rms", dtype, x, residual, weight, None, eps, offset, return_sum)
 
 
+def _torch_rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                            unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``apply_rotary_pos_emb``: ``x * cos + rotate_half(x) * sin`` on the first
+    ``cos.shape[-1]`` columns of q and k, the rest passed on (partial rotary)."""
+    from xkernels.ops.fused.rotary import torch_rotary
+
+    return torch_rotary(q, k, cos, sin, unsqueeze_dim)
+
+
+def _ref_rotary_embedding(dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, unsqueeze_dim: int = 1) -> tuple[Any, Any, int]:
+    """The float64 reference of ``(q_embed, k_embed)`` and, per element, the magnitude an fp32
+    product or sum's rounding scales with: ``|x_i cos_i| + |x_j sin_i|`` (``x_j`` the
+    ``rotate_half`` partner) on the rotated columns, 0 on the columns passed on; K = 2 terms."""
+    refs = _torch_rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+    c, s = cos.abs().unsqueeze(unsqueeze_dim), sin.abs().unsqueeze(unsqueeze_dim)
+    r = cos.shape[-1]
+
+    def magnitude(x: torch.Tensor) -> torch.Tensor:
+        head = x[..., :r].abs()
+        mag = head * c + torch.cat((head[..., r // 2:], head[..., :r // 2]), dim=-1) * s
+        return torch.cat((mag, torch.zeros_like(x[..., r:])), dim=-1) if r < x.shape[-1] else mag
+
+    return refs, (magnitude(q), magnitude(k)), 2
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """One op as the harnesses see it. ``reference``: where the float64 reference is more than
@@ -125,6 +152,12 @@ class OpSpec:
     matmul_like: bool = False
     gemms: int = 1  # GEMMs of the result's size per call (flop count: 2 * gemms * result numel * K)
     reference: Callable[..., Any] | None = None
+    floats_only: bool = False  # checked and timed in float dtypes only (matmul-like ops are too)
+    #: the arguments that are leaves requiring grad in a forward+backward row (``None``: every
+    #: floating tensor); rotary's cos / sin are tables computed without grad in a model, and
+    #: where one requires grad the op runs PyTorch's formula so that autograd records it
+    grad_args: tuple[int, ...] | None = None
+    magnitude: str = "|A||B|"  # how the tolerance column writes ``mag`` (the matmul's |A| @ |B|)
 
 
 OPS: dict[str, OpSpec] = {
@@ -135,7 +168,10 @@ OPS: dict[str, OpSpec] = {
     "gated_linear": OpSpec("gated_linear", ("x", "weight", "up_weight", "bias", "up_bias"), _torch_gated_linear,
                            ", ", matmul_like=True, gemms=2),
     "add_layer_norm": OpSpec("add_layer_norm", ("x", "residual", "weight", "bias"), _torch_add_layer_norm, ", ",
-                             reference=_ref_add_layer_norm),
+                             reference=_ref_add_layer_norm, floats_only=True),
     "add_rms_norm": OpSpec("add_rms_norm", ("x", "residual", "weight"), _torch_add_rms_norm, ", ",
-                           reference=_ref_add_rms_norm),
+                           reference=_ref_add_rms_norm, floats_only=True),
+    "rotary_embedding": OpSpec("rotary_embedding", ("q", "k", "cos", "sin"), _torch_rotary_embedding, ", ",
+                               reference=_ref_rotary_embedding, floats_only=True, grad_args=(0, 1),
+                               magnitude="|x||cs|"),
 }
