@@ -10,9 +10,10 @@ transformers 5.23: Mistral, Qwen2/3, Gemma, ...; GPT-NeoX's and Phi-3's partial 
 which casts back to q's dtype), and the forward must call it by that name. Interleaved forms
 (GPT-J, Cohere, GLM) and any other are left as they are, and reported.
 
-The instance's new forward is the class's own code object with a copy of its module's globals in
-which ``apply_rotary_pos_emb`` is ``fused_rotary(original)``: nothing else changes, and the class
-and every other instance keep the original. ``fused_rotary`` runs the op where q, k, cos and sin
+The instance's new forward runs the class's own code object with a copy of its module's globals in
+which ``apply_rotary_pos_emb`` is ``fused_rotary(original)`` (the class's forward itself while
+torch.compile traces): nothing else changes, and the class and every other instance keep the
+original. ``fused_rotary`` runs the op where q, k, cos and sin
 share one dtype and device and the shapes are the form's own (a full-width form with a narrower
 ``cos`` keeps the original, which raises what it raises); the original runs every call the op's
 checks refuse, and while ``torch.compile`` traces (Inductor fuses it). ``PatchReport.undo()``
@@ -22,6 +23,7 @@ removes the forward.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -161,12 +163,21 @@ def fused_rotary(original: Callable[..., Any], partial: bool) -> Callable[..., A
 
 
 def apply(module: torch.nn.Module) -> None:
-    """Give ``module`` its class's forward with ``apply_rotary_pos_emb`` bound to the fused one."""
-    fn = type(module).forward
-    partial, _ = _class_form(type(module))
+    """Give ``module`` its class's forward with ``apply_rotary_pos_emb`` bound to the fused one;
+    while torch.compile traces, the class's own forward (Dynamo guards a function's globals as its
+    module's, so it is never shown the copy)."""
+    cls = type(module)
+    fn = cls.forward
+    partial, _ = _class_form(cls)
     scope = dict(fn.__globals__)
     scope[NAME] = fused_rotary(fn.__globals__[NAME], bool(partial))
-    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__qualname__, new.__doc__ = fn.__qualname__, fn.__doc__
-    module.forward = types.MethodType(new, module)
+    fused = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    fused.__kwdefaults__ = fn.__kwdefaults__
+
+    @functools.wraps(fn)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():
+            return fn(self, *args, **kwargs)
+        return fused(self, *args, **kwargs)
+
+    module.forward = types.MethodType(forward, module)
