@@ -115,3 +115,21 @@ def test_other_dtypes_and_shapes_keep_the_original(device):
     partial = rotary_fusion.fused_rotary(original, partial=True)
     partial(q, q, cos[None].expand(2, 1, 3, 8), cos[None].expand(2, 1, 3, 8))  # cos would grow q: the op refuses
     assert len(calls) == 3
+
+
+def test_a_rebound_apply_rotary_pos_emb_is_read_again(backend, device, monkeypatch):
+    """Another library rebinding the module's apply_rotary_pos_emb after a patch: a later patch()
+    decides on the new function (left, reported), never replaces it by the op."""
+    tf = require_transformers()
+    from transformers.models.llama import modeling_llama
+
+    model = _build(tf, ROTATE_HALF["llama"])
+    assert xkernels.patch(copy.deepcopy(model)).counts().get(rotary_fusion.FUSION) == 2
+
+    def other(q, k, cos, sin, unsqueeze_dim=1):
+        return q, k
+
+    monkeypatch.setattr(modeling_llama, rotary_fusion.NAME, other)
+    report = xkernels.patch(model)
+    assert rotary_fusion.FUSION not in report.counts()
+    assert sum(rotary_fusion.FUSION in m.reason for m in report.left) == 2, report

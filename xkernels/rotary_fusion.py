@@ -111,24 +111,30 @@ def _calls(fn: Any, name: str) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(tree))
 
 
-@cache
 def _class_form(cls: type) -> tuple[bool | None, str | None]:
     """``(partial, None)``: the class's forward calls a known form; ``(None, why not)``: it calls
-    an ``apply_rotary_pos_emb`` xkernels does not fuse; ``(None, None)``: no rotary call at all."""
+    an ``apply_rotary_pos_emb`` xkernels does not fuse; ``(None, None)``: no rotary call at all.
+    Decided for the functions the module's globals name now (one rebound later, e.g. by another
+    library's patch, is read again)."""
     fn = cls.__dict__.get("forward") or getattr(cls, "forward", None)
-    if not isinstance(fn, types.FunctionType) or NAME not in fn.__code__.co_names:
+    if not isinstance(fn, types.FunctionType):
         return None, None
-    if not _calls(fn, NAME):
+    scope = fn.__globals__
+    return _verdict(cls, fn, scope.get(NAME), scope.get("rotate_half"))
+
+
+@cache
+def _verdict(cls: type, fn: Any, target: Any, rotate: Any) -> tuple[bool | None, str | None]:
+    if NAME not in fn.__code__.co_names or not _calls(fn, NAME):
         return None, None
     if hasattr(fn, "__wrapped__"):
         return None, "its forward is wrapped by a decorator"
-    target = fn.__globals__.get(NAME)
     if target is None or not callable(target):
         return None, f"{NAME} is not a function in {fn.__module__}"
     partial = _forms().get(canonical(target))
     if partial is None:
         return None, f"{fn.__module__}.{NAME} is not a rotate_half form xkernels fuses (e.g. an interleaved rotary)"
-    if canonical(fn.__globals__.get("rotate_half")) != canonical(ROTATE_HALF):
+    if canonical(rotate) != canonical(ROTATE_HALF):
         return None, f"{fn.__module__}.rotate_half is not transformers' rotate_half"
     return partial, None
 
