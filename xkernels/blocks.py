@@ -455,7 +455,7 @@ FUSIONS = (
                 norm_itself=True),
 )
 #: the methods a fusion may replace on an instance
-_METHODS = tuple(sorted({f.method for f in FUSIONS}))
+METHODS = tuple(sorted({f.method for f in FUSIONS}))
 
 
 def _parsed(fn: Any) -> ast.FunctionDef | None:
@@ -541,11 +541,18 @@ def _fusion_for(cls: type) -> BlockFusion | None:
     return None
 
 
+def matching(module: torch.nn.Module) -> BlockFusion | None:
+    """The fusion whose known forward ``module``'s class has, where ``module`` is its candidate;
+    unlike ``fusion_for``, whatever the state of its children (a patched model's, when it loads)."""
+    fusion = _fusion_for(type(module))
+    return None if fusion is None or (fusion.candidate is not None and not fusion.candidate(module)) else fusion
+
+
 def fusion_for(module: torch.nn.Module) -> tuple[BlockFusion | None, str | None]:
     """``(fusion, None)`` where ``module`` can take one, ``(fusion, why not)`` where its forward
     matches but it cannot, ``(None, None)`` where its forward is none of the known ones."""
-    fusion = _fusion_for(type(module))
-    if fusion is None or (fusion.candidate is not None and not fusion.candidate(module)):
+    fusion = matching(module)
+    if fusion is None:
         return None, None
     if hooked(module):
         return fusion, "the module has hooks"
@@ -571,6 +578,6 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
 
 def restore(module: torch.nn.Module) -> None:
     """The module's own forward (and other replaced methods) again."""
-    for method in _METHODS:
+    for method in METHODS:
         module.__dict__.pop(method, None)
     module.__dict__.pop("_xkernels_block", None)

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from xkernels import blocks, rotary_fusion
+from xkernels import blocks, patch_saving, rotary_fusion
 from xkernels import nn as xnn
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
 from xkernels.patterns import activation_of, loaded, patterns
@@ -104,7 +104,9 @@ class PatchReport:
             parent, attr, module = self._originals.pop()
             parent._modules[attr] = module
         while self._forwards:
-            blocks.restore(self._forwards.pop())
+            module = self._forwards.pop()
+            patch_saving.forget(module)
+            blocks.restore(module)
 
     @property
     def fused(self) -> list[Replaced]:
@@ -182,6 +184,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
             report.left.append(Left(name, type(module).__name__, f"{fusion.name} not fused: {why}"))
             continue
         blocks.apply(module, fusion)
+        patch_saving.keep(module, fusion.name)
         report._forwards.append(module)
         step = module.__dict__.get("_xkernels_block")
         note = (LAYER_NORM_TRAINING if getattr(step, "layer", False)
@@ -197,6 +200,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
             report.left.append(Left(name, type(module).__name__, f"{rotary_fusion.FUSION} not fused: {why}"))
             continue
         rotary_fusion.apply(module)
+        patch_saving.keep(module, rotary_fusion.FUSION)
         report._forwards.append(module)
         report.blocks.append(FusedBlock(name, type(module).__name__, rotary_fusion.FUSION))
 
