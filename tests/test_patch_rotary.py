@@ -1,7 +1,7 @@
 """``patch()``'s rotary embedding fusion (xkernels/rotary_fusion.py): attention modules whose
-forward calls transformers' rotate_half-form ``apply_rotary_pos_emb`` run
+forward calls one of transformers' ``apply_rotary_pos_emb`` forms (halves or adjacent pairs) run
 ``xkernels.ops.rotary_embedding`` (the kernel, forward and backward); other instances and the
-class keep the original; interleaved forms are left and reported; ``undo()`` restores."""
+class keep the original; GPT-J's per-tensor form is left and reported; ``undo()`` restores."""
 
 from __future__ import annotations
 
@@ -17,13 +17,18 @@ from xkernels.ops.fused import rotary
 
 LM = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           vocab_size=64, max_position_embeddings=64)
-#: family -> (config class, model class, config arguments); every one rotates with rotate_half
+#: family -> (config class, model class, config arguments)
 ROTATE_HALF = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", LM),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", LM),
     "gpt_neox (partial)": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(LM, rotary_pct=0.5)),
     "phi3 (partial)": ("Phi3Config", "Phi3ForCausalLM", dict(LM, pad_token_id=0, partial_rotary_factor=0.5)),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", LM),
+    # adjacent pairs (interleaved=True): cos / sin per column, or their first half repeated
+    "cohere (pairs)": ("CohereConfig", "CohereForCausalLM", LM),
+    "glm (pairs, partial, halved)": ("GlmConfig", "GlmForCausalLM", dict(LM, pad_token_id=0, head_dim=8)),
+    "helium (pairs, halved)": ("HeliumConfig", "HeliumForCausalLM", dict(LM, head_dim=8)),
+    "ernie4_5 (pairs, halved)": ("Ernie4_5Config", "Ernie4_5ForCausalLM", LM),
 }
 
 
@@ -93,7 +98,7 @@ def test_interleaved_rotary_is_left_and_reported(backend, device):
     report = xkernels.patch(model)
     assert rotary_fusion.FUSION not in report.counts()
     left = [m for m in report.left if rotary_fusion.FUSION in m.reason]
-    assert len(left) == 2 and "not a rotate_half form" in left[0].reason, report
+    assert len(left) == 2 and "not a form xkernels fuses" in left[0].reason, report
 
 
 def test_other_dtypes_and_shapes_keep_the_original(device):
@@ -106,13 +111,13 @@ def test_other_dtypes_and_shapes_keep_the_original(device):
         calls.append(1)
         return q, k
 
-    full = rotary_fusion.fused_rotary(original, partial=False)
+    full = rotary_fusion.fused_rotary(original, rotary_fusion.Form(partial=False))
     q = torch.randn(1, 2, 3, 8, device=device)
     cos = torch.randn(1, 3, 8, device=device)
     full(q.bfloat16(), q.bfloat16(), cos, cos)
     full(q, q, cos[..., :4], cos[..., :4])
     assert len(calls) == 2
-    partial = rotary_fusion.fused_rotary(original, partial=True)
+    partial = rotary_fusion.fused_rotary(original, rotary_fusion.Form(partial=True))
     partial(q, q, cos[None].expand(2, 1, 3, 8), cos[None].expand(2, 1, 3, 8))  # cos would grow q: the op refuses
     assert len(calls) == 3
 
@@ -133,3 +138,22 @@ def test_a_rebound_apply_rotary_pos_emb_is_read_again(backend, device, monkeypat
     report = xkernels.patch(model)
     assert rotary_fusion.FUSION not in report.counts()
     assert sum(rotary_fusion.FUSION in m.reason for m in report.left) == 2, report
+
+
+def test_a_halved_form_reads_new_angles(backend, device):
+    """A halved form (GLM, Helium, Ernie 4.5) keeps the last cos / sin's repeated halves for the
+    next layers: the same tensors written in place, or new ones, are read again."""
+    from transformers.models.helium import modeling_helium
+
+    original = modeling_helium.apply_rotary_pos_emb
+    fused = rotary_fusion.fused_rotary(original, rotary_fusion.Form(partial=False, halved=True, interleaved=True))
+    q, k = torch.randn(2, 4, 5, 8, device=device), torch.randn(2, 2, 5, 8, device=device)
+    cos, sin = torch.randn(2, 5, 8, device=device), torch.randn(2, 5, 8, device=device)
+    for step in range(4):
+        if step == 2:
+            cos.mul_(0.5)  # in place: a new version
+        if step == 3:
+            cos, sin = torch.randn_like(cos), torch.randn_like(sin)
+        got, want = fused(q, k, cos, sin), original(q, k, cos, sin)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)

@@ -5,10 +5,17 @@ PyTorch ops).
 
 Detection is by behaviour, as for the block fusions: the function the forward's global
 ``apply_rotary_pos_emb`` names, and the ``rotate_half`` beside it, must be, statement for
-statement, one of transformers' ``rotate_half`` forms below (Llama's, shared by 118 families in
-transformers 5.23: Mistral, Qwen2/3, Gemma, ...; GPT-NeoX's and Phi-3's partial rotary; Olmo's,
-which casts back to q's dtype), and the forward must call it by that name. Interleaved forms
-(GPT-J, Cohere, GLM) and any other are left as they are, and reported.
+statement, one of transformers' forms below, and the forward must call it by that name:
+
+* ``rotate_half`` pairing the halves: Llama's (shared by 118 families in transformers 5.23:
+  Mistral, Qwen2/3, Gemma, ...), GPT-NeoX's and Phi-3's partial rotary, OLMo's (cast back to q's
+  dtype);
+* ``rotate_half`` pairing adjacent columns (the op's ``interleaved=True``): Cohere's (computed in
+  fp32, cast back), GLM's partial rotary, Helium's and Ernie 4.5's (each taking the first half of
+  ``cos`` / ``sin``, every column twice), and BLT's (Llama's apply with Cohere's rotation).
+
+GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` and any other form are
+left as they are, and reported.
 
 The instance's new forward runs the class's own code object with a copy of its module's globals in
 which ``apply_rotary_pos_emb`` is ``fused_rotary(original)`` (the class's forward itself while
@@ -28,6 +35,7 @@ import inspect
 import textwrap
 import types
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -35,7 +43,7 @@ import torch
 
 from xkernels.blocks import canonical
 from xkernels.ops import rotary_embedding
-from xkernels.ops.op import _is_compiling
+from xkernels.ops.op import _capturing, _is_compiling
 
 NAME = "apply_rotary_pos_emb"
 FUSION = "rotary embedding"
@@ -93,13 +101,97 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return q_embed, k_embed
 '''
 
-#: canonical source -> whether the form rotates part of the head dim (cos narrower than q)
-FORMS = {LLAMA: False, OLMO: False, GPT_NEOX: True, PHI3: True}
+COHERE = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    dtype = q.dtype
+    q = q.float()
+    k = k.float()
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed.to(dtype=dtype), k_embed.to(dtype=dtype)
+'''
+
+HELIUM = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+'''
+
+ERNIE = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    original_dtype = q.dtype
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    q_embed = (q.float() * cos) + (rotate_half(q).float() * sin)
+    k_embed = (k.float() * cos) + (rotate_half(k).float() * sin)
+    return q_embed.to(original_dtype), k_embed.to(original_dtype)
+'''
+
+GLM = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
+    q_embed = torch.cat([q_embed, q_pass], dim=-1)
+    k_embed = torch.cat([k_embed, k_pass], dim=-1)
+    return q_embed, k_embed
+'''
+
+ROTATE_PAIRS = '''
+def rotate_half(x):
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    rot_x = torch.stack([-x2, x1], dim=-1).flatten(-2)
+    return rot_x
+'''
+
+ROTATE_PAIRS_GLM = '''
+def rotate_half(x):
+    x1 = x[..., 0::2]
+    x2 = x[..., 1::2]
+    return torch.stack((-x2, x1), dim=-1).flatten(-2)
+'''
+
+
+@dataclass(frozen=True)
+class Form:
+    """What one ``apply_rotary_pos_emb`` with its ``rotate_half`` computes."""
+
+    partial: bool  # rotates part of the head dim (cos narrower than q)
+    halved: bool = False  # takes cos / sin's first half, every column twice (``repeat_interleave``)
+    interleaved: bool = False  # its rotate_half pairs adjacent columns
+
+
+#: canonical source of an ``apply_rotary_pos_emb`` -> the form, its rotation aside
+FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form(True), COHERE: Form(False),
+         HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True)}
+#: canonical source of a ``rotate_half`` -> whether it pairs adjacent columns
+ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True}
 
 
 @cache
-def _forms() -> dict[str, bool]:
-    return {canonical(src): partial for src, partial in FORMS.items()}
+def _forms() -> dict[str | None, Form]:
+    return {canonical(src): form for src, form in FORMS.items()}
+
+
+@cache
+def _rotations() -> dict[str | None, bool]:
+    return {canonical(src): pairs for src, pairs in ROTATIONS.items()}
 
 
 def _calls(fn: Any, name: str) -> bool:
@@ -111,9 +203,9 @@ def _calls(fn: Any, name: str) -> bool:
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(tree))
 
 
-def _class_form(cls: type) -> tuple[bool | None, str | None]:
-    """``(partial, None)``: the class's forward calls a known form; ``(None, why not)``: it calls
-    an ``apply_rotary_pos_emb`` xkernels does not fuse; ``(None, None)``: no rotary call at all.
+def _class_form(cls: type) -> tuple[Form | None, str | None]:
+    """``(form, None)``: the class's forward calls a known form; ``(None, why not)``: it calls an
+    ``apply_rotary_pos_emb`` xkernels does not fuse; ``(None, None)``: no rotary call at all.
     Decided for the functions the module's globals name now (one rebound later, e.g. by another
     library's patch, is read again)."""
     fn = cls.__dict__.get("forward") or getattr(cls, "forward", None)
@@ -124,43 +216,73 @@ def _class_form(cls: type) -> tuple[bool | None, str | None]:
 
 
 @cache
-def _verdict(cls: type, fn: Any, target: Any, rotate: Any) -> tuple[bool | None, str | None]:
+def _verdict(cls: type, fn: Any, target: Any, rotate: Any) -> tuple[Form | None, str | None]:
     if NAME not in fn.__code__.co_names or not _calls(fn, NAME):
         return None, None
     if hasattr(fn, "__wrapped__"):
         return None, "its forward is wrapped by a decorator"
     if target is None or not callable(target):
         return None, f"{NAME} is not a function in {fn.__module__}"
-    partial = _forms().get(canonical(target))
-    if partial is None:
-        return None, f"{fn.__module__}.{NAME} is not a rotate_half form xkernels fuses (e.g. an interleaved rotary)"
-    if canonical(rotate) != canonical(ROTATE_HALF):
-        return None, f"{fn.__module__}.rotate_half is not transformers' rotate_half"
-    return partial, None
+    form = _forms().get(canonical(target))
+    if form is None:
+        return None, f"{fn.__module__}.{NAME} is not a form xkernels fuses (e.g. GPT-J's per-tensor rotary)"
+    pairs = _rotations().get(canonical(rotate))
+    if pairs is None:
+        return None, f"{fn.__module__}.rotate_half is not one of transformers' rotate_half forms"
+    return replace(form, interleaved=pairs), None
 
 
 def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
     """``(True, None)``: ``module`` takes the rotary fusion; ``(True, why not)``: its forward calls
     a rotary embedding it cannot take; ``(False, None)``: no rotary embedding in its forward."""
-    partial, why = _class_form(type(module))
-    if partial is None:
+    form, why = _class_form(type(module))
+    if form is None:
         return why is not None, why
     if "forward" in module.__dict__:
         return True, "its forward is already replaced on the instance"
     return True, None
 
 
-def fused_rotary(original: Callable[..., Any], partial: bool) -> Callable[..., Any]:
+class _Halves:
+    """A halved form's ``cos[..., :R/2].repeat_interleave(2, -1)`` (and sin's), kept for the last
+    cos / sin seen: a model hands every layer the same two tensors. Reused only for those very
+    tensors at the same version, and only in the mode it was made in: one made while a CUDA graph
+    captures is read by the graph's later layers (the graph recomputes it at each replay); one
+    made outside is never read by a graph (a replay runs no Python to see new values)."""
+
+    __slots__ = ("key", "made")
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] = ()
+        self.made: Any = None
+
+    def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (cos, sin, cos._version, sin._version, _capturing(cos))
+        old = self.key
+        if old and old[0] is cos and old[1] is sin and old[2:] == key[2:]:
+            return self.made
+        half = cos.shape[-1] // 2
+        self.made = (cos[..., :half].repeat_interleave(2, dim=-1), sin[..., :half].repeat_interleave(2, dim=-1))
+        self.key = key
+        return self.made
+
+
+def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
     """``apply_rotary_pos_emb`` running ``xkernels.ops.rotary_embedding`` where the call is the
     form's own with one dtype and device, else ``original``."""
+    halves = _Halves() if form.halved else None
+    partial, interleaved = form.partial, form.interleaved
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
         if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
-                or not q.dtype == k.dtype == cos.dtype == sin.dtype
-                or not (partial or cos.shape[-1] == q.shape[-1] == k.shape[-1])):
+                or not q.dtype == k.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
+                or cos.dim() == 0 or not (partial or cos.shape[-1] // 2 * 2 == q.shape[-1] == k.shape[-1])):
             return original(q, k, cos, sin, unsqueeze_dim)
         try:
-            return rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+            if halves is not None:
+                c, s = halves(cos, sin)
+                return rotary_embedding(q, k, c, s, unsqueeze_dim, interleaved)
+            return rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
         except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
             return original(q, k, cos, sin, unsqueeze_dim)
 
@@ -174,9 +296,10 @@ def apply(module: torch.nn.Module) -> None:
     module's, so it is never shown the copy)."""
     cls = type(module)
     fn = cls.forward
-    partial, _ = _class_form(cls)
+    form, _ = _class_form(cls)
+    assert form is not None  # fusion_for said so
     scope = dict(fn.__globals__)
-    scope[NAME] = fused_rotary(fn.__globals__[NAME], bool(partial))
+    scope[NAME] = fused_rotary(fn.__globals__[NAME], form)
     fused = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     fused.__kwdefaults__ = fn.__kwdefaults__
 

@@ -1,12 +1,17 @@
 """``rotary_embedding``: rotary position embeddings of q and k in one kernel launch.
 
-    q_embed, k_embed = rotary_embedding(q, k, cos, sin, unsqueeze_dim=1)
+    q_embed, k_embed = rotary_embedding(q, k, cos, sin, unsqueeze_dim=1, interleaved=False)
 
 What transformers' ``apply_rotary_pos_emb`` computes (the ``rotate_half`` form of Llama, Mistral,
 Qwen2/3, Gemma, ... and GPT-NeoX's / Phi-3's partial rotary), for ``x`` in ``(q, k)``:
 
     c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim);  R = cos.shape[-1]
     x_embed = cat(x[..., :R] * c + rotate_half(x[..., :R]) * s, x[..., R:])
+
+``interleaved=True``: adjacent columns are the pairs, ``rotate_pairs`` in place of ``rotate_half``
+(``rotate_pairs(x)[..., 2i] = -x[..., 2i + 1]``, ``[..., 2i + 1] = x[..., 2i]``): Cohere's, GLM's,
+Ernie 4.5's and GPT-J's rotation, with ``cos`` / ``sin`` given per column (each pair's value
+twice, as those models' ``repeat_interleave`` makes them).
 
 ``R`` (even) may be less than the head dim (partial rotary: the rest passes unchanged). ``c`` and
 ``s`` must broadcast to ``x[..., :R]`` without growing it. Results are laid out as the formula
@@ -53,6 +58,7 @@ class RotaryCall:
     cos: torch.Tensor
     sin: torch.Tensor
     unsqueeze_dim: int
+    interleaved: bool
     rotary_dim: int
     device: torch.device
     kernel_ok: bool
@@ -68,12 +74,14 @@ def _check_tensor(name: str, v: Any) -> torch.Tensor:
     return t
 
 
-def check(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> RotaryCall:
+def check(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1, interleaved: Any = False) -> RotaryCall:
     """Validate a call (``ValueError`` / ``TypeError`` naming the argument, before any kernel runs)."""
     op = "xkernels.ops.rotary_embedding"
     named = {n: _check_tensor(n, v) for n, v in (("q", q), ("k", k), ("cos", cos), ("sin", sin))}
     if isinstance(unsqueeze_dim, bool) or not isinstance(unsqueeze_dim, int):
         raise TypeError(f"{op}: 'unsqueeze_dim' must be an int, got {checks.describe(unsqueeze_dim)}")
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"{op}: 'interleaved' must be a bool, got {checks.describe(interleaved)}")
     devices = {n: t.device for n, t in named.items()}
     if len(set(devices.values())) > 1:
         listing = ", ".join(f"'{n}' on {d}" for n, d in devices.items())
@@ -108,7 +116,7 @@ def check(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> RotaryC
     elif max(q.dim(), k.dim()) - 1 > MAX_LEADING:
         reason = (f"q / k have more than {MAX_LEADING} leading dims (shapes {tuple(q.shape)}, {tuple(k.shape)}); "
                   f"PyTorch computes it")
-    return RotaryCall(q, k, cos, sin, unsqueeze_dim, r, q.device, not reason, reason)
+    return RotaryCall(q, k, cos, sin, unsqueeze_dim, interleaved, r, q.device, not reason, reason)
 
 
 # -- PyTorch's formula -----------------------------------------------------------------------------
@@ -117,18 +125,24 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """The interleaved ``rotate_half``: ``(-x[2i + 1], x[2i])`` for each pair of adjacent columns."""
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
 def torch_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                 unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' formula, partial rotary included: the reference, the fallback route and the
     traced form under ``torch.compile``."""
     c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     r = cos.shape[-1]
+    turn = rotate_pairs if interleaved else rotate_half
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
         if r == x.shape[-1]:
-            return x * c + rotate_half(x) * s
+            return x * c + turn(x) * s
         head = x[..., :r]
-        return torch.cat([head * c + rotate_half(head) * s, x[..., r:]], dim=-1)
+        return torch.cat([head * c + turn(head) * s, x[..., r:]], dim=-1)
 
     return rotate(q), rotate(k)
 
@@ -149,7 +163,7 @@ def _result(x: torch.Tensor, full: bool) -> torch.Tensor:
 
 
 def plan_key(call: RotaryCall, backend: Backend) -> Any:
-    return (backend.name, call.device, call.backward, call.unsqueeze_dim, call.q.dtype,
+    return (backend.name, call.device, call.backward, call.unsqueeze_dim, call.interleaved, call.q.dtype,
             *((tuple(t.shape), t.stride()) for t in (call.q, call.k, call.cos, call.sin)))
 
 
@@ -178,7 +192,7 @@ class RotaryPlan(Plan):
                       for t in (q, k) for s, n in zip(t.stride(), t.shape))
         self.q_tiles, self.n_tiles, self.grid = q_tiles, tiles, (programs,)
         self.constexprs = dict(BLOCK_R=block_r, BLOCK_D=block_d, BACKWARD=call.backward,
-                               PERSISTENT=programs < tiles, INDEX_64=index64)
+                               INTERLEAVED=call.interleaved, PERSISTENT=programs < tiles, INDEX_64=index64)
         self.options = {n: cfg[n] for n in backend.launch_options if cfg.get(n) is not None}
         self.config = {"BLOCK_R": block_r, "BLOCK_D": block_d, **self.options, "INDEX_64": index64}
         self.jit_fn = K.rotary_kernel
@@ -186,7 +200,7 @@ class RotaryPlan(Plan):
                                  backend.fast_launch)
         what = "gradients of q and k (the transposed rotation)" if call.backward else "q and k"
         self.variant = (f"{what} in one launch, {'partial rotary: ' + str(r) + ' of ' + str(d) if r < d else 'full'}"
-                        f" head dim")
+                        f" head dim" + (", interleaved pairs" if call.interleaved else ""))
         whys = [f"{block_r} rows of {block_d} columns per program; cos / sin rows read per row (broadcast dims "
                 f"stride 0)"]
         if self.copies:
@@ -234,11 +248,11 @@ class RotaryFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                unsqueeze_dim: int, run: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                unsqueeze_dim: int, interleaved: bool, run: Any) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(cos, sin)
         ctx.set_materialize_grads(False)  # an unused result's gradient stays None: its input gets none
-        ctx.unsqueeze_dim, ctx.q_shape, ctx.k_shape = unsqueeze_dim, q.shape, k.shape
-        qo, ko = run(q, k, cos, sin, unsqueeze_dim)
+        ctx.unsqueeze_dim, ctx.interleaved, ctx.q_shape, ctx.k_shape = unsqueeze_dim, interleaved, q.shape, k.shape
+        qo, ko = run(q, k, cos, sin, unsqueeze_dim, interleaved)
         for out, wanted in ((qo, ctx.needs_input_grad[0]), (ko, ctx.needs_input_grad[1])):
             if not wanted:  # as PyTorch's formula: a result requires grad where its input does
                 ctx.mark_non_differentiable(out)
@@ -249,31 +263,32 @@ class RotaryFunction(torch.autograd.Function):
         cos, sin = ctx.saved_tensors
         want_q, want_k = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if dq is None and dk is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         gq = dq if dq is not None else torch.zeros((), dtype=cos.dtype, device=cos.device).expand(ctx.q_shape)
         gk = dk if dk is not None else torch.zeros((), dtype=cos.dtype, device=cos.device).expand(ctx.k_shape)
-        out_q, out_k = rotary_embedding.transposed(gq, gk, cos, sin, ctx.unsqueeze_dim)
+        out_q, out_k = rotary_embedding.transposed(gq, gk, cos, sin, ctx.unsqueeze_dim, ctx.interleaved)
         return (out_q if want_q and dq is not None else None, out_k if want_k and dk is not None else None,
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 class RotaryEmbedding(Op):
     """``(q_embed, k_embed)``: transformers' rotary position embedding of q and k."""
 
     name = "rotary_embedding"
-    params = (Param("q"), Param("k"), Param("cos"), Param("sin"), Param("unsqueeze_dim", 1, key="value"))
+    params = (Param("q"), Param("k"), Param("cos"), Param("sin"), Param("unsqueeze_dim", 1, key="value"),
+              Param("interleaved", False, key="value"))
 
     def __init__(self) -> None:
         self._backward_plans: dict[Any, RotaryPlan] = {}
         super().__init__()
 
-    def check(self, q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> RotaryCall:
-        return check(q, k, cos, sin, unsqueeze_dim)
+    def check(self, q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1, interleaved: Any = False) -> RotaryCall:
+        return check(q, k, cos, sin, unsqueeze_dim, interleaved)
 
     def torch_impl(self, call: RotaryCall) -> Any:
         if call.backward:
             return _torch_transposed(call)
-        return torch_rotary(call.q, call.k, call.cos, call.sin, call.unsqueeze_dim)
+        return torch_rotary(call.q, call.k, call.cos, call.sin, call.unsqueeze_dim, call.interleaved)
 
     def plan_key(self, call: RotaryCall, backend: Backend) -> Any:
         return plan_key(call, backend)
@@ -290,21 +305,21 @@ class RotaryEmbedding(Op):
         assert isinstance(plan, RotaryPlan)
         r, device = call.rotary_dim, call.device
 
-        def run(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> Any:
-            return plan.run(RotaryCall(q, k, cos, sin, unsqueeze_dim, r, device, True))
+        def run(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any, interleaved: Any) -> Any:
+            return plan.run(RotaryCall(q, k, cos, sin, unsqueeze_dim, interleaved, r, device, True))
 
         return KernelRoute(run, plan.variant)
 
     def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> Any:
-        q, k, cos, sin, u = canon
+        q, k, cos, sin, u, inter = canon
         if cos.requires_grad or sin.requires_grad:
-            return torch_rotary(q, k, cos, sin, u)  # autograd records PyTorch's formula, cos / sin included
+            return torch_rotary(q, k, cos, sin, u, inter)  # autograd records PyTorch's formula, cos / sin included
         if route is None:  # a first call: checked here; a route's signature was checked when it was made
-            call = check(q, k, cos, sin, u)
+            call = check(q, k, cos, sin, u, inter)
             if not call.kernel_ok:
-                return torch_rotary(q, k, cos, sin, u)
-        run = self.forward_of(route, canon, (0, 1, 2, 3, 4), self.call_no_grad)
-        return RotaryFunction.apply(q, k, cos, sin, u, run)
+                return torch_rotary(q, k, cos, sin, u, inter)
+        run = self.forward_of(route, canon, (0, 1, 2, 3, 4, 5), self.call_no_grad)
+        return RotaryFunction.apply(q, k, cos, sin, u, inter, run)
 
     def _compiled(self, canon: tuple[Any, ...]) -> Any:
         """While torch.compile traces: PyTorch's formula, which Inductor fuses itself."""
@@ -315,16 +330,16 @@ class RotaryEmbedding(Op):
         return rotary_cases(self, target)
 
     def transposed(self, gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   unsqueeze_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   unsqueeze_dim: int, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The gradients of q and k from those of the results (the backward's one launch); the
         plan of each signature (the four tensors' layouts, the backend in effect) kept."""
-        key = (_override.get(), unsqueeze_dim,
+        key = (_override.get(), unsqueeze_dim, interleaved,
                *((t.shape, t.stride(), t.dtype, t.device) for t in (gq, gk, cos, sin)))
         plan = self._backward_plans.get(key)
         if plan is not None and _forced.get() is None:
-            return plan.run(RotaryCall(gq, gk, cos, sin, unsqueeze_dim, int(cos.shape[-1]), gq.device, True, "",
-                                       True))
-        call = check(gq, gk, cos, sin, unsqueeze_dim)
+            return plan.run(RotaryCall(gq, gk, cos, sin, unsqueeze_dim, interleaved, int(cos.shape[-1]), gq.device,
+                                       True, "", True))
+        call = check(gq, gk, cos, sin, unsqueeze_dim, interleaved)
         call.backward = True
         route = self._decide(call)[1]
         if not isinstance(route, RotaryPlan):
@@ -343,9 +358,13 @@ class RotaryEmbedding(Op):
 def _torch_transposed(call: RotaryCall) -> tuple[torch.Tensor, torch.Tensor]:
     """The transposed rotation in PyTorch: the formula with ``-sin`` read at the partner column."""
     half, s = call.rotary_dim // 2, call.sin
-    # dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1: the formula's "- g2 s'1" and "+ g1 s'2" with s' = -(s2, s1)
-    swapped = torch.cat((s[..., half:], s[..., :half]), dim=-1)
-    return torch_rotary(call.q, call.k, call.cos, -swapped, call.unsqueeze_dim)
+    # dx1 = g1 c1 + g2 s2, dx2 = g2 c2 - g1 s1: the formula's "- g2 s'1" and "+ g1 s'2" with s' = -(s2, s1),
+    # s1 / s2 the halves or (interleaved) the even / odd columns
+    if call.interleaved:
+        swapped = s.unflatten(-1, (half, 2)).flip(-1).flatten(-2)
+    else:
+        swapped = torch.cat((s[..., half:], s[..., :half]), dim=-1)
+    return torch_rotary(call.q, call.k, call.cos, -swapped, call.unsqueeze_dim, call.interleaved)
 
 
 rotary_embedding = RotaryEmbedding()

@@ -19,11 +19,12 @@ calls, each as the forward and as the backward (the results' gradients in the re
   ``HALF`` are runtime ints, so these share one compilation per call): decode of one sequence,
   ``(1, H, 1, D)``: a few row tiles, a program each (no loop), batch and sequence sizes 1
   (specialized);
-* head dim 128: the prefill call with q's offsets past 2**31 (``INDEX_64``); as the forward
-  only, packed tokens ``(T, H, D)`` with cos ``(T, R)`` (two leading dims: the first, padded, is
+* head dim 128: the prefill call with q's offsets past 2**31 (``INDEX_64``), the prefill call
+  with adjacent pairs (``interleaved=True``: Cohere's, GLM's rotation); as the forward only,
+  packed tokens ``(T, H, D)`` with cos ``(T, R)`` (two leading dims: the first, padded, is
   1) and a batched decode ``(64, H, 1, D)`` (sequence size 1) in the persistent loop.
 
-Per SoC and dtype: 11 forward and 9 backward cases, 7 and 5 compilations (60 cases per SoC, 36
+Per SoC and dtype: 12 forward and 10 backward cases, 8 and 6 compilations (66 cases per SoC, 42
 compilations per memory class).
 """
 
@@ -105,6 +106,7 @@ def rotary_layouts(h: Heads, dtype: torch.dtype, backward: bool) -> Iterator[tup
         return
     long = 2**31 // (batch * h.heads * h.d) + 1024  # q's offsets pass 2**31
     yield f"{h.label}, prefill {batch}x{long}, offsets past 2**31", _bhsd(h, batch, long, dtype)
+    yield f"{h.label}, prefill (B, H, S, D) {batch}x{seq}, adjacent pairs", (*_bhsd(h, batch, seq, dtype), True)
     if not backward:
         yield f"{h.label}, packed tokens (T, H, D) T={batch * seq}", _packed(h, batch * seq, dtype)
         yield f"{h.label}, batched decode (B, H, 1, D) B=64", _bhsd(h, 64, 1, dtype)
@@ -141,7 +143,7 @@ def rotary_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                     plan.launcher = rec = _Recorder()
                     plan.run(call)
                     c = plan.constexprs
-                    tags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64") if c[k])
+                    tags = "".join(f" {k.lower()}" for k in ("INTERLEAVED", "PERSISTENT", "INDEX_64") if c[k])
                     made += 1
                     yield target.case(op.name, plan.jit_fn, rec.args, c, cls["dtype"],
                                       f"{shown(plan.config)}|{cls['pass']}, {label}{tags}|{entry.where}")

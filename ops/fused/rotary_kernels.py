@@ -2,16 +2,20 @@
 
 Per row ``x`` (one head of one token: the last dim, ``D`` wide) and its ``cos`` / ``sin`` rows
 (``R = 2 * HALF`` wide, ``R <= D``), as transformers' ``apply_rotary_pos_emb`` computes it
-(``rotate_half``: the first half of the rotary part paired with the second):
+(``rotate_half``: the first half of the rotary part paired with the second; ``p(c)`` is ``c``'s
+partner, ``c + HALF`` for a "first" column ``c < HALF``, ``c - HALF`` for the others):
 
-    out[c] = x[c] * cos[c] - x[c + HALF] * sin[c]          c < HALF
-    out[c] = x[c] * cos[c] + x[c - HALF] * sin[c]          HALF <= c < R
+    out[c] = x[c] * cos[c] - x[p(c)] * sin[c]              c first
+    out[c] = x[c] * cos[c] + x[p(c)] * sin[c]              c second, c < R
     out[c] = x[c]                                          R <= c < D   (partial rotary: passed)
+
+``INTERLEAVED``: pairs of adjacent columns instead (GPT-J's ``rotate_every_two``, Cohere's and
+GLM's ``rotate_half``): the first columns are the even ones, ``p(c) = c ^ 1``.
 
 ``BACKWARD``: the transposed rotation, the gradient of x from the output's gradient ``x``:
 
-    dx[c] = g[c] * cos[c] + g[c + HALF] * sin[c + HALF]    c < HALF
-    dx[c] = g[c] * cos[c] - g[c - HALF] * sin[c - HALF]    HALF <= c < R
+    dx[c] = g[c] * cos[c] + g[p(c)] * sin[p(c)]            c first
+    dx[c] = g[c] * cos[c] - g[p(c)] * sin[p(c)]            c second, c < R
 
 Products and the sum in fp32, one rounding at the store (torch's formula rounds after each of its
 three ops, so results may differ from it by an ulp of the dtype; both are compared with float64).
@@ -34,7 +38,7 @@ import triton.language as tl
 @triton.jit
 def _rotate_tile(x_ptr, o_ptr, cos_ptr, sin_ptr, tile, A, B, C, sxa, sxb, sxc, soa, sob, soc, sca, scb, scc,
                  D, HALF, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BACKWARD: tl.constexpr,
-                 INDEX_64: tl.constexpr):
+                 INTERLEAVED: tl.constexpr, INDEX_64: tl.constexpr):
     rows = tile * BLOCK_R + tl.arange(0, BLOCK_R)
     if INDEX_64:
         rows = rows.to(tl.int64)
@@ -46,9 +50,13 @@ def _rotate_tile(x_ptr, o_ptr, cos_ptr, sin_ptr, tile, A, B, C, sxa, sxb, sxc, s
     o_row = a * soa + b * sob + c * soc
     cs_row = a * sca + b * scb + c * scc
     cols = tl.arange(0, BLOCK_D)
-    first = cols < HALF
     rotary = cols < 2 * HALF
-    partner = tl.where(first, cols + HALF, cols - HALF)
+    if INTERLEAVED:
+        first = (cols % 2) == 0
+        partner = tl.where(first, cols + 1, cols - 1)
+    else:
+        first = cols < HALF
+        partner = tl.where(first, cols + HALF, cols - HALF)
     on_row = live[:, None]
     in_row = on_row & (cols < D)[None, :]
     in_rot = on_row & rotary[None, :]
@@ -71,20 +79,20 @@ def rotary_kernel(q_ptr, qo_ptr, k_ptr, ko_ptr, cos_ptr, sin_ptr,
                   KA, KB, KC, ska, skb, skc, soka, sokb, sokc, scka, sckb, sckc,
                   D, HALF, Q_TILES, N_TILES, N_PROGRAMS,
                   BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, BACKWARD: tl.constexpr,
-                  PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
+                  INTERLEAVED: tl.constexpr, PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
     pid = tl.program_id(0)
     if PERSISTENT:
         for t in range(pid, N_TILES, N_PROGRAMS):
             if t < Q_TILES:
                 _rotate_tile(q_ptr, qo_ptr, cos_ptr, sin_ptr, t, QA, QB, QC, sqa, sqb, sqc, soqa, soqb, soqc,
-                             scqa, scqb, scqc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INDEX_64)
+                             scqa, scqb, scqc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INTERLEAVED, INDEX_64)
             else:
                 _rotate_tile(k_ptr, ko_ptr, cos_ptr, sin_ptr, t - Q_TILES, KA, KB, KC, ska, skb, skc, soka, sokb,
-                             sokc, scka, sckb, sckc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INDEX_64)
+                             sokc, scka, sckb, sckc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INTERLEAVED, INDEX_64)
     else:
         if pid < Q_TILES:
             _rotate_tile(q_ptr, qo_ptr, cos_ptr, sin_ptr, pid, QA, QB, QC, sqa, sqb, sqc, soqa, soqb, soqc,
-                         scqa, scqb, scqc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INDEX_64)
+                         scqa, scqb, scqc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INTERLEAVED, INDEX_64)
         else:
             _rotate_tile(k_ptr, ko_ptr, cos_ptr, sin_ptr, pid - Q_TILES, KA, KB, KC, ska, skb, skc, soka, sokb,
-                         sokc, scka, sckb, sckc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INDEX_64)
+                         sokc, scka, sckb, sckc, D, HALF, BLOCK_R, BLOCK_D, BACKWARD, INTERLEAVED, INDEX_64)

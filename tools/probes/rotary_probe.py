@@ -1,8 +1,11 @@
 """Does ``rotary_embedding`` (q and k rotated in one launch) beat transformers' ``apply_rotary_pos_emb``
 (about fourteen PyTorch ops), alone and in a patched model?
 
-Op rows (``--shapes b:s:heads:kv_heads:head_dim:rotary_dim``, bf16, q / k laid out as a
-transformers attention hands them over: projected, viewed, transposed): the two ways checked
+Op rows (``--shapes b:s:heads:kv_heads:head_dim:rotary_dim[:form]``, bf16, q / k laid out as a
+transformers attention hands them over: projected, viewed, transposed; ``form``: ``halves``
+(Llama's, GPT-NeoX's where partial), ``pairs`` (Cohere's: adjacent pairs, cos / sin per column)
+or ``glm`` (GLM's: adjacent pairs from the first half of a Llama-style cos / sin), xkernels'
+side being what ``patch()`` binds in the attention's globals): the two ways checked
 against each other and float64, then device µs (``do_bench``: L2 flushed before each call) of the
 forward and of forward + backward, and host µs per forward call with the device held busy, in
 interleaved rounds. Model rows (``--models``: a ``bench --model`` name, ``NAME@BATCHxSEQ``, or a
@@ -11,7 +14,8 @@ rotary fusion / patch, in eager and CUDA-graph modes, timed in interleaved round
 --model``'s device and host timing plus a wall time per step switching way every step.
 
     python tools/probes/rotary_probe.py --json rotary.json \
-        --models llama,llama@1x16,tools/probes/data/pythia-1.4b-2-layers.json@8x512
+        --models llama,llama@1x16,tools/probes/data/pythia-1.4b-2-layers.json@8x512,\
+                 tools/probes/data/glm-4-9b-2-layers.json@1x2048
 """
 
 from __future__ import annotations
@@ -29,35 +33,46 @@ from xkernels import dispatch
 from xkernels.ops import rotary_embedding
 
 SHAPES = ["1:2048:32:8:128:128", "16:512:32:8:128:128", "64:1:32:8:128:128", "8:1024:16:16:128:32",
-          "4:1024:32:32:80:40"]
+          "4:1024:32:32:80:40", "1:2048:32:2:128:64:glm", "64:1:32:2:128:64:glm", "1:2048:64:8:128:128:pairs"]
 HOLD_CYCLES = 40_000_000
 
 
-def hf_rotary(partial):
-    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama
+def hf_rotary(form, partial):
+    """(transformers' function, what patch() binds in its place) of a form."""
+    from xkernels import rotary_fusion as rf
 
-    return neox if partial else llama
+    if form == "halves":
+        from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama
+
+        return (neox, rotary_embedding) if partial else (llama, rotary_embedding)
+    if form == "pairs":
+        from transformers.models.cohere.modeling_cohere import apply_rotary_pos_emb as cohere
+
+        return cohere, rf.fused_rotary(cohere, rf.Form(False, interleaved=True))
+    from transformers.models.glm.modeling_glm import apply_rotary_pos_emb as glm
+
+    return glm, rf.fused_rotary(glm, rf.Form(True, halved=True, interleaved=True))
 
 
 def operands(spec, device):
-    b, s, h, hk, d, r = (int(v) for v in spec.split(":"))
+    b, s, h, hk, d, r = (int(v) for v in spec.split(":")[:6])
+    form = (spec.split(":")[6:] or ["halves"])[0]
     g = torch.Generator(device=device).manual_seed(0)
     bf = torch.bfloat16
     q = torch.randn(b, s, h * d, device=device, generator=g).to(bf).view(b, s, h, d).transpose(1, 2)
     k = torch.randn(b, s, hk * d, device=device, generator=g).to(bf).view(b, s, hk, d).transpose(1, 2)
     pos = torch.arange(s, device=device, dtype=torch.float32)[None, :, None] + 7
     inv = 1.0 / (10000 ** (torch.arange(0, r, 2, device=device, dtype=torch.float32) / r))
-    emb = torch.cat((pos * inv, pos * inv), dim=-1)
-    return q, k, emb.cos().to(bf), emb.sin().to(bf), r < d
+    emb = (pos * inv).repeat_interleave(2, dim=-1) if form == "pairs" else torch.cat((pos * inv, pos * inv), dim=-1)
+    return q, k, emb.cos().to(bf), emb.sin().to(bf), form, r < d
 
 
 def run_shape(spec, rounds, device):
     from triton.testing import do_bench
 
-    q, k, cos, sin, partial = operands(spec, device)
-    theirs = hf_rotary(partial)
-    ours = rotary_embedding
+    q, k, cos, sin, form, partial = operands(spec, device)
+    theirs, ours = hf_rotary(form, partial)
     got, want = ours(q, k, cos, sin), theirs(q, k, cos, sin)
     ref = theirs(q.double(), k.double(), cos.double(), sin.double())
     err = {w: max((a.double() - c).abs().max().item() for a, c in zip(out, ref)) for w, out in
@@ -168,7 +183,7 @@ def model_ab(name, rounds, modes):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(SHAPES), help="b:s:heads:kv_heads:head_dim:rotary_dim,...")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="b:s:heads:kv_heads:head_dim:rotary_dim[:form],...")
     p.add_argument("--models", default="", help="bench --model names or config.json paths, @BATCHxSEQ for inputs")
     p.add_argument("--modes", default="eager,cudagraph")
     p.add_argument("--rounds", type=int, default=7)

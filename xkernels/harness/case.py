@@ -27,7 +27,8 @@ class T:
     but the last have stride 0); ``heads`` (a ``(b, h, s, d)`` attention operand as transformers
     lays it out: a ``(b, s, h*d)`` projection viewed ``(b, s, h, d)`` and transposed, random
     values); ``cos`` / ``sin`` (a ``(b, s, r)`` rotary table, not random: the cos / sin of real
-    rotary angles, :func:`rotary_angles`, at base ``theta``).
+    rotary angles, :func:`rotary_angles`, at base ``theta``); ``cos pairs`` / ``sin pairs`` (the
+    same angles with each one twice side by side, as the adjacent-pair families lay them out).
     """
 
     shape: tuple[int, ...]
@@ -59,13 +60,14 @@ def rotary_positions(b: int, s: int) -> torch.Tensor:
     return starts[:, None] + torch.arange(s, dtype=torch.int64)
 
 
-def rotary_angles(b: int, s: int, r: int, theta: float) -> torch.Tensor:
+def rotary_angles(b: int, s: int, r: int, theta: float, pairs: bool = False) -> torch.Tensor:
     """``(b, s, r)`` float32 angles as transformers' default rotary embedding computes them
     (``LlamaRotaryEmbedding``): ``inv_freq = 1 / theta ** (arange(0, r, 2) / r)``, the angles
-    ``positions * inv_freq`` in float32, concatenated with themselves (``rotate_half``'s halves)."""
+    ``positions * inv_freq`` in float32, concatenated with themselves (``rotate_half``'s halves);
+    ``pairs``: each angle twice side by side (Cohere's ``repeat_interleave``)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.int64).float() / r))
     freqs = rotary_positions(b, s).float()[..., None] * inv_freq
-    return torch.cat((freqs, freqs), dim=-1)
+    return freqs.repeat_interleave(2, dim=-1) if pairs else torch.cat((freqs, freqs), dim=-1)
 
 
 def _materialize(spec: T, gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -84,9 +86,9 @@ def _materialize(spec: T, gen: torch.Generator, device: torch.device) -> torch.T
     if spec.view == "heads":
         b, h, n, d = shape
         return random_tensor((b, n, h * d), spec.dtype, gen).to(device).view(b, n, h, d).transpose(1, 2)
-    if spec.view in ("cos", "sin"):  # cos / sin in float32, cast to the dtype (transformers: .to(x.dtype))
-        angles = rotary_angles(*shape, spec.theta)
-        return (angles.cos() if spec.view == "cos" else angles.sin()).to(device, spec.dtype)
+    if spec.view in ("cos", "sin", "cos pairs", "sin pairs"):  # in float32, cast (transformers: .to(x.dtype))
+        angles = rotary_angles(*shape, spec.theta, pairs=spec.view.endswith("pairs"))
+        return (angles.cos() if spec.view.startswith("cos") else angles.sin()).to(device, spec.dtype)
     raise ValueError(f"unknown operand view {spec.view!r}")
 
 

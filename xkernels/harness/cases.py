@@ -353,22 +353,28 @@ def norm_cases(op: str, d: torch.dtype) -> list[Case]:
 #: rows of cos / sin (1: one table for the batch, b: one per sequence), bench size), from each model's
 #: Hugging Face config.json: Llama-3-8B 32 q / 8 kv heads of 128, rope_theta 500000, full rotary;
 #: Pythia-1.4B (GPT-NeoX) 16 heads of 128, rotary_pct 0.25 (32), rotary_emb_base 10000; Phi-2 32
-#: heads of 80, partial_rotary_factor 0.4 (32), rope_theta 10000. q and k as transformers lays
+#: heads of 80, partial_rotary_factor 0.4 (32), rope_theta 10000; GLM-4-9B 32 q / 2 kv heads of 128,
+#: partial_rotary_factor 0.5 (64), adjacent pairs (``interleaved=True``; a label naming "adjacent
+#: pairs" takes it). q and k as transformers lays
 #: them out: ``(b, s, h*d)`` projections viewed ``(b, s, h, d)`` and transposed to ``(b, h, s, d)``;
 #: cos / sin ``(1 or b, s, r)`` of real angles at real positions (``case.rotary_positions``).
 ROTARY_LAYERS = (("Llama-3-8B prefill 1x2048", 1, 2048, 32, 8, 128, 128, 500000.0, 1, "medium"),
                  ("Llama-3-8B batch 16x512, positions per sequence", 16, 512, 32, 8, 128, 128, 500000.0, 16, "medium"),
                  ("Llama-3-8B decode 64x1", 64, 1, 32, 8, 128, 128, 500000.0, 64, "small"),
                  ("Pythia-1.4B (GPT-NeoX) 4x512, rotary 32 of 128", 4, 512, 16, 16, 128, 32, 10000.0, 1, "medium"),
-                 ("Phi-2 4x512, head 80, rotary 32", 4, 512, 32, 32, 80, 32, 10000.0, 1, "medium"))
+                 ("Phi-2 4x512, head 80, rotary 32", 4, 512, 32, 32, 80, 32, 10000.0, 1, "medium"),
+                 ("GLM-4-9B prefill 1x2048, adjacent pairs, rotary 64 of 128", 1, 2048, 32, 2, 128, 64, 10000.0, 1,
+                  "medium"))
 
 
 def rotary_args(d: torch.dtype, b: int, s: int, hq: int, hkv: int, hd: int, r: int, theta: float = 10000.0,
-                cos_rows: int = 1, view: str = "heads") -> tuple[T, T, T, T]:
+                cos_rows: int = 1, view: str = "heads", pairs: bool = False) -> tuple[T, T, T, T]:
     """q ``(b, hq, s, hd)``, k ``(b, hkv, s, hd)`` (``view``: ``heads``, transformers' transposed
-    projections, or ``contiguous``) and the cos / sin tables ``(cos_rows, s, r)``."""
+    projections, or ``contiguous``) and the cos / sin tables ``(cos_rows, s, r)`` (``pairs``: laid
+    out for ``interleaved=True``)."""
+    table = " pairs" if pairs else ""
     return (T((b, hq, s, hd), d, view), T((b, hkv, s, hd), d, view),
-            T((cos_rows, s, r), d, "cos", theta), T((cos_rows, s, r), d, "sin", theta))
+            T((cos_rows, s, r), d, "cos" + table, theta), T((cos_rows, s, r), d, "sin" + table, theta))
 
 
 def rotary_cases(d: torch.dtype) -> list[Case]:
@@ -392,12 +398,19 @@ def rotary_cases(d: torch.dtype) -> list[Case]:
         C(*R(2, 0, 4, 2, 16, 16), layout="empty: 0 tokens"),
         C(*R(2, 5, 4, 2, 16, 16)[:2], T((1, 5, 16), o, "cos"), T((1, 5, 16), o, "sin"),
           layout=f"cos / sin {str(o)[6:]} (promotes)"),
+        C(*R(2, 7, 4, 2, 16, 16, pairs=True), layout="adjacent pairs (Cohere), GQA 4/2 heads",
+          kwargs=(("interleaved", True),)),
+        C(*R(3, 5, 4, 1, 32, 16, cos_rows=3, pairs=True), layout="adjacent pairs, partial rotary 16 of 32 (GLM)",
+          kwargs=(("interleaved", True),)),
     ]
     for label, b, s, hq, hkv, hd, r, theta, rows, size in ROTARY_LAYERS:
-        args = R(b, s, hq, hkv, hd, r, theta, cos_rows=rows)
-        cases.append(Case("rotary_embedding", args, label, _bench(size)))
+        pairs = "adjacent pairs" in label
+        args = R(b, s, hq, hkv, hd, r, theta, cos_rows=rows, pairs=pairs)
+        kw = (("interleaved", True),) if pairs else ()
+        cases.append(Case("rotary_embedding", args, label, _bench(size), kwargs=kw))
         if s > 1:  # training: q and k's gradients through the backward's transposed rotation
-            cases.append(Case("rotary_embedding", args, f"{label}, forward+backward", _bench(size), backward=True))
+            cases.append(Case("rotary_embedding", args, f"{label}, forward+backward", _bench(size), backward=True,
+                              kwargs=kw))
     return cases
 
 

@@ -114,26 +114,32 @@ def _ref_add_rms_norm(dtype: torch.dtype, x: torch.Tensor, residual: torch.Tenso
 
 
 def _torch_rotary_embedding(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                            unsqueeze_dim: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                            unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' ``apply_rotary_pos_emb``: ``x * cos + rotate_half(x) * sin`` on the first
-    ``cos.shape[-1]`` columns of q and k, the rest passed on (partial rotary)."""
+    ``cos.shape[-1]`` columns of q and k, the rest passed on (partial rotary); ``interleaved``:
+    the adjacent-pair ``rotate_half`` (Cohere's, GLM's)."""
     from xkernels.ops.fused.rotary import torch_rotary
 
-    return torch_rotary(q, k, cos, sin, unsqueeze_dim)
+    return torch_rotary(q, k, cos, sin, unsqueeze_dim, interleaved)
 
 
 def _ref_rotary_embedding(dtype: torch.dtype, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, unsqueeze_dim: int = 1) -> tuple[Any, Any, int]:
+                          sin: torch.Tensor, unsqueeze_dim: int = 1, interleaved: bool = False) -> tuple[Any, Any, int]:
     """The float64 reference of ``(q_embed, k_embed)`` and, per element, the magnitude an fp32
     product or sum's rounding scales with: ``|x_i cos_i| + |x_j sin_i|`` (``x_j`` the
     ``rotate_half`` partner) on the rotated columns, 0 on the columns passed on; K = 2 terms."""
-    refs = _torch_rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+    refs = _torch_rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
     c, s = cos.abs().unsqueeze(unsqueeze_dim), sin.abs().unsqueeze(unsqueeze_dim)
     r = cos.shape[-1]
 
+    def partner(h: torch.Tensor) -> torch.Tensor:
+        if interleaved:
+            return h.unflatten(-1, (r // 2, 2)).flip(-1).flatten(-2)
+        return torch.cat((h[..., r // 2:], h[..., :r // 2]), dim=-1)
+
     def magnitude(x: torch.Tensor) -> torch.Tensor:
         head = x[..., :r].abs()
-        mag = head * c + torch.cat((head[..., r // 2:], head[..., :r // 2]), dim=-1) * s
+        mag = head * c + partner(head) * s
         return torch.cat((mag, torch.zeros_like(x[..., r:])), dim=-1) if r < x.shape[-1] else mag
 
     return refs, (magnitude(q), magnitude(k)), 2

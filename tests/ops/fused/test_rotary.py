@@ -41,14 +41,14 @@ def same_layout(a, b):
     return a.shape == b.shape and all(x == y for x, y, n in zip(a.stride(), b.stride(), a.shape) if n > 1)
 
 
-def reference(q, k, cos, sin, u=1):
-    return torch_rotary(q.double(), k.double(), cos.double(), sin.double(), u)
+def reference(q, k, cos, sin, u=1, interleaved=False):
+    return torch_rotary(q.double(), k.double(), cos.double(), sin.double(), u, interleaved)
 
 
-def check_call(q, k, cos, sin, u=1):
+def check_call(q, k, cos, sin, u=1, interleaved=False):
     with Unchanged(q, k, cos, sin):
-        qe, ke = rotary_embedding(q, k, cos, sin, u)
-    rq, rk = reference(q, k, cos, sin, u)
+        qe, ke = rotary_embedding(q, k, cos, sin, u, interleaved=interleaved)
+    rq, rk = reference(q, k, cos, sin, u, interleaved)
     assert_close(qe, rq, q.dtype, scale=2.0)
     assert_close(ke, rk, k.dtype, scale=2.0)
     return qe, ke
@@ -97,15 +97,15 @@ def test_cos_and_sin_with_different_halves(backend, device, poison):
     check_gradients(q, k, cos, sin)
 
 
-def check_gradients(q, k, cos, sin, u=1, scale=4.0):
+def check_gradients(q, k, cos, sin, u=1, scale=4.0, interleaved=False):
     qq, kk = q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_()
-    qe, ke = rotary_embedding(qq, kk, cos, sin, u)
+    qe, ke = rotary_embedding(qq, kk, cos, sin, u, interleaved)
     assert type(qe.grad_fn).__name__ == "RotaryFunctionBackward"
     gq, gk = torch.randn_like(qe), torch.randn_like(ke)
     with Unchanged(gq, gk, cos, sin):
         torch.autograd.backward([qe, ke], [gq, gk])
     q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
-    rq, rk = torch_rotary(q64, k64, cos.double(), sin.double(), u)
+    rq, rk = torch_rotary(q64, k64, cos.double(), sin.double(), u, interleaved)
     torch.autograd.backward([rq, rk], [gq.double(), gk.double()])
     assert_close(qq.grad, q64.grad, q.dtype, scale=scale)
     assert_close(kk.grad, k64.grad, k.dtype, scale=scale)
@@ -183,10 +183,11 @@ def test_explain_names_the_kernel(backend, device):
     (lambda q, k, c, s: (q, k.to(torch.int32), c, s), TypeError, "'k' has dtype torch.int32"),
     (lambda q, k, c, s: (q, k, c, s, 1.0), TypeError, "'unsqueeze_dim'"),
     (lambda q, k, c, s: (q, k, c, s, 5), ValueError, "out of range"),
+    (lambda q, k, c, s: (q, k, c, s, 1, 1), TypeError, "'interleaved' must be a bool"),
     (lambda q, k, c, s: (q, k.to("meta"), c, s), ValueError, "one device"),
     (lambda q, k, c, s: (q, "k", c, s), TypeError, "'k'"),
 ], ids=["odd rotary dim", "sin shape", "rotary wider than head", "cos grows q", "int k", "float unsqueeze_dim",
-        "unsqueeze_dim range", "devices", "not a tensor"])
+        "unsqueeze_dim range", "interleaved not a bool", "devices", "not a tensor"])
 def test_bad_input_raises_before_any_kernel(backend, device, bad, err, words):
     q, k = hf_layout(1, 3, 2, 8, torch.float32, device), hf_layout(1, 3, 2, 8, torch.float32, device)
     cos, sin = angles(1, 3, 6, torch.float32, device)
@@ -204,3 +205,54 @@ def test_compile_fullgraph(backend, device):
     assert_close(got[0], rq, torch.float32)
     assert_close(got[1], rk, torch.float32)
 
+
+
+# -- interleaved pairs (Cohere, GLM, Ernie 4.5, GPT-J) ------------------------------------------------
+def pair_angles(batch, s, r, dtype, device):
+    """cos / sin as the interleaved families make them: each pair's angle twice, side by side."""
+    cos, sin = angles(batch, s, r, torch.float64, "cpu")
+    return tuple(t[..., : r // 2].repeat_interleave(2, dim=-1).to(dtype).to(device) for t in (cos, sin))
+
+
+def complex_rotation(x, cos, sin, u=1):
+    """The interleaved rotation as complex multiplication, in float64: ``(x[2i] + j x[2i+1]) * e^(j angle)``."""
+    r = cos.shape[-1]
+    head = torch.view_as_complex(x[..., :r].double().unflatten(-1, (r // 2, 2)).contiguous())
+    turn = torch.complex(cos[..., ::2].double(), sin[..., ::2].double()).unsqueeze(u)
+    return torch.cat([torch.view_as_real(head * turn).flatten(-2), x[..., r:].double()], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
+@pytest.mark.parametrize("shape", [(2, 5, 4, 2, 16, 16), (1, 9, 4, 4, 20, 16), (2, 3, 2, 1, 24, 8)],
+                         ids=["gqa", "partial 16 of 20", "partial 8 of 24"])
+def test_interleaved_is_the_complex_rotation(backend, device, poison, dtype, shape):
+    b, s, h, hk, d, r = shape
+    q, k = hf_layout(b, s, h, d, dtype, device), hf_layout(b, s, hk, d, dtype, device)
+    cos, sin = pair_angles(1, s, r, dtype, device)
+    with Unchanged(q, k, cos, sin):
+        qe, ke = rotary_embedding(q, k, cos, sin, interleaved=True)
+    assert_close(qe, complex_rotation(q, cos, sin), dtype, scale=2.0)
+    assert_close(ke, complex_rotation(k, cos, sin), dtype, scale=2.0)
+    check_gradients(q, k, cos, sin, interleaved=True)
+    if backend.runs_triton:
+        assert "interleaved pairs" in xkernels.ops.explain(rotary_embedding, q, k, cos, sin, 1, True).variant
+
+
+def test_interleaved_with_values_per_column(backend, device, poison):
+    """Nothing assumes cos[2i] == cos[2i + 1] (forward and backward), in either layout of q."""
+    q, k = hf_layout(2, 4, 2, 16, torch.float32, device), hf_layout(2, 4, 1, 16, torch.float32, device)
+    cos, sin = rand((2, 4, 16), torch.float32, device), rand((2, 4, 16), torch.float32, device)
+    check_call(q, k, cos, sin, interleaved=True)
+    check_gradients(q, k, cos, sin, interleaved=True)
+    q, k = rand((2, 4, 2, 16), torch.float32, device), rand((2, 4, 1, 16), torch.float32, device)
+    check_call(q, k, cos, sin, 2, interleaved=True)
+    check_gradients(q, k, cos, sin, 2, interleaved=True)
+
+
+def test_interleaved_compile_fullgraph(backend, device):
+    q, k = hf_layout(1, 4, 2, 16, torch.float32, device), hf_layout(1, 4, 1, 16, torch.float32, device)
+    cos, sin = pair_angles(1, 4, 16, torch.float32, device)
+    fn = torch.compile(lambda *a: rotary_embedding(*a, interleaved=True), fullgraph=True, backend="aot_eager")
+    got = fn(q, k, cos, sin)
+    assert_close(got[0], complex_rotation(q, cos, sin), torch.float32)
+    assert_close(got[1], complex_rotation(k, cos, sin), torch.float32)
