@@ -44,8 +44,9 @@ from xkernels.ops.op import KernelRoute, Op, Param, Plan, Route
 from xkernels.tuning import _forced
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-#: rows per program and warps when no table rule matches
-DEFAULT = {"ELEMENTS": 4096, "num_warps": 4}
+#: rows per program and warps when no table rule matches; ``PAIRS``: how the kernel pairs adjacent
+#: columns for ``interleaved=True`` ("split": in registers; "gather": a load at the partner column)
+DEFAULT = {"ELEMENTS": 4096, "num_warps": 4, "PAIRS": "split"}
 MAX_LEADING = 3  # leading dims the kernel indexes
 
 
@@ -191,16 +192,24 @@ class RotaryPlan(Plan):
         index64 = any(abs(s) * max(n - 1, 0) + reach + 2**16 > INT32_MAX
                       for t in (q, k) for s, n in zip(t.stride(), t.shape))
         self.q_tiles, self.n_tiles, self.grid = q_tiles, tiles, (programs,)
+        split = call.interleaved and cfg.get("PAIRS", "split") == "split"
+        if cfg.get("PAIRS", "split") not in ("split", "gather"):
+            raise ValueError(f"rotary table ({choice.source}): PAIRS must be 'split' or 'gather', got {cfg['PAIRS']!r}")
         self.constexprs = dict(BLOCK_R=block_r, BLOCK_D=block_d, BACKWARD=call.backward,
-                               INTERLEAVED=call.interleaved, PERSISTENT=programs < tiles, INDEX_64=index64)
+                               INTERLEAVED=call.interleaved, SPLIT_PAIRS=split, PERSISTENT=programs < tiles,
+                               INDEX_64=index64)
         self.options = {n: cfg[n] for n in backend.launch_options if cfg.get(n) is not None}
         self.config = {"BLOCK_R": block_r, "BLOCK_D": block_d, **self.options, "INDEX_64": index64}
+        if call.interleaved:
+            self.config["PAIRS"] = "split" if split else "gather"
         self.jit_fn = K.rotary_kernel
+        # the six tensors vary between calls of the plan; its integers are fixed by its signature
         self.launcher = Launcher(backend.kernel(K.rotary_kernel), self.grid, self.constexprs, self.options,
-                                 backend.fast_launch)
+                                 backend.fast_launch, varying=tuple(range(6)))
         what = "gradients of q and k (the transposed rotation)" if call.backward else "q and k"
         self.variant = (f"{what} in one launch, {'partial rotary: ' + str(r) + ' of ' + str(d) if r < d else 'full'}"
-                        f" head dim" + (", interleaved pairs" if call.interleaved else ""))
+                        f" head dim" + ((", interleaved pairs " + ("split in registers" if split else "gathered"))
+                                        if call.interleaved else ""))
         whys = [f"{block_r} rows of {block_d} columns per program; cos / sin rows read per row (broadcast dims "
                 f"stride 0)"]
         if self.copies:
@@ -211,6 +220,9 @@ class RotaryPlan(Plan):
         self.programs, self.tiles = programs, tiles
         self.full = r == d
         self.tail: tuple[int, ...] | None = None  # the launch's integers: the plan's signature fixes them
+        #: after the first launch: the launch of the six tensors alone (``Launcher.hot``: one C call
+        #: into the driver where it can), returning whether it launched
+        self.hot: Any = None
 
     def run(self, call: RotaryCall) -> tuple[torch.Tensor, torch.Tensor]:
         """(q_embed, k_embed), or the gradients of q and k for a backward plan, for a call of the
@@ -226,9 +238,13 @@ class RotaryPlan(Plan):
         qo, ko = _result(q, self.full), _result(k, self.full)  # after the copies: unit column stride
         if self.n_tiles == 0:
             return qo, ko
+        if self.hot is not None and self.hot(q, qo, k, ko, cos, sin):
+            return qo, ko
         if self.tail is None:
             self.tail = self._tail(q, k, qo, ko, cos, call.rotary_dim, call.unsqueeze_dim)
         self.launcher(q, qo, k, ko, cos, sin, *self.tail)
+        if self.hot is None:
+            self.hot = self.launcher.hot((q, qo, k, ko, cos, sin, *self.tail), 6)
         return qo, ko
 
     def _tail(self, q: torch.Tensor, k: torch.Tensor, qo: torch.Tensor, ko: torch.Tensor, cos: torch.Tensor,

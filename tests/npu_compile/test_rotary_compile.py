@@ -26,7 +26,7 @@ A2, A3, A5, A5_SMALL = "Ascend910B3", "Ascend910_9392", "Ascend950PR_9599", "Asc
 ROOT = Path(__file__).resolve().parents[2]
 DTYPES = ("float16", "bfloat16", "float32")
 PTR = {"float16": "*fp16", "bfloat16": "*bf16", "float32": "*fp32"}
-CONSTEXPRS = {"BLOCK_R", "BLOCK_D", "BACKWARD", "INTERLEAVED", "PERSISTENT", "INDEX_64"}
+CONSTEXPRS = {"BLOCK_R", "BLOCK_D", "BACKWARD", "INTERLEAVED", "SPLIT_PAIRS", "PERSISTENT", "INDEX_64"}
 
 
 def _rules(soc: str) -> dict[str, dict]:
@@ -72,6 +72,7 @@ def test_rotary_cases_cover_every_entry_dtype_pass_and_variant(soc):
                 assert c.constants["INDEX_64"] is ("offsets past 2**31" in c.config), c.config
                 assert ("index_64" in c.config) is c.constants["INDEX_64"]
                 assert c.constants["INTERLEAVED"] is ("adjacent pairs" in c.config), c.config
+                assert c.constants["SPLIT_PAIRS"] is False, c.config  # the npu table gathers (its source)
 
 
 def test_rotary_cases_carry_the_launch_specialization():

@@ -238,6 +238,28 @@ def test_interleaved_is_the_complex_rotation(backend, device, poison, dtype, sha
         assert "interleaved pairs" in xkernels.ops.explain(rotary_embedding, q, k, cos, sin, 1, True).variant
 
 
+@pytest.mark.parametrize("pairs", ["split", "gather"])
+def test_interleaved_pairs_either_way(backend, device, poison, pairs):
+    """Both ways the kernel pairs adjacent columns (the table's PAIRS), forward and backward."""
+    q, k = hf_layout(2, 5, 4, 16, torch.float32, device), hf_layout(2, 5, 2, 16, torch.float32, device)
+    cos, sin = rand((1, 5, 12), torch.float32, device), rand((1, 5, 12), torch.float32, device)  # partial 12 of 16
+    with xkernels.tuning.force({"ELEMENTS": 64, "PAIRS": pairs}):
+        check_call(q, k, cos, sin, interleaved=True)
+        check_gradients(q, k, cos, sin, interleaved=True)
+        if backend.runs_triton:
+            want = "split in registers" if pairs == "split" else "gathered"
+            assert want in xkernels.ops.explain(rotary_embedding, q, k, cos, sin, 1, True).variant
+
+
+def test_an_unknown_pairing_in_a_table_is_refused(backend, device):
+    if not backend.runs_triton:
+        pytest.skip("the backend runs PyTorch: no plan reads the table")
+    q = hf_layout(1, 3, 2, 8, torch.float32, device)
+    cos = rand((1, 3, 8), torch.float32, device)
+    with xkernels.tuning.force({"ELEMENTS": 64, "PAIRS": "shuffle"}), pytest.raises(ValueError, match="PAIRS"):
+        rotary_embedding(q, q, cos, cos, 1, True)
+
+
 def test_interleaved_with_values_per_column(backend, device, poison):
     """Nothing assumes cos[2i] == cos[2i + 1] (forward and backward), in either layout of q."""
     q, k = hf_layout(2, 4, 2, 16, torch.float32, device), hf_layout(2, 4, 1, 16, torch.float32, device)
