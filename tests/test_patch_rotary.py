@@ -1,7 +1,7 @@
 """``patch()``'s rotary embedding fusion (xkernels/rotary_fusion.py): attention modules whose
 forward calls one of transformers' ``apply_rotary_pos_emb`` forms (halves or adjacent pairs) run
 ``xkernels.ops.rotary_embedding`` (the kernel, forward and backward); other instances and the
-class keep the original; GPT-J's per-tensor form is left and reported; ``undo()`` restores."""
+class keep the original; an unknown form is left and reported; ``undo()`` restores."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ ROTATE_HALF = {
     "glm (pairs, partial, halved)": ("GlmConfig", "GlmForCausalLM", dict(LM, pad_token_id=0, head_dim=8)),
     "helium (pairs, halved)": ("HeliumConfig", "HeliumForCausalLM", dict(LM, head_dim=8)),
     "ernie4_5 (pairs, halved)": ("Ernie4_5Config", "Ernie4_5ForCausalLM", LM),
+    # one tensor per call (k, then q), rotate_every_two, sin / cos one column per pair
+    "gptj (per tensor, partial)": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=32, n_layer=2, n_head=4,
+                                                                         rotary_dim=4, vocab_size=64)),
+    "codegen (per tensor, partial)": ("CodeGenConfig", "CodeGenForCausalLM", dict(n_embd=32, n_layer=2, n_head=4,
+                                                                                  rotary_dim=4, vocab_size=64)),
+    "gptj (per tensor, rotary = head dim)": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=32, n_layer=2, n_head=4,
+                                                                                   rotary_dim=8, vocab_size=64)),
 }
 
 
@@ -74,7 +81,8 @@ def test_attention_runs_the_fused_rotary(backend, device, family, launches):
     assert report.counts().get(rotary_fusion.FUSION) == 2, report
     got, got_grads = _step(model, ids)
     if backend.runs_triton:
-        assert launches == {"forward": 2, "backward": 2}, launches
+        per_layer = 2 if "per tensor" in family else 1  # GPT-J's form: one call per tensor
+        assert launches == {"forward": 2 * per_layer, "backward": 2 * per_layer}, launches
     assert_model_close(got, want, ref)
     assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
     for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
@@ -91,14 +99,22 @@ def test_attention_runs_the_fused_rotary(backend, device, family, launches):
     assert launches == before, "undo() left the fused rotary in place"
 
 
-def test_interleaved_rotary_is_left_and_reported(backend, device):
-    tf = require_transformers()
-    model = _build(tf, ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=32, n_layer=2, n_head=4, rotary_dim=4,
-                                                               vocab_size=64)))
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # a form xkernels does not know (no rotate_half)
+    return q * cos.unsqueeze(unsqueeze_dim), k * sin.unsqueeze(unsqueeze_dim)
+
+
+class UnknownRotaryAttention(torch.nn.Module):
+    def forward(self, q, k, cos, sin):
+        return apply_rotary_pos_emb(q, k, cos, sin)
+
+
+def test_an_unknown_rotary_form_is_left_and_reported(backend, device):
+    model = torch.nn.Sequential(UnknownRotaryAttention(), UnknownRotaryAttention())
     report = xkernels.patch(model)
     assert rotary_fusion.FUSION not in report.counts()
     left = [m for m in report.left if rotary_fusion.FUSION in m.reason]
     assert len(left) == 2 and "not a form xkernels fuses" in left[0].reason, report
+    assert all("forward" not in m.__dict__ for m in model)
 
 
 def test_other_dtypes_and_shapes_keep_the_original(device):

@@ -14,8 +14,11 @@ statement, one of transformers' forms below, and the forward must call it by tha
   fp32, cast back), GLM's partial rotary, Helium's and Ernie 4.5's (each taking the first half of
   ``cos`` / ``sin``, every column twice), and BLT's (Llama's apply with Cohere's rotation).
 
-GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` and any other form are
-left as they are, and reported.
+* GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` with
+  ``rotate_every_two`` (adjacent pairs, sin / cos one column per pair): each call runs the op on
+  its one tensor.
+
+Any other form is left as it is, and reported.
 
 The instance's new forward runs the class's own code object with a copy of its module's globals in
 which ``apply_rotary_pos_emb`` is ``fused_rotary(original)`` (the class's forward itself while
@@ -167,6 +170,22 @@ def rotate_half(x):
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 '''
 
+# GPT-J's and CodeGen's: one tensor (b, s, heads, R) per call, sin / cos (b, s, R/2), one per pair
+GPTJ = '''
+def apply_rotary_pos_emb(tensor, sin, cos):
+    sin = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
+    cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+    return (tensor * cos) + (rotate_every_two(tensor) * sin)
+'''
+
+ROTATE_EVERY_TWO = '''
+def rotate_every_two(x):
+    x1 = x[:, :, :, ::2]
+    x2 = x[:, :, :, 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+'''
+
 
 @dataclass(frozen=True)
 class Form:
@@ -175,13 +194,17 @@ class Form:
     partial: bool  # rotates part of the head dim (cos narrower than q)
     halved: bool = False  # takes cos / sin's first half, every column twice (``repeat_interleave``)
     interleaved: bool = False  # its rotate_half pairs adjacent columns
+    #: one tensor per call, ``(tensor, sin, cos)``, sin / cos one column per pair (GPT-J's)
+    per_tensor: bool = False
+    rotation: str = "rotate_half"  # the global name of the rotation it calls
 
 
 #: canonical source of an ``apply_rotary_pos_emb`` -> the form, its rotation aside
 FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form(True), COHERE: Form(False),
-         HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True)}
-#: canonical source of a ``rotate_half`` -> whether it pairs adjacent columns
-ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True}
+         HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True),
+         GPTJ: Form(False, per_tensor=True, rotation="rotate_every_two")}
+#: canonical source of a rotation -> whether it pairs adjacent columns
+ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True, ROTATE_EVERY_TWO: True}
 
 
 @cache
@@ -212,11 +235,12 @@ def _class_form(cls: type) -> tuple[Form | None, str | None]:
     if not isinstance(fn, types.FunctionType):
         return None, None
     scope = fn.__globals__
-    return _verdict(cls, fn, scope.get(NAME), scope.get("rotate_half"))
+    return _verdict(cls, fn, scope.get(NAME), scope.get("rotate_half"), scope.get("rotate_every_two"))
 
 
 @cache
-def _verdict(cls: type, fn: Any, target: Any, rotate: Any) -> tuple[Form | None, str | None]:
+def _verdict(cls: type, fn: Any, target: Any, rotate_half: Any, rotate_every_two: Any
+             ) -> tuple[Form | None, str | None]:
     if NAME not in fn.__code__.co_names or not _calls(fn, NAME):
         return None, None
     if hasattr(fn, "__wrapped__"):
@@ -225,10 +249,11 @@ def _verdict(cls: type, fn: Any, target: Any, rotate: Any) -> tuple[Form | None,
         return None, f"{NAME} is not a function in {fn.__module__}"
     form = _forms().get(canonical(target))
     if form is None:
-        return None, f"{fn.__module__}.{NAME} is not a form xkernels fuses (e.g. GPT-J's per-tensor rotary)"
+        return None, f"{fn.__module__}.{NAME} is not a form xkernels fuses"
+    rotate = rotate_half if form.rotation == "rotate_half" else rotate_every_two
     pairs = _rotations().get(canonical(rotate))
     if pairs is None:
-        return None, f"{fn.__module__}.rotate_half is not one of transformers' rotate_half forms"
+        return None, f"{fn.__module__}.{form.rotation} is not one of transformers' rotations"
     return replace(form, interleaved=pairs), None
 
 
@@ -244,25 +269,29 @@ def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
 
 
 class _Halves:
-    """A halved form's ``cos[..., :R/2].repeat_interleave(2, -1)`` (and sin's), kept for the last
-    cos / sin seen: a model hands every layer the same two tensors. Reused only for those very
+    """A halved form's ``cos[..., :R/2].repeat_interleave(2, -1)`` (and sin's; ``whole``: the
+    whole of each repeated, GPT-J's one column per pair), kept for the last cos / sin seen: a
+    model hands every layer (GPT-J: both calls of a layer) the same two tensors. Reused only for those very
     tensors at the same version, and only in the mode it was made in: one made while a CUDA graph
     captures is read by the graph's later layers (the graph recomputes it at each replay); one
     made outside is never read by a graph (a replay runs no Python to see new values)."""
 
-    __slots__ = ("key", "made")
+    __slots__ = ("key", "made", "whole")
 
-    def __init__(self) -> None:
+    def __init__(self, whole: bool = False) -> None:
         self.key: tuple[Any, ...] = ()
         self.made: Any = None
+        self.whole = whole
 
     def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key = (cos, sin, cos._version, sin._version, _capturing(cos))
         old = self.key
         if old and old[0] is cos and old[1] is sin and old[2:] == key[2:]:
             return self.made
-        half = cos.shape[-1] // 2
-        self.made = (cos[..., :half].repeat_interleave(2, dim=-1), sin[..., :half].repeat_interleave(2, dim=-1))
+        if not self.whole:
+            half = cos.shape[-1] // 2
+            cos, sin = cos[..., :half], sin[..., :half]
+        self.made = (cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1))
         self.key = key
         return self.made
 
@@ -270,6 +299,8 @@ class _Halves:
 def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
     """``apply_rotary_pos_emb`` running ``xkernels.ops.rotary_embedding`` where the call is the
     form's own with one dtype and device, else ``original``."""
+    if form.per_tensor:
+        return _fused_per_tensor(original, form)
     halves = _Halves() if form.halved else None
     partial, interleaved = form.partial, form.interleaved
 
@@ -285,6 +316,28 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
             return rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
         except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
             return original(q, k, cos, sin, unsqueeze_dim)
+
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def _fused_per_tensor(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
+    """GPT-J's ``apply_rotary_pos_emb(tensor, sin, cos)``: ``tensor`` ``(b, s, heads, R)`` as the
+    op's q (its k: none, an empty slice of it), sin / cos ``(b, s, R/2)`` repeated per pair."""
+    halves = _Halves(whole=True)
+    interleaved = form.interleaved
+
+    def apply_rotary_pos_emb(tensor: Any, sin: Any, cos: Any) -> Any:
+        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (tensor, sin, cos))
+                or not tensor.dtype == sin.dtype == cos.dtype or sin.requires_grad or cos.requires_grad
+                or tensor.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape
+                or 2 * cos.shape[-1] != tensor.shape[-1]):
+            return original(tensor, sin, cos)
+        try:
+            c, s = halves(cos, sin)
+            return rotary_embedding(tensor, tensor[:, :, :0], c, s, 2, interleaved)[0]
+        except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
+            return original(tensor, sin, cos)
 
     apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
