@@ -75,19 +75,13 @@ def _rotate_tile(x_ptr, o_ptr, cos_ptr, sin_ptr, tile, A, B, C, sxa, sxb, sxc, s
             oe = xe * ce - xo * se
             od = xo * cd + xe * sd
         out = tl.reshape(tl.join(oe, od), (BLOCK_R, BLOCK_D))
-    elif INTERLEAVED:  # the partner gathered at c ^ 1
-        first = (cols % 2) == 0
-        partner = tl.where(first, cols + 1, cols - 1)
-        xp = tl.load(x_ptr + x_row[:, None] + partner[None, :], mask=in_rot, other=0.0).to(tl.float32)
-        if BACKWARD:
-            si = tl.load(sin_ptr + cs_row[:, None] + partner[None, :], mask=in_rot, other=0.0).to(tl.float32)
-            sign = tl.where(first, 1.0, -1.0)
+    else:  # the partner gathered: at c ^ 1 (adjacent pairs), at c +- HALF (the halves)
+        if INTERLEAVED:
+            first = (cols % 2) == 0
+            partner = tl.where(first, cols + 1, cols - 1)
         else:
-            sign = tl.where(first, -1.0, 1.0)
-        out = x * co + sign[None, :] * (xp * si)
-    else:
-        first = cols < HALF
-        partner = tl.where(first, cols + HALF, cols - HALF)
+            first = cols < HALF
+            partner = tl.where(first, cols + HALF, cols - HALF)
         xp = tl.load(x_ptr + x_row[:, None] + partner[None, :], mask=in_rot, other=0.0).to(tl.float32)
         if BACKWARD:
             si = tl.load(sin_ptr + cs_row[:, None] + partner[None, :], mask=in_rot, other=0.0).to(tl.float32)
