@@ -321,6 +321,59 @@ def test_any_linear_activation_linear_chain_is_a_feed_forward_block(tma_interpre
         blocks_run.clear()
 
 
+def test_a_trailing_dropout_follows_the_fused_block(tma_interpreter, monkeypatch):
+    """GPT-J's / GPT-Neo's MLP shape, ``down(act(up(x)))`` then a dropout: one fused block whose
+    output goes through the module's own dropout, in training with p = 0.5 the same mask as the
+    unpatched module draws (the same generator state), gradients included; a fourth child that
+    is not a dropout is not a feed-forward block."""
+    from xkernels import tuning
+    from xkernels.ops.matmul import feed_forward
+
+    blocks_run = []
+    real = feed_forward.FeedForwardFunction.apply
+    monkeypatch.setattr(feed_forward.FeedForwardFunction, "apply", lambda *a: blocks_run.append(1) or real(*a))
+
+    class DropMLP(torch.nn.Module):
+        def __init__(self, last):
+            super().__init__()
+            self.fc_in, self.act, self.fc_out = torch.nn.Linear(32, 64), torch.nn.GELU("tanh"), torch.nn.Linear(64, 32)
+            self.drop = last
+
+        def forward(self, hidden_states):
+            hidden_states = self.fc_in(hidden_states)
+            hidden_states = self.act(hidden_states)
+            hidden_states = self.fc_out(hidden_states)
+            hidden_states = self.drop(hidden_states)
+            return hidden_states
+
+    assert blocks.mlp_chain(DropMLP) == ("fc_in", "act", "fc_out", "drop")
+    torch.manual_seed(0)
+    model = DropMLP(torch.nn.Dropout(0.5)).half().train()
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 6, 32).half()
+
+    def run(m):
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(1)
+        with tuning.force(TMA_FORMS[0]):
+            out = m(x)
+            out.float().sum().backward()
+        return out, [p.grad for p in m.parameters()]
+
+    want, want_grads = run(twin)
+    report = xkernels.patch(model)
+    assert report.counts().get("feed-forward (training)") == 1, str(report)
+    got, got_grads = run(model)
+    assert blocks_run == [1]
+    assert torch.equal(got == 0, want == 0), "the dropout mask differs"
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=5e-2)
+    other = DropMLP(torch.nn.LayerNorm(32))
+    report = xkernels.patch(torch.nn.Sequential(other))
+    assert "feed-forward (training)" not in report.counts() and "forward" not in other.__dict__, str(report)
+
+
 @pytest.mark.parametrize("source,chain", [
     ("def forward(self, x):\n    x = self.a(x)\n    x = self.b(x)\n    return self.c(x)\n", ("a", "b", "c")),
     ("def forward(self, x):\n    return self.c(self.b(self.a(x)))\n", ("a", "b", "c")),

@@ -5,7 +5,7 @@ own float32 run does (``assert_model_close``). Whatever ``patch()`` recognises i
 keeps its own forward; either way nothing may change but the speed.
 
 Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3 with sandwich norms, Granite's scaled
-residuals, Cohere's parallel block, Falcon, GPT-NeoX, GPT-J, CodeGen, Bloom, OPT, Phi, StableLM,
+residuals, Cohere's parallel block, Falcon, GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
 Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral and Qwen2-MoE experts),
 encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, BEiT, CLIP, SigLIP,
 Swin) and encoder-decoders (T5 with gated-gelu, BART).
@@ -49,6 +49,9 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", LM),
     "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", LM),
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", LM),
+    "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(hidden_size=32, num_layers=2, num_heads=4, vocab_size=64,
+                                                          intermediate_size=48, max_position_embeddings=64,
+                                                          attention_types=[[["global", "local"], 1]])),
     "gpt_bigcode": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(LM, num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(LM, moe_intermediate_size=24, num_experts=4,

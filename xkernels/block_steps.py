@@ -203,6 +203,9 @@ class FeedForwardStep:
     up: tuple[str, ...]  # path of the up-projection from the block
     act: tuple[str, ...]  # path of its activation slot
     down: tuple[str, ...]  # path of the down-projection
+    #: path of a dropout the block's forward applies to the down-projection's output (GPT-J's and
+    #: GPT-Neo's MLPs), applied by the fused forward after the node; () for none
+    after: tuple[str, ...] = ()
 
     def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """The block's output recorded as one autograd node, or ``None`` where the module's own

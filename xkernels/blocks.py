@@ -16,6 +16,7 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``feed-forward (training)``: ``down(act(up(x)))`` (any module whose forward only applies three
   children to its input in turn, :func:`mlp_chain`, the first and last ``nn.Linear`` and the
   middle an activation: ViT's, DINOv2's, SigLIP's, GPT-NeoX's, Falcon's MLPs, whatever the names;
+  or four, the fourth an ``nn.Dropout`` applied after the block: GPT-J's, CodeGen's, GPT-Neo's;
   BERT's ``feed_forward_chunk`` over its intermediate and output blocks) as one
   autograd block where a gradient is required (``ops/matmul/feed_forward.py``: the backward
   applies the activation's derivative inside the down-projection's input-gradient GEMM). Without
@@ -43,7 +44,7 @@ from typing import Any
 
 import torch
 
-from xkernels.block_steps import FeedForwardStep, NormStep, gated_step, hooked, norm_step
+from xkernels.block_steps import FeedForwardStep, NormStep, child_at, gated_step, hooked, norm_step
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.autocast import autocasting
 from xkernels.ops.op import _is_compiling
@@ -319,8 +320,11 @@ def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 def _two_layer_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    y = self._xkernels_block(self, hidden_states)  # None: no gradient, compiling, or no fused plan
-    return type(self).forward(self, hidden_states) if y is None else y
+    step = self._xkernels_block
+    y = step(self, hidden_states)  # None: no gradient, compiling, or no fused plan
+    if y is None:
+        return type(self).forward(self, hidden_states)
+    return child_at(self, step.after)(y) if step.after else y  # the forward's trailing dropout
 
 
 def _bert_feed_forward(self: Any, attention_output: torch.Tensor) -> torch.Tensor:
@@ -506,22 +510,25 @@ def mlp_chain(cls: type) -> tuple[str, ...] | None:
     return None if seq is None else tuple(chain + seq)
 
 
-def _looks_like_mlp(up: str, act: str, down: str) -> Callable[[torch.nn.Module], bool]:
-    """Whether a module whose forward is the chain (up, act, down) is a feed-forward block at all:
-    linear layers around an activation module (anything else, e.g. convolutions around a norm,
-    is not a candidate and not reported)."""
+def _looks_like_mlp(up: str, act: str, down: str, after: str | None) -> Callable[[torch.nn.Module], bool]:
+    """Whether a module whose forward is the chain (up, act, down[, after]) is a feed-forward block
+    at all: linear layers around an activation module, and ``after`` (if any) an ``nn.Dropout``
+    (anything else, e.g. convolutions around a norm, is not a candidate and not reported)."""
     def candidate(m: torch.nn.Module) -> bool:
         u, f, d = (getattr(m, n, None) for n in (up, act, down))
         return (isinstance(u, torch.nn.Linear) and isinstance(d, torch.nn.Linear) and isinstance(f, torch.nn.Module)
-                and not isinstance(activation_of(f), str))
+                and not isinstance(activation_of(f), str)
+                and (after is None or type(getattr(m, after, None)) is torch.nn.Dropout))
     return candidate
 
 
 @cache
-def _chain_fusion(chain: tuple[str, str, str]) -> BlockFusion:
-    up, act, down = chain
+def _chain_fusion(chain: tuple[str, ...]) -> BlockFusion:
+    up, act, down, *rest = chain
+    after = rest[0] if rest else None
     return BlockFusion("feed-forward (training)", "", _two_layer_mlp, _mlp_problem(up, act, down),
-                       feed_forward=FeedForwardStep((up,), (act,), (down,)), candidate=_looks_like_mlp(up, act, down))
+                       feed_forward=FeedForwardStep((up,), (act,), (down,), (after,) if after else ()),
+                       candidate=_looks_like_mlp(up, act, down, after))
 
 
 @cache
@@ -536,7 +543,7 @@ def _fusion_for(cls: type) -> BlockFusion | None:
     if norm_kind(cls) is not None and norm_kind(cls).kind == "rms":  # Gemma-style RMSNorm
         return FUSIONS[-1]
     chain = mlp_chain(cls)
-    if chain is not None and len(chain) == 3 and len(set(chain)) == 3:  # up, activation, down
+    if chain is not None and len(chain) in (3, 4) and len(set(chain)) == len(chain):  # up, activation, down[, dropout]
         return _chain_fusion(chain)
     return None
 
