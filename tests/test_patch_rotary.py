@@ -173,3 +173,24 @@ def test_a_halved_form_reads_new_angles(backend, device):
         got, want = fused(q, k, cos, sin), original(q, k, cos, sin)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w)
+    with torch.inference_mode():  # inference tensors have no version counter: nothing is kept
+        cos, sin = torch.randn_like(cos), torch.randn_like(sin)
+        for step in range(3):
+            if step == 1:
+                cos.mul_(0.5)
+            got, want = fused(q, k, cos, sin), original(q, k, cos, sin)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+
+
+def test_gpt_j_generates_under_inference_mode(backend, device):
+    """GPT-J's per-tensor form (its sin / cos repeated per pair) in ``torch.inference_mode``, as
+    serving runs ``generate()``: the patched model's tokens are the original's."""
+    tf = require_transformers()
+    model = _build(tf, ROTATE_HALF["gptj (per tensor, partial)"]).to(device).eval()
+    twin = copy.deepcopy(model)
+    assert xkernels.patch(model).counts().get(rotary_fusion.FUSION) == 2
+    ids = torch.randint(3, 64, (1, 5), device=device)
+    with torch.inference_mode():
+        kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
+        assert torch.equal(model.generate(ids, **kw), twin.generate(ids, **kw))

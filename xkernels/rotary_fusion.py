@@ -276,7 +276,7 @@ class _Halves:
     captures is read by the graph's later layers (the graph recomputes it at each replay); one
     made outside is never read by a graph (a replay runs no Python to see new values)."""
 
-    __slots__ = ("key", "made", "whole")
+    __slots__ = ("key", "made", "whole")  # (inference tensors: never kept, see __call__)
 
     def __init__(self, whole: bool = False) -> None:
         self.key: tuple[Any, ...] = ()
@@ -284,16 +284,20 @@ class _Halves:
         self.whole = whole
 
     def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if cos.is_inference() or sin.is_inference():  # no version counter to see an in-place write: made anew
+            return self._made(cos, sin)
         key = (cos, sin, cos._version, sin._version, _capturing(cos))
         old = self.key
         if old and old[0] is cos and old[1] is sin and old[2:] == key[2:]:
             return self.made
+        self.made, self.key = self._made(cos, sin), key
+        return self.made
+
+    def _made(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.whole:
             half = cos.shape[-1] // 2
             cos, sin = cos[..., :half], sin[..., :half]
-        self.made = (cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1))
-        self.key = key
-        return self.made
+        return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
 
 
 def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
