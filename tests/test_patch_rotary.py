@@ -194,3 +194,33 @@ def test_gpt_j_generates_under_inference_mode(backend, device):
     with torch.inference_mode():
         kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0)
         assert torch.equal(model.generate(ids, **kw), twin.generate(ids, **kw))
+
+
+
+def test_the_halves_kept_are_never_another_calls(monkeypatch):
+    """Threads sharing a patched model (a server's workers, ``nn.DataParallel``'s replicas) call
+    one ``_Halves`` with their own cos / sin. Another call may run between a call's check of the
+    kept key and its use (a thread switch): here it runs from inside the check itself, made
+    deterministic by a key element whose comparison makes it. The checked call still gets the
+    pairs of its own cos / sin."""
+    halves = rotary_fusion._Halves()
+    (cos, sin), (cos2, sin2) = [(torch.randn(1, 5, 8), torch.randn(1, 5, 8)) for _ in range(2)]
+    armed = []
+
+    class Switch:  # the key's capture flag; comparing it runs the other call once armed
+        def __eq__(self, other):
+            if armed:
+                armed.clear()
+                halves(cos2, sin2)
+            return True
+
+        __hash__ = object.__hash__
+
+    monkeypatch.setattr(rotary_fusion, "_capturing", lambda t: Switch())
+    halves(cos, sin)
+    armed.append(True)
+    c, s = halves(cos, sin)
+    assert not armed, "the other call did not run inside the check"
+    assert torch.equal(c, cos[..., :4].repeat_interleave(2, -1)) and torch.equal(s, sin[..., :4].repeat_interleave(2, -1))
+    c2, _ = halves(cos2, sin2)  # and the other call's pairs are kept as its own
+    assert torch.equal(c2, cos2[..., :4].repeat_interleave(2, -1))

@@ -2,7 +2,8 @@
 whole patched model (or one patched submodule) and ``copy.deepcopy`` give a model patched as the
 original was, that computes exactly what it computes, gradients included, with records of its own;
 a module whose class no longer takes its fusion when the file loads runs its own forward, with a
-warning; after ``undo()`` the file holds no xkernels object at all."""
+warning; after ``undo()`` the file holds no xkernels object at all. ``nn.DataParallel``'s replicas
+of a patched model run their fused forwards on their own parameters."""
 
 from __future__ import annotations
 
@@ -130,3 +131,51 @@ def test_after_undo_the_file_needs_no_xkernels(backend, device):
     assert b"xkernels" not in data
     assert patch_saving.fused(loaded) == {}
     assert all("__reduce_ex__" not in m.__dict__ for m in model.modules())
+
+
+def _replica(model, scale):
+    """What ``torch.nn.parallel.replicate`` makes of ``model`` for one device, on this one: each
+    module's ``_replicate_for_data_parallel()``, its children the replicas, its parameters set as
+    plain tensors computed from the originals (here ``scale`` times them: a forward bound to the
+    original would show)."""
+    modules = list(model.modules())
+    copies = {id(m): m._replicate_for_data_parallel() for m in modules}
+    for m in modules:
+        r = copies[id(m)]
+        for key, child in m._modules.items():
+            if child is not None:
+                setattr(r, key, copies[id(child)])
+        for key, p in m._parameters.items():
+            if p is None:
+                r._parameters[key] = None
+            else:
+                setattr(r, key, p * scale)
+        for key, b in m._buffers.items():
+            if b is not None:
+                r._buffers[key] = b.clone()
+    return copies[id(model)]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_data_parallel_replicas_run_fused_on_their_own_parameters(backend, device, family):
+    model = _build(family, device)
+    xkernels.patch(model)
+    twin = copy.deepcopy(model)  # patched too: the same kernels, so the same bits
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(2.0)
+    ids = torch.randint(3, 64, (2, 7), device=device)
+    want = _step(twin, ids)
+    replica = _replica(model, 2.0)
+    assert patch_saving.fused(replica) == patch_saving.fused(model)
+    for name, module in replica.named_modules():
+        for attr, value in module.__dict__.items():
+            assert getattr(value, "__self__", module) is module, (name, attr)  # nothing bound to the original
+    model.zero_grad(set_to_none=True)
+    y = replica(ids).logits
+    y.double().square().mean().backward()
+    assert torch.equal(y.detach(), want[0])
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == want[1].keys()
+    for n in grads:  # d/dp of f(2p) = 2 f'(2p), exactly
+        assert torch.equal(grads[n], 2.0 * want[1][n]), n

@@ -14,6 +14,13 @@ version changed its forward, a hook was added before saving), the module runs it
 a ``UserWarning`` says which and why. A file saved from a patched model needs xkernels to load;
 ``PatchReport.undo()`` before saving writes one that does not (the swapped linear layers are
 ``xkernels.nn`` modules until then).
+
+``nn.DataParallel``'s replicas are shallow copies of each module (``_replicate_for_data_parallel``:
+the instance ``__dict__`` copied, the parameters set anew per device). A patched module's
+``_replicate_for_data_parallel`` (also from ``keep``) binds the replica's fused forward (and every
+other method bound on the instance) to the replica, so each replica computes with its own
+parameters on its own device; the record of the step is shared, since it holds only names, kinds
+and route caches keyed by device.
 """
 
 from __future__ import annotations
@@ -30,18 +37,32 @@ from xkernels.block_steps import hooked
 
 __all__ = ["forget", "fused", "keep"]
 
-#: instance attributes a fused forward adds (``blocks.apply``, ``rotary_fusion.apply``): never saved
-_PATCH_ATTRS = frozenset({"__reduce_ex__", "_xkernels_block", "forward", *blocks.METHODS})
+#: instance attributes a fused forward adds (``blocks.apply``, ``rotary_fusion.apply``, ``keep``): never saved
+_PATCH_ATTRS = frozenset({"__reduce_ex__", "_replicate_for_data_parallel", "_xkernels_block", "forward",
+                          *blocks.METHODS})
 
 
 def keep(module: torch.nn.Module, fusion: str) -> None:
-    """Make the patched ``module`` save and copy as itself patched by ``fusion`` (its reported name)."""
+    """Make the patched ``module`` save, copy and replicate (``nn.DataParallel``) as itself patched
+    by ``fusion`` (its reported name)."""
     module.__dict__["__reduce_ex__"] = types.MethodType(functools.partial(_reduce, fusion=fusion), module)
+    module.__dict__["_replicate_for_data_parallel"] = types.MethodType(_replicate, module)
 
 
 def forget(module: torch.nn.Module) -> None:
     """Undo ``keep`` (the module is unpatched again)."""
     module.__dict__.pop("__reduce_ex__", None)
+    module.__dict__.pop("_replicate_for_data_parallel", None)
+
+
+def _replicate(module: torch.nn.Module) -> torch.nn.Module:
+    """``nn.Module._replicate_for_data_parallel`` (a shallow copy of the instance ``__dict__``),
+    then every method bound on ``module``'s instance rebound to the replica."""
+    replica = type(module)._replicate_for_data_parallel(module)
+    for name, value in list(replica.__dict__.items()):
+        if isinstance(value, types.MethodType) and value.__self__ is module:
+            replica.__dict__[name] = types.MethodType(value.__func__, replica)
+    return replica
 
 
 def _reduce(module: torch.nn.Module, protocol: int, *, fusion: str) -> tuple[Any, ...]:

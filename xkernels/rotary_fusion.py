@@ -276,22 +276,24 @@ class _Halves:
     captures is read by the graph's later layers (the graph recomputes it at each replay); one
     made outside is never read by a graph (a replay runs no Python to see new values)."""
 
-    __slots__ = ("key", "made", "whole")  # (inference tensors: never kept, see __call__)
+    __slots__ = ("kept", "whole")  # (inference tensors: never kept, see __call__)
 
     def __init__(self, whole: bool = False) -> None:
-        self.key: tuple[Any, ...] = ()
-        self.made: Any = None
+        # (key, made) in one attribute, read and replaced whole: threads sharing the model (a
+        # server's, nn.DataParallel's replicas) never pair one call's key with another's tensors
+        self.kept: tuple[tuple[Any, ...], Any] = ((), None)
         self.whole = whole
 
     def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if cos.is_inference() or sin.is_inference():  # no version counter to see an in-place write: made anew
             return self._made(cos, sin)
         key = (cos, sin, cos._version, sin._version, _capturing(cos))
-        old = self.key
+        old, made = self.kept
         if old and old[0] is cos and old[1] is sin and old[2:] == key[2:]:
-            return self.made
-        self.made, self.key = self._made(cos, sin), key
-        return self.made
+            return made
+        made = self._made(cos, sin)
+        self.kept = (key, made)
+        return made
 
     def _made(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.whole:
