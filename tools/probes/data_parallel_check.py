@@ -35,7 +35,8 @@ def step(model, ids):
     model.zero_grad(set_to_none=True)
     y = model(ids).logits
     y.float().square().mean().backward()
-    return y.detach(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+    inner = model.module if isinstance(model, torch.nn.DataParallel) else model
+    return y.detach(), {n: p.grad.float() for n, p in inner.named_parameters() if p.grad is not None}
 
 
 def kernels_per_device(model, ids):
