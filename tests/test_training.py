@@ -1,5 +1,6 @@
 """Training through xkernels: 10 optimiser steps of a patched model (and of an unmodified one under
-``enable()``) follow PyTorch's loss curve; a patched model compiles with ``fullgraph=True``."""
+``enable()``) follow PyTorch's loss curve, with gradient checkpointing too; a patched model compiles
+with ``fullgraph=True``."""
 
 from __future__ import annotations
 
@@ -172,3 +173,49 @@ def test_patched_linears_trace_as_pytorch_linear_under_compile(backend, device):
     assert targets and not [t for t in targets if "xkernels" in t], targets
     assert any("linear" in t for t in targets), targets
     torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+
+
+_DECODERS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                                      max_position_embeddings=64)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=64,
+                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)),
+}
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+@pytest.mark.parametrize("family", list(_DECODERS))
+def test_patched_decoders_train_with_checkpointing(backend, device, family, reentrant):
+    """Gradient checkpointing (both of torch.utils.checkpoint's modes) on a patched decoder LM:
+    the decoder-layer add + norm, gated MLP and rotary fusions (Llama), the feed-forward block
+    and norms (GPT-2) are recomputed in the backward. The first step (each signature's first
+    call) and the second (repeats) give PyTorch's output and gradients without checkpointing."""
+    tf = require_transformers()
+    cfg_name, model_name, kwargs = _DECODERS[family]
+    cfg = getattr(tf, cfg_name)(**kwargs)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(tf, model_name)(cfg).to(device).train()
+    ref64 = copy.deepcopy(model).double()
+    ids = torch.randint(3, 64, (2, 7), device=device)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        y = m(ids).logits
+        y.double().square().mean().backward()
+        return y.detach(), {n: p.grad for n, p in m.named_parameters() if p.grad is not None}
+
+    want, ref = step(model), step(ref64)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    report = xkernels.patch(model)
+    assert report.blocks, report
+    for _ in range(2):
+        got = step(model)
+        assert_model_close(got[0], want[0], ref[0])
+        assert got[1].keys() == want[1].keys()
+        for n in want[1]:
+            try:
+                assert_model_close(got[1][n], want[1][n], ref[1][n])
+            except AssertionError as e:
+                raise AssertionError(f"gradient of {n}: {e}") from None
