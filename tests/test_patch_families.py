@@ -4,7 +4,7 @@ and every parameter's gradient match the unpatched model's float64 run as closel
 own float32 run does (``assert_model_close``). Whatever ``patch()`` recognises is fused, the rest
 keeps its own forward; either way nothing may change but the speed.
 
-Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3 with sandwich norms, Granite's scaled
+Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Nemotron, Granite's scaled
 residuals, Cohere's parallel block, Falcon, GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
 Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral and Qwen2-MoE experts),
 encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, BEiT, CLIP, SigLIP,
@@ -33,6 +33,8 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", LM),
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(LM, head_dim=8)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(LM, head_dim=8)),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(LM, head_dim=8)),
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", LM),
     "cohere": ("CohereConfig", "CohereForCausalLM", LM),
     "falcon": ("FalconConfig", "FalconForCausalLM", dict(LM, new_decoder_architecture=False)),

@@ -24,6 +24,10 @@ ROTATE_HALF = {
     "gpt_neox (partial)": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(LM, rotary_pct=0.5)),
     "phi3 (partial)": ("Phi3Config", "Phi3ForCausalLM", dict(LM, pad_token_id=0, partial_rotary_factor=0.5)),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", LM),
+    "nemotron (partial)": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
+    "modernbert (fp32)": ("ModernBertConfig", "ModernBertForMaskedLM", dict(
+        hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2, cls_token_id=1)),
     # adjacent pairs (interleaved=True): cos / sin per column, or their first half repeated
     "cohere (pairs)": ("CohereConfig", "CohereForCausalLM", LM),
     "glm (pairs, partial, halved)": ("GlmConfig", "GlmForCausalLM", dict(LM, pad_token_id=0, head_dim=8)),
@@ -34,6 +38,8 @@ ROTATE_HALF = {
                                                                          rotary_dim=4, vocab_size=64)),
     "codegen (per tensor, partial)": ("CodeGenConfig", "CodeGenForCausalLM", dict(n_embd=32, n_layer=2, n_head=4,
                                                                                   rotary_dim=4, vocab_size=64)),
+    # Llama's rotation of one tensor per call (q, then k), unsqueeze_dim=2
+    "gemma4 (per tensor)": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(LM, head_dim=8)),
     "gptj (per tensor, rotary = head dim)": ("GPTJConfig", "GPTJForCausalLM", dict(n_embd=32, n_layer=2, n_head=4,
                                                                                    rotary_dim=8, vocab_size=64)),
 }

@@ -8,15 +8,16 @@ Detection is by behaviour, as for the block fusions: the function the forward's 
 statement, one of transformers' forms below, and the forward must call it by that name:
 
 * ``rotate_half`` pairing the halves: Llama's (shared by 118 families in transformers 5.23:
-  Mistral, Qwen2/3, Gemma, ...), GPT-NeoX's and Phi-3's partial rotary, OLMo's (cast back to q's
-  dtype);
+  Mistral, Qwen2/3, Gemma, ...), GPT-NeoX's, Phi-3's and Nemotron's partial rotary, OLMo's (cast
+  back to q's dtype), ModernBERT's (computed in fp32, cast back);
 * ``rotate_half`` pairing adjacent columns (the op's ``interleaved=True``): Cohere's (computed in
   fp32, cast back), GLM's partial rotary, Helium's and Ernie 4.5's (each taking the first half of
   ``cos`` / ``sin``, every column twice), and BLT's (Llama's apply with Cohere's rotation).
 
 * GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` with
-  ``rotate_every_two`` (adjacent pairs, sin / cos one column per pair): each call runs the op on
-  its one tensor.
+  ``rotate_every_two`` (adjacent pairs, sin / cos one column per pair), and Gemma 3n's and 4's
+  ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)`` (Llama's rotation of one tensor): each call
+  runs the op on its one tensor.
 
 Any other form is left as it is, and reported.
 
@@ -155,6 +156,35 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return q_embed, k_embed
 '''
 
+MODERNBERT = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    original_dtype = q.dtype
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q.float() * cos) + (rotate_half(q.float()) * sin)
+    k_embed = (k.float() * cos) + (rotate_half(k.float()) * sin)
+    return q_embed.to(original_dtype), k_embed.to(original_dtype)
+'''
+
+NEMOTRON = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rot_dim = cos.shape[-1]
+    q, q_pass = q[..., :rot_dim], q[..., rot_dim:]
+    k, k_pass = k[..., :rot_dim], k[..., rot_dim:]
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return torch.cat((q_embed, q_pass), dim=-1), torch.cat((k_embed, k_pass), dim=-1)
+'''
+
+GEMMA_ONE = '''
+def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    return (x * cos) + (rotate_half(x) * sin)
+'''
+
 ROTATE_PAIRS = '''
 def rotate_half(x):
     x1 = x[..., ::2]
@@ -194,15 +224,17 @@ class Form:
     partial: bool  # rotates part of the head dim (cos narrower than q)
     halved: bool = False  # takes cos / sin's first half, every column twice (``repeat_interleave``)
     interleaved: bool = False  # its rotate_half pairs adjacent columns
-    #: one tensor per call, ``(tensor, sin, cos)``, sin / cos one column per pair (GPT-J's)
-    per_tensor: bool = False
+    #: one tensor per call: ``"tensor, sin, cos"`` (GPT-J's: sin / cos one column per pair) or
+    #: ``"x, cos, sin"`` (Gemma 3n's and 4's: cos / sin as Llama's, ``unsqueeze_dim`` as the fourth)
+    per_tensor: str | None = None
     rotation: str = "rotate_half"  # the global name of the rotation it calls
 
 
 #: canonical source of an ``apply_rotary_pos_emb`` -> the form, its rotation aside
 FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form(True), COHERE: Form(False),
          HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True),
-         GPTJ: Form(False, per_tensor=True, rotation="rotate_every_two")}
+         GPTJ: Form(False, per_tensor="tensor, sin, cos", rotation="rotate_every_two"),
+         MODERNBERT: Form(False), NEMOTRON: Form(True), GEMMA_ONE: Form(False, per_tensor="x, cos, sin")}
 #: canonical source of a rotation -> whether it pairs adjacent columns
 ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True, ROTATE_EVERY_TWO: True}
 
@@ -305,6 +337,8 @@ class _Halves:
 def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
     """``apply_rotary_pos_emb`` running ``xkernels.ops.rotary_embedding`` where the call is the
     form's own with one dtype and device, else ``original``."""
+    if form.per_tensor == "x, cos, sin":
+        return _fused_one_tensor(original, form)
     if form.per_tensor:
         return _fused_per_tensor(original, form)
     halves = _Halves() if form.halved else None
@@ -344,6 +378,26 @@ def _fused_per_tensor(original: Callable[..., Any], form: Form) -> Callable[...,
             return rotary_embedding(tensor, tensor[:, :, :0], c, s, 2, interleaved)[0]
         except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
             return original(tensor, sin, cos)
+
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def _fused_one_tensor(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
+    """Gemma 3n's and 4's ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``: Llama's rotation
+    of one tensor (q or k, each called on its own), ``x`` as the op's q and an empty slice of it
+    along the heads dim as its k."""
+    interleaved = form.interleaved
+
+    def apply_rotary_pos_emb(x: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
+        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (x, cos, sin))
+                or not x.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
+                or x.dim() != 4 or unsqueeze_dim not in (1, 2) or cos.shape[-1] != x.shape[-1]):
+            return original(x, cos, sin, unsqueeze_dim)
+        try:
+            return rotary_embedding(x, x.narrow(unsqueeze_dim, 0, 0), cos, sin, unsqueeze_dim, interleaved)[0]
+        except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
+            return original(x, cos, sin, unsqueeze_dim)
 
     apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
