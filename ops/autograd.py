@@ -149,6 +149,23 @@ def linear_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
 
 
 # -- eager autograd -----------------------------------------------------------------------------
+def owned(result: torch.Tensor, *inputs: Any) -> torch.Tensor:
+    """A Function's output as a tensor of its own. Kernels write a buffer made in the forward and
+    the result is often a view of it (a 2-D GEMM output viewed at the input's batch dims); autograd
+    marks a view a custom Function returns as one that may not be changed in place, where
+    PyTorch's own op's output may (``out = shared_expert(x); out.add_(routed)``: Llama 4's MoE).
+    Such a result is returned detached from its buffer, the same memory, layout and version
+    counter (a change in place still fails a backward that reads it, as PyTorch's does). A view
+    of an input stays a view."""
+    if not result._is_view():
+        return result
+    base = result._base
+    for v in inputs:
+        if isinstance(v, torch.Tensor) and (base is v or base is v._base):
+            return result
+    return result.detach()
+
+
 class BinaryFunction(torch.autograd.Function):
     """``run(x, y)`` = x + alpha * y, with its gradient."""
 
@@ -156,7 +173,7 @@ class BinaryFunction(torch.autograd.Function):
     def forward(ctx: Any, run: Callable[[Any, Any], torch.Tensor], x: Any, y: Any, alpha: Any) -> torch.Tensor:
         ctx.operands = tuple(_Operand(v) if isinstance(v, torch.Tensor) else v for v in (x, y))
         ctx.alpha = alpha
-        return run(x, y)
+        return owned(run(x, y), x, y)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -180,7 +197,7 @@ class MatmulFunction(torch.autograd.Function):
         too) computes the backward GEMMs."""
         ctx.save_for_backward(a, b)
         ctx.mm = mm
-        return run(a, b)
+        return owned(run(a, b), a, b)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -210,8 +227,10 @@ class LinearFunction(torch.autograd.Function):
         ctx.stored_pre = isinstance(y, tuple)
         if ctx.stored_pre:
             y, pre = y
+            y = owned(y, x, weight, bias, residual)
             ctx.save_for_backward(x, weight, bias, pre)
         else:
+            y = owned(y, x, weight, bias, residual)
             ctx.save_for_backward(x, weight, bias, y if keeps_output(activation, slope, residual) else None)
         ctx.activation, ctx.slope = activation, float(slope)
         ctx.residual = None if residual is None else _Operand(residual)

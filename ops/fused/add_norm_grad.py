@@ -42,7 +42,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from xkernels import dispatch
-from xkernels.ops.autograd import input_needs
+from xkernels.ops.autograd import input_needs, owned
 from xkernels.ops.fused import add_norm_bwd as bwd
 from xkernels.ops.layout import prod
 
@@ -173,6 +173,7 @@ class AddNormFunction(torch.autograd.Function):
     def forward(ctx: Any, forward: Any, meta: tuple[Any, ...], x: torch.Tensor, residual: torch.Tensor | None,
                 weight: torch.Tensor | None, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         y, s, mean, rstd = forward()
+        y, s = owned(y, x, residual, weight, bias), owned(s, x, residual, weight, bias)
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(s, mean, rstd, weight)
         ctx.meta = meta

@@ -38,7 +38,7 @@ import torch
 from xkernels import tuning
 from xkernels.backend import Backend
 from xkernels.ops import checks
-from xkernels.ops.autograd import activation_grad, input_needs
+from xkernels.ops.autograd import activation_grad, input_needs, owned
 from xkernels.ops.fused import gated_linear_hot
 from xkernels.ops.fused.gated_linear_plan import GatedPlan, gate_grads
 from xkernels.ops.matmul.vendor import activate
@@ -351,7 +351,7 @@ class GatedLinearFunction(torch.autograd.Function):
         y, gate, up, backend = run()
         ctx.save_for_backward(x, weight, up_weight, bias, up_bias, gate, up)
         ctx.activation, ctx.backend = activation, backend
-        return y
+        return owned(y, x, weight, up_weight, bias, up_bias)
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:

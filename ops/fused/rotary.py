@@ -39,6 +39,7 @@ from xkernels.backend import Backend
 from xkernels.dispatch import _override
 from xkernels.launch import Launcher
 from xkernels.ops import checks
+from xkernels.ops.autograd import owned
 from xkernels.ops.layout import INT32_MAX, next_pow2, prod
 from xkernels.ops.op import KernelRoute, Op, Param, Plan, Route
 from xkernels.tuning import _forced
@@ -269,6 +270,7 @@ class RotaryFunction(torch.autograd.Function):
         ctx.set_materialize_grads(False)  # an unused result's gradient stays None: its input gets none
         ctx.unsqueeze_dim, ctx.interleaved, ctx.q_shape, ctx.k_shape = unsqueeze_dim, interleaved, q.shape, k.shape
         qo, ko = run(q, k, cos, sin, unsqueeze_dim, interleaved)
+        qo, ko = owned(qo, q, k, cos, sin), owned(ko, q, k, cos, sin)
         for out, wanted in ((qo, ctx.needs_input_grad[0]), (ko, ctx.needs_input_grad[1])):
             if not wanted:  # as PyTorch's formula: a result requires grad where its input does
                 ctx.mark_non_differentiable(out)

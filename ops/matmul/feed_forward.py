@@ -34,7 +34,7 @@ import torch
 
 from xkernels.dispatch import _override
 from xkernels.launch import Launcher
-from xkernels.ops.autograd import linear_backward
+from xkernels.ops.autograd import linear_backward, owned
 from xkernels.ops.matmul import pre_activation
 
 #: constexprs of the up-projection's plan that the input-gradient kernel shares
@@ -172,7 +172,7 @@ class FeedForwardFunction(torch.autograd.Function):
         y = linear(g, down_weight, down_bias)
         ctx.save_for_backward(x, up_weight, up_bias, down_weight, down_bias, g, h)
         ctx.plan, ctx.linear, ctx.mm, ctx.slope = plan, linear, mm, slope
-        return y
+        return owned(y, x, up_weight, up_bias, down_weight, down_bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:

@@ -215,3 +215,70 @@ def test_vendor_signatures_record_torchs_own_autograd(backend, device, monkeypat
         matmul(*_leaves(a, m))  # plans
         assert type(matmul(*_leaves(a, m)).grad_fn).__name__ == "MmBackward0"
         _compare_grads(matmul, torch.matmul, (a, m), torch.float32, scale=4)
+
+
+def _in_place_cases():
+    import torch.nn.functional as F
+
+    from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear, rotary_embedding
+
+    def rms(s, w):
+        return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def rotate(t, cos, sin):
+        h = t.shape[-1] // 2
+        return t * cos[:, None] + torch.cat((-t[..., h:], t[..., :h]), -1) * sin[:, None]
+
+    return {  # name -> (shapes of the inputs that require grad, xkernels, PyTorch); results changed in place
+        "linear 2-D": ([(6, 16), (8, 16), (8,)], lambda x, w, b: linear(x, w, b), F.linear),
+        "linear 3-D, gelu": ([(2, 5, 16), (8, 16), (8,)], lambda x, w, b: linear(x, w, b, "gelu"),
+                             lambda x, w, b: F.gelu(F.linear(x, w, b))),
+        "matmul": ([(2, 5, 16), (16, 8)], matmul, torch.matmul),
+        "add": ([(2, 5, 16), (5, 16)], add, torch.add),
+        "broadcast": ([(2, 5, 16), (16,)], broadcast, torch.add),
+        "gated_linear": ([(2, 5, 16), (8, 16), (8, 16)], lambda x, g, u: gated_linear(x, g, u),
+                         lambda x, g, u: F.silu(F.linear(x, g)) * F.linear(x, u)),
+        # the sum is saved for the norm's backward (PyTorch's norm saves its input too): the output only
+        "add_rms_norm": ([(2, 5, 16), (2, 5, 16), (16,)], lambda x, r, w: add_rms_norm(x, r, w)[0],
+                         lambda x, r, w: rms(x + r, w)),
+        "add_layer_norm": ([(2, 5, 16), (2, 5, 16), (16,), (16,)], lambda x, r, w, b: add_layer_norm(x, r, w, b)[0],
+                           lambda x, r, w, b: F.layer_norm(x + r, (16,), w, b)),
+        "rotary_embedding": ([(2, 4, 5, 8), (2, 2, 5, 8)],
+                             lambda q, k: rotary_embedding(q, k, *_ANGLES[q.device.type]),
+                             lambda q, k: (rotate(q, *_ANGLES["ref"]), rotate(k, *_ANGLES["ref"]))),
+    }
+
+
+_ANGLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+@pytest.mark.parametrize("case", ["linear 2-D", "linear 3-D, gelu", "matmul", "add", "broadcast", "gated_linear",
+                                  "add_rms_norm", "add_layer_norm", "rotary_embedding"])
+def test_results_change_in_place_as_pytorchs(backend, device, case):
+    """A result that needs a gradient may be changed in place, as PyTorch's op's may (Llama 4's
+    MoE adds the routed experts into its shared expert's output with ``add_``; Gemma 3n scales a
+    projection with ``*=``): the backward differentiates the change, with PyTorch's gradients. A
+    kernel's result is a view of the buffer it wrote, which autograd refuses to change in place
+    when a custom Function returns it (``ops/autograd.py``'s ``owned``)."""
+    shapes, fn, ref_fn = _in_place_cases()[case]
+    f = torch.randn(2, 5, 4)
+    f = torch.cat((f, f), -1)
+    _ANGLES["ref"] = (f.cos().double(), f.sin().double())
+    _ANGLES[device.type] = (f.cos().to(device), f.sin().to(device))
+    for _ in range(2):  # a first call and a repeat (its signature's route, a native node where one exists)
+        inputs = [rand(s, torch.float32, device) for s in shapes]
+        mine = _leaves(*inputs)
+        ref = _leaves(*inputs, dtype=torch.float64)
+        got, want = fn(*mine), ref_fn(*ref)
+        got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        ups = [rand(w.shape, torch.float32, device) for w in want]
+        for g, w in zip(got, want):
+            assert g.requires_grad
+            g.mul_(3.0).add_(1.0)
+            w.mul_(3.0).add_(1.0)
+        for g, w in zip(got, want):
+            assert_close(g, w, torch.float32, scale=4.0)
+        sum((g * u).sum() for g, u in zip(got, ups)).backward()
+        sum((w * u.cpu().double()).sum() for w, u in zip(want, ups)).backward()
+        for m, r in zip(mine, ref):
+            assert_close(m.grad, r.grad, torch.float32, scale=16.0)
