@@ -25,6 +25,8 @@ ROTATE_HALF = {
     "phi3 (partial)": ("Phi3Config", "Phi3ForCausalLM", dict(LM, pad_token_id=0, partial_rotary_factor=0.5)),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", LM),
     "nemotron (partial)": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
+    "gpt_oss (half-width angles)": ("GptOssConfig", "GptOssForCausalLM", dict(LM, num_local_experts=4,
+                                                                              num_experts_per_tok=2, head_dim=8)),
     "modernbert (fp32)": ("ModernBertConfig", "ModernBertForMaskedLM", dict(
         hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, vocab_size=64,
         pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2, cls_token_id=1)),
@@ -49,6 +51,8 @@ def _build(tf, spec):
     cfg_name, model_name, kwargs = spec
     cfg = getattr(tf, cfg_name)(**kwargs)
     cfg._attn_implementation = "eager"
+    if hasattr(cfg, "_experts_implementation"):
+        cfg._experts_implementation = "eager"  # grouped_mm has no float64 for the reference
     torch.manual_seed(0)
     return getattr(tf, model_name)(cfg)
 

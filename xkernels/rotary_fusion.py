@@ -9,7 +9,8 @@ statement, one of transformers' forms below, and the forward must call it by tha
 
 * ``rotate_half`` pairing the halves: Llama's (shared by 118 families in transformers 5.23:
   Mistral, Qwen2/3, Gemma, ...), GPT-NeoX's, Phi-3's and Nemotron's partial rotary, OLMo's (cast
-  back to q's dtype), ModernBERT's (computed in fp32, cast back);
+  back to q's dtype), ModernBERT's (computed in fp32, cast back); GPT-OSS's ``_apply_rotary_emb``
+  of the halves, whose cos / sin are half the head dim (each taken twice);
 * ``rotate_half`` pairing adjacent columns (the op's ``interleaved=True``): Cohere's (computed in
   fp32, cast back), GLM's partial rotary, Helium's and Ernie 4.5's (each taking the first half of
   ``cos`` / ``sin``, every column twice), and BLT's (Llama's apply with Cohere's rotation).
@@ -185,6 +186,23 @@ def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1):
     return (x * cos) + (rotate_half(x) * sin)
 '''
 
+GPT_OSS = '''
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = _apply_rotary_emb(q, cos, sin)
+    k_embed = _apply_rotary_emb(k, cos, sin)
+    return q_embed, k_embed
+'''
+
+ROTATE_HALVES_GPT_OSS = '''
+def _apply_rotary_emb(x, cos, sin):
+    first_half, second_half = torch.chunk(x, 2, dim=-1)
+    first_ = first_half * cos - second_half * sin
+    second_ = second_half * cos + first_half * sin
+    return torch.cat((first_, second_), dim=-1)
+'''
+
 ROTATE_PAIRS = '''
 def rotate_half(x):
     x1 = x[..., ::2]
@@ -223,6 +241,8 @@ class Form:
 
     partial: bool  # rotates part of the head dim (cos narrower than q)
     halved: bool = False  # takes cos / sin's first half, every column twice (``repeat_interleave``)
+    #: cos / sin are half the rotary width, read by both halves (GPT-OSS's): the op's are them twice
+    half_width: bool = False
     interleaved: bool = False  # its rotate_half pairs adjacent columns
     #: one tensor per call: ``"tensor, sin, cos"`` (GPT-J's: sin / cos one column per pair) or
     #: ``"x, cos, sin"`` (Gemma 3n's and 4's: cos / sin as Llama's, ``unsqueeze_dim`` as the fourth)
@@ -234,9 +254,13 @@ class Form:
 FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form(True), COHERE: Form(False),
          HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True),
          GPTJ: Form(False, per_tensor="tensor, sin, cos", rotation="rotate_every_two"),
-         MODERNBERT: Form(False), NEMOTRON: Form(True), GEMMA_ONE: Form(False, per_tensor="x, cos, sin")}
+         MODERNBERT: Form(False), NEMOTRON: Form(True), GEMMA_ONE: Form(False, per_tensor="x, cos, sin"),
+         GPT_OSS: Form(False, half_width=True, rotation="_apply_rotary_emb")}
 #: canonical source of a rotation -> whether it pairs adjacent columns
-ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True, ROTATE_EVERY_TWO: True}
+ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True, ROTATE_EVERY_TWO: True,
+             ROTATE_HALVES_GPT_OSS: False}
+#: the global names a form's rotation may have (``Form.rotation``)
+ROTATION_NAMES = ("rotate_half", "rotate_every_two", "_apply_rotary_emb")
 
 
 @cache
@@ -267,12 +291,11 @@ def _class_form(cls: type) -> tuple[Form | None, str | None]:
     if not isinstance(fn, types.FunctionType):
         return None, None
     scope = fn.__globals__
-    return _verdict(cls, fn, scope.get(NAME), scope.get("rotate_half"), scope.get("rotate_every_two"))
+    return _verdict(cls, fn, scope.get(NAME), tuple(scope.get(n) for n in ROTATION_NAMES))
 
 
 @cache
-def _verdict(cls: type, fn: Any, target: Any, rotate_half: Any, rotate_every_two: Any
-             ) -> tuple[Form | None, str | None]:
+def _verdict(cls: type, fn: Any, target: Any, rotations: tuple[Any, ...]) -> tuple[Form | None, str | None]:
     if NAME not in fn.__code__.co_names or not _calls(fn, NAME):
         return None, None
     if hasattr(fn, "__wrapped__"):
@@ -282,7 +305,7 @@ def _verdict(cls: type, fn: Any, target: Any, rotate_half: Any, rotate_every_two
     form = _forms().get(canonical(target))
     if form is None:
         return None, f"{fn.__module__}.{NAME} is not a form xkernels fuses"
-    rotate = rotate_half if form.rotation == "rotate_half" else rotate_every_two
+    rotate = rotations[ROTATION_NAMES.index(form.rotation)]
     pairs = _rotations().get(canonical(rotate))
     if pairs is None:
         return None, f"{fn.__module__}.{form.rotation} is not one of transformers' rotations"
@@ -301,20 +324,21 @@ def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
 
 
 class _Halves:
-    """A halved form's ``cos[..., :R/2].repeat_interleave(2, -1)`` (and sin's; ``whole``: the
-    whole of each repeated, GPT-J's one column per pair), kept for the last cos / sin seen: a
+    """A halved form's ``cos[..., :R/2].repeat_interleave(2, -1)`` (and sin's; ``how="pairs"``:
+    the whole of each repeated, GPT-J's one column per pair; ``how="twice"``: the whole twice,
+    ``torch.cat((cos, cos), -1)``, GPT-OSS's half-width angles), kept for the last cos / sin seen: a
     model hands every layer (GPT-J: both calls of a layer) the same two tensors. Reused only for those very
     tensors at the same version, and only in the mode it was made in: one made while a CUDA graph
     captures is read by the graph's later layers (the graph recomputes it at each replay); one
     made outside is never read by a graph (a replay runs no Python to see new values)."""
 
-    __slots__ = ("kept", "whole")  # (inference tensors: never kept, see __call__)
+    __slots__ = ("kept", "how")  # (inference tensors: never kept, see __call__)
 
-    def __init__(self, whole: bool = False) -> None:
+    def __init__(self, how: str = "first half, pairs") -> None:
         # (key, made) in one attribute, read and replaced whole: threads sharing the model (a
         # server's, nn.DataParallel's replicas) never pair one call's key with another's tensors
         self.kept: tuple[tuple[Any, ...], Any] = ((), None)
-        self.whole = whole
+        self.how = how
 
     def __call__(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if cos.is_inference() or sin.is_inference():  # no version counter to see an in-place write: made anew
@@ -328,7 +352,9 @@ class _Halves:
         return made
 
     def _made(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.whole:
+        if self.how == "twice":
+            return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        if self.how != "pairs":
             half = cos.shape[-1] // 2
             cos, sin = cos[..., :half], sin[..., :half]
         return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
@@ -341,13 +367,14 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
         return _fused_one_tensor(original, form)
     if form.per_tensor:
         return _fused_per_tensor(original, form)
-    halves = _Halves() if form.halved else None
+    halves = _Halves() if form.halved else _Halves("twice") if form.half_width else None
     partial, interleaved = form.partial, form.interleaved
+    widths = 2 if form.half_width else 1  # q's rotary width over cos's
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
         if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
                 or not q.dtype == k.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
-                or cos.dim() == 0 or not (partial or cos.shape[-1] // 2 * 2 == q.shape[-1] == k.shape[-1])):
+                or cos.dim() == 0 or not (partial or cos.shape[-1] * widths // 2 * 2 == q.shape[-1] == k.shape[-1])):
             return original(q, k, cos, sin, unsqueeze_dim)
         try:
             if halves is not None:
@@ -364,7 +391,7 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
 def _fused_per_tensor(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
     """GPT-J's ``apply_rotary_pos_emb(tensor, sin, cos)``: ``tensor`` ``(b, s, heads, R)`` as the
     op's q (its k: none, an empty slice of it), sin / cos ``(b, s, R/2)`` repeated per pair."""
-    halves = _Halves(whole=True)
+    halves = _Halves("pairs")
     interleaved = form.interleaved
 
     def apply_rotary_pos_emb(tensor: Any, sin: Any, cos: Any) -> Any:
