@@ -10,7 +10,7 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``residual add + norm``: ``norm(h + residual)`` as one pass (``add_layer_norm`` /
   ``add_rms_norm``), writing the sum too where the block uses it as its next residual: the
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
-* ``rms norm``: a Llama- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
+* ``rms norm``: a Llama-, Helium- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
   (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``;
 * ``feed-forward (training)``: ``down(act(up(x)))`` (any module whose forward only applies three
@@ -153,6 +153,16 @@ def forward(self, hidden_states):
     return self.weight * hidden_states.to(input_dtype)
 '''
 
+#: Helium's (and others'): the weight applied in fp32, one rounding at the end (the op's own math)
+HELIUM_RMS_NORM = '''
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight.to(torch.float32) * hidden_states).to(input_dtype)
+'''
+
 GEMMA_RMS_NORM = '''
 def forward(self, x):
     output = self._norm(x.float())
@@ -205,7 +215,7 @@ def norm_kind(cls: type) -> NormKind | None:
     if cls is torch.nn.LayerNorm:
         return NormKind("layer")
     src = _class_forward(cls)
-    if src is not None and src == canonical(LLAMA_RMS_NORM):
+    if src is not None and src in (canonical(LLAMA_RMS_NORM), canonical(HELIUM_RMS_NORM)):
         return NormKind("rms", "variance_epsilon")
     if src is not None and src == canonical(GEMMA_RMS_NORM) and _class_forward(cls, "_norm") == canonical(
             GEMMA_RMS_NORM_NORM):
@@ -219,7 +229,7 @@ def norm_problem(norm: Any) -> str | None:
         return "not a module"
     kind = norm_kind(type(norm))
     if kind is None:
-        return f"{type(norm).__name__} is not a LayerNorm or a Llama/Gemma-style RMSNorm"
+        return f"{type(norm).__name__} is not a LayerNorm or a Llama/Helium/Gemma-style RMSNorm"
     if hooked(norm):
         return f"{type(norm).__name__} has hooks"
     if kind.kind == "layer" and len(norm.normalized_shape) != 1:
@@ -540,7 +550,7 @@ def _fusion_for(cls: type) -> BlockFusion | None:
             return f
     if src is None:
         return None
-    if norm_kind(cls) is not None and norm_kind(cls).kind == "rms":  # Gemma-style RMSNorm
+    if norm_kind(cls) is not None and norm_kind(cls).kind == "rms":  # Helium- or Gemma-style RMSNorm
         return FUSIONS[-1]
     chain = mlp_chain(cls)
     if chain is not None and len(chain) in (3, 4) and len(set(chain)) == len(chain):  # up, activation, down[, dropout]
