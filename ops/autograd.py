@@ -225,12 +225,11 @@ class LinearFunction(torch.autograd.Function):
         # the output is kept only where the derivative is read off it (see activation_grad); a
         # run that returns (output, pre-activation) (ops/matmul/pre_activation.py) keeps the latter
         ctx.stored_pre = isinstance(y, tuple)
+        y, pre = y if ctx.stored_pre else (y, None)
+        y = owned(y, x, weight, bias, residual)
         if ctx.stored_pre:
-            y, pre = y
-            y = owned(y, x, weight, bias, residual)
             ctx.save_for_backward(x, weight, bias, pre)
         else:
-            y = owned(y, x, weight, bias, residual)
             ctx.save_for_backward(x, weight, bias, y if keeps_output(activation, slope, residual) else None)
         ctx.activation, ctx.slope = activation, float(slope)
         ctx.residual = None if residual is None else _Operand(residual)

@@ -217,7 +217,9 @@ def test_vendor_signatures_record_torchs_own_autograd(backend, device, monkeypat
         _compare_grads(matmul, torch.matmul, (a, m), torch.float32, scale=4)
 
 
-def _in_place_cases():
+def _in_place_cases(angles, angles64):
+    """name -> (shapes of the inputs that require grad, xkernels, PyTorch in float64); ``angles``:
+    the rotary embedding's (cos, sin) on the device, ``angles64`` in float64 on the CPU."""
     import torch.nn.functional as F
 
     from xkernels.ops import add_layer_norm, add_rms_norm, gated_linear, rotary_embedding
@@ -229,7 +231,7 @@ def _in_place_cases():
         h = t.shape[-1] // 2
         return t * cos[:, None] + torch.cat((-t[..., h:], t[..., :h]), -1) * sin[:, None]
 
-    return {  # name -> (shapes of the inputs that require grad, xkernels, PyTorch); results changed in place
+    return {
         "linear 2-D": ([(6, 16), (8, 16), (8,)], lambda x, w, b: linear(x, w, b), F.linear),
         "linear 3-D, gelu": ([(2, 5, 16), (8, 16), (8,)], lambda x, w, b: linear(x, w, b, "gelu"),
                              lambda x, w, b: F.gelu(F.linear(x, w, b))),
@@ -244,12 +246,9 @@ def _in_place_cases():
         "add_layer_norm": ([(2, 5, 16), (2, 5, 16), (16,), (16,)], lambda x, r, w, b: add_layer_norm(x, r, w, b)[0],
                            lambda x, r, w, b: F.layer_norm(x + r, (16,), w, b)),
         "rotary_embedding": ([(2, 4, 5, 8), (2, 2, 5, 8)],
-                             lambda q, k: rotary_embedding(q, k, *_ANGLES[q.device.type]),
-                             lambda q, k: (rotate(q, *_ANGLES["ref"]), rotate(k, *_ANGLES["ref"]))),
+                             lambda q, k: rotary_embedding(q, k, *angles),
+                             lambda q, k: (rotate(q, *angles64), rotate(k, *angles64))),
     }
-
-
-_ANGLES: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 @pytest.mark.parametrize("case", ["linear 2-D", "linear 3-D, gelu", "matmul", "add", "broadcast", "gated_linear",
@@ -260,11 +259,10 @@ def test_results_change_in_place_as_pytorchs(backend, device, case):
     projection with ``*=``): the backward differentiates the change, with PyTorch's gradients. A
     kernel's result is a view of the buffer it wrote, which autograd refuses to change in place
     when a custom Function returns it (``ops/autograd.py``'s ``owned``)."""
-    shapes, fn, ref_fn = _in_place_cases()[case]
     f = torch.randn(2, 5, 4)
     f = torch.cat((f, f), -1)
-    _ANGLES["ref"] = (f.cos().double(), f.sin().double())
-    _ANGLES[device.type] = (f.cos().to(device), f.sin().to(device))
+    angles, angles64 = (f.cos().to(device), f.sin().to(device)), (f.cos().double(), f.sin().double())
+    shapes, fn, ref_fn = _in_place_cases(angles, angles64)[case]
     for _ in range(2):  # a first call and a repeat (its signature's route, a native node where one exists)
         inputs = [rand(s, torch.float32, device) for s in shapes]
         mine = _leaves(*inputs)
