@@ -4,8 +4,9 @@ and every parameter's gradient match the unpatched model's float64 run as closel
 own float32 run does (``assert_model_close``). Whatever ``patch()`` recognises is fused, the rest
 keeps its own forward; either way nothing may change but the speed.
 
-Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Helium, Nemotron, Granite's scaled
-residuals, Cohere's parallel block, Falcon, GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
+Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Helium, Nemotron, Flint,
+NanoChat and HRM with weightless RMSNorms, Granite's scaled residuals, Cohere's parallel block, Falcon,
+GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
 Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral, Qwen2-MoE and GPT-OSS experts),
 encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, BEiT, CLIP, SigLIP,
 Swin) and encoder-decoders (T5 with gated-gelu, BART).
@@ -36,6 +37,9 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(LM, head_dim=8)),
     "helium": ("HeliumConfig", "HeliumForCausalLM", dict(LM, head_dim=8)),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
+    "flint": ("FlintConfig", "FlintForCausalLM", LM),
+    "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", LM),
+    "hrm_text": ("HrmTextConfig", "HrmTextForCausalLM", LM),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(LM, num_local_experts=4, num_experts_per_tok=2, head_dim=8)),
     "granite": ("GraniteConfig", "GraniteForCausalLM", LM),
     "cohere": ("CohereConfig", "CohereForCausalLM", LM),

@@ -25,6 +25,7 @@ ROTATE_HALF = {
     "phi3 (partial)": ("Phi3Config", "Phi3ForCausalLM", dict(LM, pad_token_id=0, partial_rotary_factor=0.5)),
     "olmo": ("OlmoConfig", "OlmoForCausalLM", LM),
     "nemotron (partial)": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
+    "nanochat (negated rotation)": ("NanoChatConfig", "NanoChatForCausalLM", LM),
     "gpt_oss (half-width angles)": ("GptOssConfig", "GptOssForCausalLM", dict(LM, num_local_experts=4,
                                                                               num_experts_per_tok=2, head_dim=8)),
     "modernbert (fp32)": ("ModernBertConfig", "ModernBertForMaskedLM", dict(

@@ -70,6 +70,7 @@ class NormStep:
     offset: float
     return_sum: bool
     general: Any  # (norm, x, residual, return_sum) -> result: the per-call lookup (xkernels.blocks.add_norm)
+    weighted: bool  # False: an RMSNorm without a weight (the op's weight=None)
     routes: RouteCache = field(compare=False)
     paying: dict = field(default_factory=dict, compare=False)  # training_pays' answers
 
@@ -91,7 +92,7 @@ class NormStep:
             return self.general(norm, x, residual, self.return_sum)
         eps = getattr(norm, self.eps_attr)
         params = norm._parameters
-        w = params["weight"] if "weight" in params else norm.weight
+        w = (params["weight"] if "weight" in params else norm.weight) if self.weighted else None
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
             b = params["bias"] if "bias" in params else norm.bias
@@ -119,15 +120,15 @@ class NormStep:
             return add_rms_norm(x, residual, w, eps, offset=off, return_sum=rs)
         key = (x.shape, x.stride(), x.dtype, x.device,
                None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device),
-               w.shape, w.stride(), w.dtype, w.device, type(eps))
+               None if w is None else (w.shape, w.stride(), w.dtype, w.device), type(eps))
         if _grad_enabled() and _any_requires_grad(x, residual, w):
             return self.routes.recorded(key, (x, residual, w, eps, off, rs))
         return self.routes.run(key, (x, residual, w, eps, off, rs))
 
 
 def norm_step(norm: str | None, cls: type, layer: bool, eps_attr: str, offset: float, return_sum: bool,
-              general: Any) -> NormStep:
-    return NormStep(norm, cls, layer, eps_attr, offset, return_sum, general,
+              general: Any, weighted: bool = True) -> NormStep:
+    return NormStep(norm, cls, layer, eps_attr, offset, return_sum, general, weighted,
                     RouteCache(add_layer_norm if layer else add_rms_norm))
 
 

@@ -163,6 +163,17 @@ def forward(self, hidden_states):
     return (self.weight.to(torch.float32) * hidden_states).to(input_dtype)
 '''
 
+#: Flint's (and others'): the model-dtype weight times the fp32 normalized values (promoted to fp32:
+#: the product is Helium's), one rounding at the end
+FLINT_RMS_NORM = '''
+def forward(self, hidden_states):
+    input_dtype = hidden_states.dtype
+    hidden_states = hidden_states.to(torch.float32)
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    return (self.weight * hidden_states).to(input_dtype)
+'''
+
 GEMMA_RMS_NORM = '''
 def forward(self, x):
     output = self._norm(x.float())
@@ -172,6 +183,13 @@ def forward(self, x):
 GEMMA_RMS_NORM_NORM = '''
 def _norm(self, x):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+'''
+
+
+#: NanoChat's and HRM's: no weight, normalized in fp32 (``_norm`` is Gemma's), cast back
+WEIGHTLESS_RMS_NORM = '''
+def forward(self, x):
+    return self._norm(x.float()).type_as(x)
 '''
 
 
@@ -207,6 +225,7 @@ class NormKind:
     kind: str  # "layer" | "rms"
     eps_attr: str = "eps"
     offset: float = 0.0
+    weighted: bool = True  # an RMSNorm without a weight (NanoChat's): the op's weight=None
 
 
 @cache
@@ -215,11 +234,13 @@ def norm_kind(cls: type) -> NormKind | None:
     if cls is torch.nn.LayerNorm:
         return NormKind("layer")
     src = _class_forward(cls)
-    if src is not None and src in (canonical(LLAMA_RMS_NORM), canonical(HELIUM_RMS_NORM)):
+    if src is None:
+        return None
+    if src in (canonical(LLAMA_RMS_NORM), canonical(HELIUM_RMS_NORM), canonical(FLINT_RMS_NORM)):
         return NormKind("rms", "variance_epsilon")
-    if src is not None and src == canonical(GEMMA_RMS_NORM) and _class_forward(cls, "_norm") == canonical(
-            GEMMA_RMS_NORM_NORM):
-        return NormKind("rms", "eps", 1.0)
+    if src in (canonical(GEMMA_RMS_NORM), canonical(WEIGHTLESS_RMS_NORM)) and _class_forward(
+            cls, "_norm") == canonical(GEMMA_RMS_NORM_NORM):
+        return NormKind("rms", "eps", 1.0) if src == canonical(GEMMA_RMS_NORM) else NormKind("rms", weighted=False)
     return None
 
 
@@ -229,12 +250,12 @@ def norm_problem(norm: Any) -> str | None:
         return "not a module"
     kind = norm_kind(type(norm))
     if kind is None:
-        return f"{type(norm).__name__} is not a LayerNorm or a Llama/Helium/Gemma-style RMSNorm"
+        return f"{type(norm).__name__} is not a LayerNorm or a Llama/Helium/Gemma/NanoChat-style RMSNorm"
     if hooked(norm):
         return f"{type(norm).__name__} has hooks"
     if kind.kind == "layer" and len(norm.normalized_shape) != 1:
         return f"LayerNorm over {tuple(norm.normalized_shape)}: only the last dim is fused"
-    if kind.kind == "rms" and not isinstance(getattr(norm, "weight", None), torch.Tensor):
+    if kind.kind == "rms" and kind.weighted and not isinstance(getattr(norm, "weight", None), torch.Tensor):
         return f"{type(norm).__name__} has no weight tensor"
     return None
 
@@ -245,7 +266,8 @@ def add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
     eps = getattr(norm, kind.eps_attr)
     if kind.kind == "layer":
         return add_layer_norm(x, residual, norm.weight, norm.bias, eps, return_sum=return_sum)
-    return add_rms_norm(x, residual, norm.weight, eps, offset=kind.offset, return_sum=return_sum)
+    weight = norm.weight if kind.weighted else None
+    return add_rms_norm(x, residual, weight, eps, offset=kind.offset, return_sum=return_sum)
 
 
 # -- the fused forwards: children read from ``_modules`` (no ``nn.Module.__getattr__`` frame) ------
@@ -355,7 +377,8 @@ def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> N
     norm = module if name is None else getattr(module, name)
     kind = norm_kind(type(norm))
     assert kind is not None  # the fusion's ``problem`` checked it
-    return norm_step(name, type(norm), kind.kind == "layer", kind.eps_attr, kind.offset, return_sum, add_norm)
+    return norm_step(name, type(norm), kind.kind == "layer", kind.eps_attr, kind.offset, return_sum, add_norm,
+                     kind.weighted)
 
 
 def _norms(*names: str) -> Callable[[torch.nn.Module], str | None]:

@@ -14,6 +14,8 @@ statement, one of transformers' forms below, and the forward must call it by tha
 * ``rotate_half`` pairing adjacent columns (the op's ``interleaved=True``): Cohere's (computed in
   fp32, cast back), GLM's partial rotary, Helium's and Ernie 4.5's (each taking the first half of
   ``cos`` / ``sin``, every column twice), and BLT's (Llama's apply with Cohere's rotation).
+* NanoChat's ``rotate_half``, minus Llama's (its halves swapped with the other sign), in the
+  full-width q, k forms: the op with ``-sin`` (made once per forward, kept as the halved forms' are).
 
 * GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` with
   ``rotate_every_two`` (adjacent pairs, sin / cos one column per pair), and Gemma 3n's and 4's
@@ -203,6 +205,14 @@ def _apply_rotary_emb(x, cos, sin):
     return torch.cat((first_, second_), dim=-1)
 '''
 
+# NanoChat's: the halves swapped with the other sign, i.e. minus Llama's rotate_half (the op's with -sin)
+ROTATE_HALF_NEGATED = '''
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((x2, -x1), dim=-1)
+'''
+
 ROTATE_PAIRS = '''
 def rotate_half(x):
     x1 = x[..., ::2]
@@ -248,6 +258,7 @@ class Form:
     #: ``"x, cos, sin"`` (Gemma 3n's and 4's: cos / sin as Llama's, ``unsqueeze_dim`` as the fourth)
     per_tensor: str | None = None
     rotation: str = "rotate_half"  # the global name of the rotation it calls
+    negated: bool = False  # its rotation is minus transformers' usual one (NanoChat's): the op's sin is -sin
 
 
 #: canonical source of an ``apply_rotary_pos_emb`` -> the form, its rotation aside
@@ -256,9 +267,10 @@ FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form
          GPTJ: Form(False, per_tensor="tensor, sin, cos", rotation="rotate_every_two"),
          MODERNBERT: Form(False), NEMOTRON: Form(True), GEMMA_ONE: Form(False, per_tensor="x, cos, sin"),
          GPT_OSS: Form(False, half_width=True, rotation="_apply_rotary_emb")}
-#: canonical source of a rotation -> whether it pairs adjacent columns
-ROTATIONS = {ROTATE_HALF: False, ROTATE_PAIRS: True, ROTATE_PAIRS_GLM: True, ROTATE_EVERY_TWO: True,
-             ROTATE_HALVES_GPT_OSS: False}
+#: canonical source of a rotation -> (whether it pairs adjacent columns, whether it is negated)
+ROTATIONS = {ROTATE_HALF: (False, False), ROTATE_PAIRS: (True, False), ROTATE_PAIRS_GLM: (True, False),
+             ROTATE_EVERY_TWO: (True, False), ROTATE_HALVES_GPT_OSS: (False, False),
+             ROTATE_HALF_NEGATED: (False, True)}
 #: the global names a form's rotation may have (``Form.rotation``)
 ROTATION_NAMES = ("rotate_half", "rotate_every_two", "_apply_rotary_emb")
 
@@ -269,8 +281,8 @@ def _forms() -> dict[str | None, Form]:
 
 
 @cache
-def _rotations() -> dict[str | None, bool]:
-    return {canonical(src): pairs for src, pairs in ROTATIONS.items()}
+def _rotations() -> dict[str | None, tuple[bool, bool]]:
+    return {canonical(src): how for src, how in ROTATIONS.items()}
 
 
 def _calls(fn: Any, name: str) -> bool:
@@ -306,10 +318,13 @@ def _verdict(cls: type, fn: Any, target: Any, rotations: tuple[Any, ...]) -> tup
     if form is None:
         return None, f"{fn.__module__}.{NAME} is not a form xkernels fuses"
     rotate = rotations[ROTATION_NAMES.index(form.rotation)]
-    pairs = _rotations().get(canonical(rotate))
-    if pairs is None:
+    how = _rotations().get(canonical(rotate))
+    if how is None:
         return None, f"{fn.__module__}.{form.rotation} is not one of transformers' rotations"
-    return replace(form, interleaved=pairs), None
+    pairs, negated = how
+    if negated and (form.halved or form.half_width or form.per_tensor):
+        return None, f"{fn.__module__}.{form.rotation} is negated, which xkernels fuses only in full-width q, k forms"
+    return replace(form, interleaved=pairs, negated=negated), None
 
 
 def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
@@ -326,7 +341,8 @@ def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
 class _Halves:
     """A halved form's ``cos[..., :R/2].repeat_interleave(2, -1)`` (and sin's; ``how="pairs"``:
     the whole of each repeated, GPT-J's one column per pair; ``how="twice"``: the whole twice,
-    ``torch.cat((cos, cos), -1)``, GPT-OSS's half-width angles), kept for the last cos / sin seen: a
+    ``torch.cat((cos, cos), -1)``, GPT-OSS's half-width angles; ``how="negated sin"``: cos and
+    -sin, for a negated rotation), kept for the last cos / sin seen: a
     model hands every layer (GPT-J: both calls of a layer) the same two tensors. Reused only for those very
     tensors at the same version, and only in the mode it was made in: one made while a CUDA graph
     captures is read by the graph's later layers (the graph recomputes it at each replay); one
@@ -354,6 +370,8 @@ class _Halves:
     def _made(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.how == "twice":
             return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+        if self.how == "negated sin":
+            return cos, -sin
         if self.how != "pairs":
             half = cos.shape[-1] // 2
             cos, sin = cos[..., :half], sin[..., :half]
@@ -367,7 +385,8 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
         return _fused_one_tensor(original, form)
     if form.per_tensor:
         return _fused_per_tensor(original, form)
-    halves = _Halves() if form.halved else _Halves("twice") if form.half_width else None
+    halves = (_Halves() if form.halved else _Halves("twice") if form.half_width
+              else _Halves("negated sin") if form.negated else None)
     partial, interleaved = form.partial, form.interleaved
     widths = 2 if form.half_width else 1  # q's rotary width over cos's
 
