@@ -8,7 +8,7 @@ Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Hel
 NanoChat and HRM with weightless RMSNorms, Granite's scaled residuals, Cohere's parallel block, Falcon,
 GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
 Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral, Qwen2-MoE and GPT-OSS experts),
-encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, BEiT, CLIP, SigLIP,
+encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, DINOv3, BEiT, CLIP, SigLIP,
 Swin) and encoder-decoders (T5 with gated-gelu, BART).
 
 Every causal LM among them, and the families ``patch()``'s block forwards were written from
@@ -75,6 +75,7 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "deit": ("DeiTConfig", "DeiTModel", VISION),
     "dinov2": ("Dinov2Config", "Dinov2Model", dict(VISION, mlp_ratio=2)),
     "beit": ("BeitConfig", "BeitModel", VISION),
+    "dinov3": ("DINOv3ViTConfig", "DINOv3ViTModel", dict(VISION, num_register_tokens=2)),
     "clip_vision": ("CLIPVisionConfig", "CLIPVisionModel", VISION),
     "siglip_vision": ("SiglipVisionConfig", "SiglipVisionModel", VISION),
     "swin": ("SwinConfig", "SwinModel", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2], image_size=32,
@@ -116,7 +117,7 @@ def _build(tf, family: str, families: dict[str, tuple[str, str, dict]] = FAMILIE
 
 def _inputs(family: str, device: torch.device) -> dict[str, torch.Tensor]:
     torch.manual_seed(1)
-    if FAMILIES[family][2] is VISION or family in ("dinov2", "swin"):
+    if FAMILIES[family][2] is VISION or family in ("dinov2", "dinov3", "swin"):
         return {"pixel_values": torch.randn(2, 3, 32, 32, device=device)}
     ids = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
     if family in ("t5", "bart"):

@@ -110,6 +110,39 @@ def test_attention_runs_the_fused_rotary(backend, device, family, launches):
     assert launches == before, "undo() left the fused rotary in place"
 
 
+@pytest.mark.parametrize("registers", [0, 2])
+def test_vision_patch_tokens_run_the_fused_rotary(backend, device, registers, launches):
+    """DINOv3's form: the patch tokens after the cls (and register) tokens rotated by the op, the
+    prefix joined back unrotated; output and gradients as the original's, one launch per layer
+    each way."""
+    tf = require_transformers()
+    cfg = tf.DINOv3ViTConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                             image_size=32, patch_size=8, num_register_tokens=registers)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = tf.DINOv3ViTModel(cfg).to(device).train()
+    ref64 = copy.deepcopy(model).double()
+    pixels = torch.randn(2, 3, 32, 32, device=device)
+
+    def step(m, x):
+        m.zero_grad(set_to_none=True)
+        y = m(pixel_values=x).last_hidden_state
+        y.double().square().mean().backward()
+        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None and p.numel()]
+
+    want, want_grads = step(model, pixels)
+    ref, ref_grads = step(ref64, pixels.double())
+    report = xkernels.patch(model)
+    assert report.counts().get(rotary_fusion.FUSION) == 2, report
+    got, got_grads = step(model, pixels)
+    if backend.runs_triton:
+        assert launches == {"forward": 2, "backward": 2}, launches
+    assert_model_close(got, want, ref)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
+        assert_model_close(g, w, r)
+
+
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # a form xkernels does not know (no rotate_half)
     return q * cos.unsqueeze(unsqueeze_dim), k * sin.unsqueeze(unsqueeze_dim)
 

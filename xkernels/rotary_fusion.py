@@ -17,6 +17,8 @@ statement, one of transformers' forms below, and the forward must call it by tha
 * NanoChat's ``rotate_half``, minus Llama's (its halves swapped with the other sign), in the
   full-width q, k forms: the op with ``-sin`` (made once per forward, kept as the halved forms' are).
 
+* DINOv3's (also Sapiens2's and EoMT-DINOv3's) on the patch tokens after the cls and register
+  tokens: the op on those tokens' rows, the prefix joined back as the original joins it.
 * GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` with
   ``rotate_every_two`` (adjacent pairs, sin / cos one column per pair), and Gemma 3n's and 4's
   ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)`` (Llama's rotation of one tensor): each call
@@ -197,6 +199,22 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     return q_embed, k_embed
 '''
 
+# DINOv3's (also Sapiens2's, EoMT-DINOv3's): the patch tokens only, after the cls and register
+# tokens; cos / sin (patches, head dim), one row per patch token
+DINOV3 = '''
+def apply_rotary_pos_emb(q, k, cos, sin, **kwargs):
+    num_tokens = q.shape[-2]
+    num_patches = sin.shape[-2]
+    num_prefix_tokens = num_tokens - num_patches
+    q_prefix_tokens, q_patches = q.split((num_prefix_tokens, num_patches), dim=-2)
+    k_prefix_tokens, k_patches = k.split((num_prefix_tokens, num_patches), dim=-2)
+    q_patches = (q_patches * cos) + (rotate_half(q_patches) * sin)
+    k_patches = (k_patches * cos) + (rotate_half(k_patches) * sin)
+    q = torch.cat((q_prefix_tokens, q_patches), dim=-2)
+    k = torch.cat((k_prefix_tokens, k_patches), dim=-2)
+    return q, k
+'''
+
 ROTATE_HALVES_GPT_OSS = '''
 def _apply_rotary_emb(x, cos, sin):
     first_half, second_half = torch.chunk(x, 2, dim=-1)
@@ -259,6 +277,9 @@ class Form:
     per_tensor: str | None = None
     rotation: str = "rotate_half"  # the global name of the rotation it calls
     negated: bool = False  # its rotation is minus transformers' usual one (NanoChat's): the op's sin is -sin
+    #: rotates the last ``cos.shape[-2]`` tokens of (b, heads, tokens, d) q / k, the prefix tokens
+    #: before them kept (DINOv3's patches after its cls and register tokens); cos / sin (patches, d)
+    patches: bool = False
 
 
 #: canonical source of an ``apply_rotary_pos_emb`` -> the form, its rotation aside
@@ -266,7 +287,7 @@ FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form
          HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True),
          GPTJ: Form(False, per_tensor="tensor, sin, cos", rotation="rotate_every_two"),
          MODERNBERT: Form(False), NEMOTRON: Form(True), GEMMA_ONE: Form(False, per_tensor="x, cos, sin"),
-         GPT_OSS: Form(False, half_width=True, rotation="_apply_rotary_emb")}
+         GPT_OSS: Form(False, half_width=True, rotation="_apply_rotary_emb"), DINOV3: Form(False, patches=True)}
 #: canonical source of a rotation -> (whether it pairs adjacent columns, whether it is negated)
 ROTATIONS = {ROTATE_HALF: (False, False), ROTATE_PAIRS: (True, False), ROTATE_PAIRS_GLM: (True, False),
              ROTATE_EVERY_TWO: (True, False), ROTATE_HALVES_GPT_OSS: (False, False),
@@ -322,7 +343,7 @@ def _verdict(cls: type, fn: Any, target: Any, rotations: tuple[Any, ...]) -> tup
     if how is None:
         return None, f"{fn.__module__}.{form.rotation} is not one of transformers' rotations"
     pairs, negated = how
-    if negated and (form.halved or form.half_width or form.per_tensor):
+    if negated and (form.halved or form.half_width or form.per_tensor or form.patches):
         return None, f"{fn.__module__}.{form.rotation} is negated, which xkernels fuses only in full-width q, k forms"
     return replace(form, interleaved=pairs, negated=negated), None
 
@@ -385,6 +406,8 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
         return _fused_one_tensor(original, form)
     if form.per_tensor:
         return _fused_per_tensor(original, form)
+    if form.patches:
+        return _fused_patches(original, form)
     halves = (_Halves() if form.halved else _Halves("twice") if form.half_width
               else _Halves("negated sin") if form.negated else None)
     partial, interleaved = form.partial, form.interleaved
@@ -424,6 +447,32 @@ def _fused_per_tensor(original: Callable[..., Any], form: Form) -> Callable[...,
             return rotary_embedding(tensor, tensor[:, :, :0], c, s, 2, interleaved)[0]
         except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
             return original(tensor, sin, cos)
+
+    apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb
+
+
+def _fused_patches(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
+    """DINOv3's ``apply_rotary_pos_emb(q, k, cos, sin)``: the op on the last P tokens of q and k
+    (views), cos / sin ``(P, d)`` read as ``(1, P, d)`` unsqueezed at dim 1; the prefix tokens
+    before them joined back unrotated, as the original's ``torch.cat`` does."""
+    interleaved = form.interleaved
+
+    def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, **kwargs: Any) -> Any:
+        if (_is_compiling() or kwargs or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+                or not q.dtype == k.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
+                or q.dim() != 4 or k.dim() != 4 or cos.dim() != 2 or cos.shape != sin.shape
+                or not cos.shape[-1] == q.shape[-1] == k.shape[-1] or q.shape[-2] != k.shape[-2]
+                or not 0 < cos.shape[0] <= q.shape[-2]):
+            return original(q, k, cos, sin, **kwargs)
+        prefix = q.shape[-2] - cos.shape[0]
+        try:
+            qp, kp = rotary_embedding(q[..., prefix:, :], k[..., prefix:, :], cos[None], sin[None], 1, interleaved)
+        except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
+            return original(q, k, cos, sin, **kwargs)
+        if not prefix:
+            return qp, kp
+        return torch.cat((q[..., :prefix, :], qp), dim=-2), torch.cat((k[..., :prefix, :], kp), dim=-2)
 
     apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
