@@ -143,6 +143,63 @@ def test_vision_patch_tokens_run_the_fused_rotary(backend, device, registers, la
         assert_model_close(g, w, r)
 
 
+def test_vision_towers_run_the_fused_rotary(backend, device, launches):
+    """The VLM vision towers' ``apply_rotary_pos_emb_vision`` (Qwen2.5-VL's here; 25 families
+    share it): (tokens, heads, d) q / k in fp32, one launch per layer each way; output and
+    gradients as the original's."""
+    require_transformers()
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as vl
+
+    cfg = vl.Qwen2_5_VLVisionConfig(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=32,
+                                    patch_size=4, spatial_merge_size=2, temporal_patch_size=2, window_size=16,
+                                    fullatt_block_indexes=[1])
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = vl.Qwen2_5_VisionTransformerPretrainedModel(cfg).to(device).train()
+    ref64 = copy.deepcopy(model).double()
+    patches = torch.randn(2 * 16, 3 * 2 * 4 * 4, device=device)
+    grid = torch.tensor([[1, 4, 4], [1, 4, 4]], device=device)
+
+    def step(m, x):
+        m.zero_grad(set_to_none=True)
+        y = m(x, grid_thw=grid).last_hidden_state
+        y.double().square().mean().backward()
+        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None]
+
+    want, want_grads = step(model, patches)
+    ref, ref_grads = step(ref64, patches.double())
+    report = xkernels.patch(model)
+    assert report.counts().get(rotary_fusion.FUSION) == 2, report
+    got, got_grads = step(model, patches)
+    if backend.runs_triton:
+        assert launches == {"forward": 2, "backward": 2}, launches
+    assert_model_close(got, want, ref)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
+        assert_model_close(g, w, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_vision_form_computes_in_fp32_as_the_original(backend, device, dtype):
+    """Low-precision q / k with fp32 cos / sin (as the vision towers make them): the fused form
+    computes in fp32 and rounds once to q's and k's dtypes, as the original does."""
+    require_transformers()
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as vl
+
+    fused = rotary_fusion.fused_rotary(vl.apply_rotary_pos_emb_vision, rotary_fusion.Form(False, vision=True))
+    torch.manual_seed(0)
+    q, k = torch.randn(50, 4, 16, device=device, dtype=dtype), torch.randn(50, 2, 16, device=device, dtype=dtype)
+    angles = torch.rand(50, 8, device=device) * 6.3
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    q0, k0 = q.clone(), k.clone()
+    got, want = fused(q, k, cos, sin), vl.apply_rotary_pos_emb_vision(q, k, cos, sin)
+    assert torch.equal(q, q0) and torch.equal(k, k0)
+    for g, w, x in zip(got, want, (q, k)):
+        assert g.dtype == w.dtype == dtype and g.shape == x.shape
+        # one rounding of the same fp32 value, give or take fp32's own rounding order: at most one ulp
+        torch.testing.assert_close(g, w, rtol=torch.finfo(dtype).eps, atol=torch.finfo(dtype).eps)
+
+
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):  # a form xkernels does not know (no rotate_half)
     return q * cos.unsqueeze(unsqueeze_dim), k * sin.unsqueeze(unsqueeze_dim)
 

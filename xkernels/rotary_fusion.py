@@ -19,6 +19,8 @@ statement, one of transformers' forms below, and the forward must call it by tha
 
 * DINOv3's (also Sapiens2's and EoMT-DINOv3's) on the patch tokens after the cls and register
   tokens: the op on those tokens' rows, the prefix joined back as the original joins it.
+* the vision towers' ``apply_rotary_pos_emb_vision`` (Qwen2-VL / 2.5-VL / 3-VL, GLM-4V and 21
+  more): q, k ``(tokens, heads, d)`` taken to fp32 as the original takes them, one launch, cast back.
 * GPT-J's and CodeGen's per-tensor ``apply_rotary_pos_emb(tensor, sin, cos)`` with
   ``rotate_every_two`` (adjacent pairs, sin / cos one column per pair), and Gemma 3n's and 4's
   ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)`` (Llama's rotation of one tensor): each call
@@ -55,6 +57,9 @@ from xkernels.ops import rotary_embedding
 from xkernels.ops.op import _capturing, _is_compiling
 
 NAME = "apply_rotary_pos_emb"
+#: the global names a forward's rotary call may have: the text models', and the vision towers'
+#: (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4V, ...)
+NAMES = (NAME, "apply_rotary_pos_emb_vision")
 FUSION = "rotary embedding"
 
 # -- the originals, as read in transformers 5.23 (docstrings and comments aside) --------------------
@@ -215,6 +220,22 @@ def apply_rotary_pos_emb(q, k, cos, sin, **kwargs):
     return q, k
 '''
 
+# the vision towers' (25 families in transformers 5.23: Qwen2-VL / 2.5-VL / 3-VL, Qwen2.5-Omni,
+# GLM-4V, Kimi-K2.5, PaddleOCR-VL, ...): q, k (tokens, heads, d), cos / sin (tokens, d), all in fp32,
+# the results cast back to q's and k's dtypes
+VISION = '''
+def apply_rotary_pos_emb_vision(q, k, cos, sin):
+    orig_q_dtype = q.dtype
+    orig_k_dtype = k.dtype
+    q, k = q.float(), k.float()
+    cos, sin = cos.unsqueeze(-2).float(), sin.unsqueeze(-2).float()
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    q_embed = q_embed.to(orig_q_dtype)
+    k_embed = k_embed.to(orig_k_dtype)
+    return q_embed, k_embed
+'''
+
 ROTATE_HALVES_GPT_OSS = '''
 def _apply_rotary_emb(x, cos, sin):
     first_half, second_half = torch.chunk(x, 2, dim=-1)
@@ -280,6 +301,10 @@ class Form:
     #: rotates the last ``cos.shape[-2]`` tokens of (b, heads, tokens, d) q / k, the prefix tokens
     #: before them kept (DINOv3's patches after its cls and register tokens); cos / sin (patches, d)
     patches: bool = False
+    #: the vision towers' ``apply_rotary_pos_emb_vision(q, k, cos, sin)``: (tokens, heads, d) q / k,
+    #: (tokens, d) cos / sin, computed in fp32 and cast back
+    vision: bool = False
+    name: str = NAME  # the global name the forward calls it by
 
 
 #: canonical source of an ``apply_rotary_pos_emb`` -> the form, its rotation aside
@@ -287,7 +312,8 @@ FORMS = {LLAMA: Form(False), OLMO: Form(False), GPT_NEOX: Form(True), PHI3: Form
          HELIUM: Form(False, halved=True), ERNIE: Form(False, halved=True), GLM: Form(True, halved=True),
          GPTJ: Form(False, per_tensor="tensor, sin, cos", rotation="rotate_every_two"),
          MODERNBERT: Form(False), NEMOTRON: Form(True), GEMMA_ONE: Form(False, per_tensor="x, cos, sin"),
-         GPT_OSS: Form(False, half_width=True, rotation="_apply_rotary_emb"), DINOV3: Form(False, patches=True)}
+         GPT_OSS: Form(False, half_width=True, rotation="_apply_rotary_emb"), DINOV3: Form(False, patches=True),
+         VISION: Form(False, vision=True)}
 #: canonical source of a rotation -> (whether it pairs adjacent columns, whether it is negated)
 ROTATIONS = {ROTATE_HALF: (False, False), ROTATE_PAIRS: (True, False), ROTATE_PAIRS_GLM: (True, False),
              ROTATE_EVERY_TWO: (True, False), ROTATE_HALVES_GPT_OSS: (False, False),
@@ -324,28 +350,32 @@ def _class_form(cls: type) -> tuple[Form | None, str | None]:
     if not isinstance(fn, types.FunctionType):
         return None, None
     scope = fn.__globals__
-    return _verdict(cls, fn, scope.get(NAME), tuple(scope.get(n) for n in ROTATION_NAMES))
+    name = next((n for n in NAMES if n in fn.__code__.co_names), None)
+    if name is None:
+        return None, None
+    return _verdict(cls, fn, name, scope.get(name), tuple(scope.get(n) for n in ROTATION_NAMES))
 
 
 @cache
-def _verdict(cls: type, fn: Any, target: Any, rotations: tuple[Any, ...]) -> tuple[Form | None, str | None]:
-    if NAME not in fn.__code__.co_names or not _calls(fn, NAME):
+def _verdict(cls: type, fn: Any, name: str, target: Any,
+             rotations: tuple[Any, ...]) -> tuple[Form | None, str | None]:
+    if not _calls(fn, name):
         return None, None
     if hasattr(fn, "__wrapped__"):
         return None, "its forward is wrapped by a decorator"
     if target is None or not callable(target):
-        return None, f"{NAME} is not a function in {fn.__module__}"
+        return None, f"{name} is not a function in {fn.__module__}"
     form = _forms().get(canonical(target))
     if form is None:
-        return None, f"{fn.__module__}.{NAME} is not a form xkernels fuses"
+        return None, f"{fn.__module__}.{name} is not a form xkernels fuses"
     rotate = rotations[ROTATION_NAMES.index(form.rotation)]
     how = _rotations().get(canonical(rotate))
     if how is None:
         return None, f"{fn.__module__}.{form.rotation} is not one of transformers' rotations"
     pairs, negated = how
-    if negated and (form.halved or form.half_width or form.per_tensor or form.patches):
+    if negated and (form.halved or form.half_width or form.per_tensor or form.patches or form.vision):
         return None, f"{fn.__module__}.{form.rotation} is negated, which xkernels fuses only in full-width q, k forms"
-    return replace(form, interleaved=pairs, negated=negated), None
+    return replace(form, interleaved=pairs, negated=negated, name=name), None
 
 
 def fusion_for(module: torch.nn.Module) -> tuple[bool, str | None]:
@@ -408,6 +438,8 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
         return _fused_per_tensor(original, form)
     if form.patches:
         return _fused_patches(original, form)
+    if form.vision:
+        return _fused_vision(original, form)
     halves = (_Halves() if form.halved else _Halves("twice") if form.half_width
               else _Halves("negated sin") if form.negated else None)
     partial, interleaved = form.partial, form.interleaved
@@ -478,6 +510,32 @@ def _fused_patches(original: Callable[..., Any], form: Form) -> Callable[..., An
     return apply_rotary_pos_emb
 
 
+def _fused_vision(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
+    """The vision towers' ``apply_rotary_pos_emb_vision(q, k, cos, sin)``: q, k ``(tokens, heads,
+    d)`` and cos / sin ``(tokens, d)`` as the op's ``(1, tokens, heads, d)`` and ``(1, tokens, d)``
+    unsqueezed at dim 2, in fp32 as the original computes (q and k taken to fp32, the results cast
+    back to their dtypes: the original's casts around one launch in place of its formula)."""
+    interleaved = form.interleaved
+
+    def apply_rotary_pos_emb_vision(q: Any, k: Any, cos: Any, sin: Any) -> Any:
+        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+                or not all(t.dtype in (torch.float16, torch.bfloat16, torch.float32) for t in (q, k, cos, sin))
+                or cos.requires_grad or sin.requires_grad or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2
+                or cos.shape != sin.shape or not cos.shape[-1] == q.shape[-1] == k.shape[-1]
+                or not cos.shape[0] == q.shape[0] == k.shape[0]):
+            return original(q, k, cos, sin)
+        f32 = torch.float32
+        try:
+            qe, ke = rotary_embedding(q[None].to(f32), k[None].to(f32), cos[None].to(f32), sin[None].to(f32), 2,
+                                      interleaved)
+        except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
+            return original(q, k, cos, sin)
+        return qe[0].to(q.dtype), ke[0].to(k.dtype)
+
+    apply_rotary_pos_emb_vision.original = original  # type: ignore[attr-defined]
+    return apply_rotary_pos_emb_vision
+
+
 def _fused_one_tensor(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
     """Gemma 3n's and 4's ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1)``: Llama's rotation
     of one tensor (q or k, each called on its own), ``x`` as the op's q and an empty slice of it
@@ -507,7 +565,7 @@ def apply(module: torch.nn.Module) -> None:
     form, _ = _class_form(cls)
     assert form is not None  # fusion_for said so
     scope = dict(fn.__globals__)
-    scope[NAME] = fused_rotary(fn.__globals__[NAME], form)
+    scope[form.name] = fused_rotary(fn.__globals__[form.name], form)
     fused = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     fused.__kwdefaults__ = fn.__kwdefaults__
 
