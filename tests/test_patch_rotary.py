@@ -145,8 +145,9 @@ def test_vision_patch_tokens_run_the_fused_rotary(backend, device, registers, la
 
 def test_vision_towers_run_the_fused_rotary(backend, device, launches):
     """The VLM vision towers' ``apply_rotary_pos_emb_vision`` (Qwen2.5-VL's here; 25 families
-    share it): (tokens, heads, d) q / k in fp32, one launch per layer each way; output and
-    gradients as the original's."""
+    share it): (tokens, heads, d) q / k in fp32, one launch per layer each way; the towers' gated
+    MLPs (their forward's argument named ``hidden_state``) fused too; output and gradients as the
+    original's."""
     require_transformers()
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as vl
 
@@ -169,7 +170,7 @@ def test_vision_towers_run_the_fused_rotary(backend, device, launches):
     want, want_grads = step(model, patches)
     ref, ref_grads = step(ref64, patches.double())
     report = xkernels.patch(model)
-    assert report.counts().get(rotary_fusion.FUSION) == 2, report
+    assert report.counts().get(rotary_fusion.FUSION) == 2 and report.counts().get("gated mlp") == 2, report
     got, got_grads = step(model, patches)
     if backend.runs_triton:
         assert launches == {"forward": 2, "backward": 2}, launches
@@ -177,6 +178,9 @@ def test_vision_towers_run_the_fused_rotary(backend, device, launches):
     assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
     for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
         assert_model_close(g, w, r)
+    mlp = model.blocks[0].mlp  # a call naming its input runs the class's own forward
+    h = torch.randn(5, 32, device=device)
+    torch.testing.assert_close(mlp(hidden_state=h), type(mlp).forward(mlp, h))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -123,6 +123,23 @@ def forward(self, x):
     return down_proj
 '''
 
+#: the same gated MLP written without the local (Idefics 1 / 2), or also with another argument name
+#: (the vision towers of Qwen2.5-VL, Qwen2.5-Omni, GLM-4V, GLM-OCR and Exaone 4.5), or with the gate
+#: named first (RecurrentGemma): what ``LLAMA_MLP`` computes
+LLAMA_MLP_RETURN = '''
+def forward(self, x):
+    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+'''
+LLAMA_MLP_VISION = '''
+def forward(self, hidden_state):
+    return self.down_proj(self.act_fn(self.gate_proj(hidden_state)) * self.up_proj(hidden_state))
+'''
+LLAMA_MLP_GATE_FIRST = '''
+def forward(self, hidden_states):
+    gate = self.act_fn(self.gate_proj(hidden_states))
+    return self.down_proj(gate * self.up_proj(hidden_states))
+'''
+
 PHI3_MLP = '''
 def forward(self, hidden_states):
     up_states = self.gate_up_proj(hidden_states)
@@ -333,9 +350,11 @@ def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return self._xkernels_block(self, hidden_states, None)
 
 
-def _llama_mlp(self: Any, x: torch.Tensor) -> torch.Tensor:
-    if _is_compiling() or autocasting():  # see the note above
-        return type(self).forward(self, x)
+def _llama_mlp(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    # one positional input; a call naming it (its name differs between the forms) runs the class's own
+    if _is_compiling() or autocasting() or kwargs or len(args) != 1:  # see the note above
+        return type(self).forward(self, *args, **kwargs)
+    x = args[0]
     gated = self._xkernels_block(self, x)
     if gated is None:  # a projection replaced since patch(): the class's own forward
         return type(self).forward(self, x)
@@ -470,6 +489,7 @@ class BlockFusion:
     method: str = "forward"  # the method the original is and the fused one replaces
     feed_forward: FeedForwardStep | None = None  # the training block's children (feed-forward fusions)
     candidate: Callable[[torch.nn.Module], bool] | None = None  # False: not this fusion's kind of module
+    also: tuple[str, ...] = ()  # other sources of the same computation (other names, no local)
 
 
 FUSIONS = (
@@ -481,7 +501,7 @@ FUSIONS = (
                 norm="layernorm_after"),
     BlockFusion("residual add + norm (GPT-2 block)", GPT2_BLOCK, _gpt2_block, _norms("ln_2"), norm="ln_2"),
     BlockFusion("gated mlp", LLAMA_MLP, _llama_mlp, _gated_problem(("gate_proj", "up_proj"), "act_fn"), "act_fn",
-                ("gate_proj", "up_proj", "act_fn")),
+                ("gate_proj", "up_proj", "act_fn"), also=(LLAMA_MLP_RETURN, LLAMA_MLP_VISION, LLAMA_MLP_GATE_FIRST)),
     BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
                 "activation_fn", ("gate_up_proj", "activation_fn")),
     BlockFusion("feed-forward (training)", BERT_FEED_FORWARD_CHUNK, _bert_feed_forward, _bert_chunk_problem,
@@ -569,7 +589,7 @@ def _fusion_for(cls: type) -> BlockFusion | None:
     src = _class_forward(cls)
     for f in FUSIONS:
         method = src if f.method == "forward" else _class_forward(cls, f.method)
-        if method is not None and method == canonical(f.original):
+        if method is not None and method in (canonical(f.original), *map(canonical, f.also)):
             return f
     if src is None:
         return None
