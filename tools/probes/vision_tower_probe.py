@@ -1,10 +1,13 @@
 """A VLM's vision tower patched against torch's, eager: Qwen2.5-VL's (``apply_rotary_pos_emb_vision``
 on (tokens, heads, d) q / k, RMSNorms, window and full attention), random weights at the 7B
 model's vision width (32 blocks, hidden 1280, 16 heads), bf16. Per way, each on its own copy:
-wall ms per forward (20 forwards, synchronized) in interleaved rounds, inference and a training
-step; the fusions patch() made; max |patched - torch| of the output.
+wall ms per forward (10 forwards, synchronized) in interleaved rounds, inference and a training
+step; on cuda the kernels' own time per forward / step (profiler: the tower's per-window attention
+calls make it host-bound); the fusions patch() made; max |patched - torch| of the output
+(``--reference``: each way's against the float64 tower).
 
     python tools/probes/vision_tower_probe.py --images 4 --side 32 --json vision-tower.json
+    python tools/probes/vision_tower_probe.py --reference --rounds 1   # each way against float64
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--reference", action="store_true", help="each way's error against the float64 tower")
     ap.add_argument("--json")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -65,6 +69,31 @@ def main():
     outs = {w: forward(m) for w, m in ways.items()}
     diff = (outs["torch"].float() - outs["patch"].float()).abs().max().item()
     scale = outs["torch"].float().abs().max().item()
+    ref_err = {}
+    if args.reference:  # each way's error against the float64 tower on the same inputs
+        ref = build(args.depth).to(dev, torch.float64)
+        with torch.no_grad():
+            want = ref(x.double(), grid_thw=grid).last_hidden_state
+        ref_err = {w: (o.double() - want).abs().max().item() for w, o in outs.items()}
+        print(f"max|way - float64|: {ref_err}")
+        del ref, want
+    kernel_ms = {}
+    if dev.type == "cuda":  # the kernels' own time (profiler): the tower's window attention makes it host-bound
+        from torch.profiler import ProfilerActivity, profile
+
+        for w, m in ways.items():
+            for p, fn in (("forward", forward), ("train", train)):
+                fn(m)
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(3):
+                        fn(m)
+                    torch.cuda.synchronize()
+                total = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type.name == "CUDA")
+                kernel_ms[(w, p)] = total / 3 / 1e3
+        for p in ("forward", "train"):
+            t, m = kernel_ms[("torch", p)], kernel_ms[("patch", p)]
+            print(f"{p} kernels: torch {t:.3f} ms, patch {m:.3f} ms: {t / m:.3f}x")
     times = {(w, p): [] for w in ways for p in ("forward", "train")}
     for r in range(args.rounds):
         for w in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
@@ -89,6 +118,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "tokens": x.shape[0], "fusions": report.counts(),
                        "left": [m.reason for m in report.left], "max_abs_diff": diff, "max_abs": scale,
+                       "max_abs_error_against_float64": ref_err,
+                       "kernel_ms": {f"{w} {p}": v for (w, p), v in kernel_ms.items()},
                        "rows": rows}, f, indent=1)
 
 
