@@ -110,6 +110,31 @@ def test_attention_runs_the_fused_rotary(backend, device, family, launches):
     assert launches == before, "undo() left the fused rotary in place"
 
 
+def _trains_as_the_original(backend, model, forward, inputs, launches, fused):
+    """One training step of ``model`` patched against the unpatched model and its float64 copy:
+    ``patch()`` made the ``fused`` counts, the rotary kernel launched once per layer each way
+    (two layers), output and every gradient as the original's."""
+    ref64 = copy.deepcopy(model).double()
+
+    def step(m, x):
+        m.zero_grad(set_to_none=True)
+        y = forward(m, x)
+        y.double().square().mean().backward()
+        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None and p.numel()]
+
+    want, want_grads = step(model, inputs)
+    ref, ref_grads = step(ref64, inputs.double())
+    report = xkernels.patch(model)
+    assert all(report.counts().get(kind) == n for kind, n in fused.items()), report
+    got, got_grads = step(model, inputs)
+    if backend.runs_triton:
+        assert launches == {"forward": 2, "backward": 2}, launches
+    assert_model_close(got, want, ref)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
+        assert_model_close(g, w, r)
+
+
 @pytest.mark.parametrize("registers", [0, 2])
 def test_vision_patch_tokens_run_the_fused_rotary(backend, device, registers, launches):
     """DINOv3's form: the patch tokens after the cls (and register) tokens rotated by the op, the
@@ -121,26 +146,8 @@ def test_vision_patch_tokens_run_the_fused_rotary(backend, device, registers, la
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = tf.DINOv3ViTModel(cfg).to(device).train()
-    ref64 = copy.deepcopy(model).double()
-    pixels = torch.randn(2, 3, 32, 32, device=device)
-
-    def step(m, x):
-        m.zero_grad(set_to_none=True)
-        y = m(pixel_values=x).last_hidden_state
-        y.double().square().mean().backward()
-        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None and p.numel()]
-
-    want, want_grads = step(model, pixels)
-    ref, ref_grads = step(ref64, pixels.double())
-    report = xkernels.patch(model)
-    assert report.counts().get(rotary_fusion.FUSION) == 2, report
-    got, got_grads = step(model, pixels)
-    if backend.runs_triton:
-        assert launches == {"forward": 2, "backward": 2}, launches
-    assert_model_close(got, want, ref)
-    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
-    for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
-        assert_model_close(g, w, r)
+    _trains_as_the_original(backend, model, lambda m, x: m(pixel_values=x).last_hidden_state,
+                            torch.randn(2, 3, 32, 32, device=device), launches, {rotary_fusion.FUSION: 2})
 
 
 def test_vision_towers_run_the_fused_rotary(backend, device, launches):
@@ -157,27 +164,10 @@ def test_vision_towers_run_the_fused_rotary(backend, device, launches):
     cfg._attn_implementation = "eager"
     torch.manual_seed(0)
     model = vl.Qwen2_5_VisionTransformerPretrainedModel(cfg).to(device).train()
-    ref64 = copy.deepcopy(model).double()
-    patches = torch.randn(2 * 16, 3 * 2 * 4 * 4, device=device)
     grid = torch.tensor([[1, 4, 4], [1, 4, 4]], device=device)
-
-    def step(m, x):
-        m.zero_grad(set_to_none=True)
-        y = m(x, grid_thw=grid).last_hidden_state
-        y.double().square().mean().backward()
-        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None]
-
-    want, want_grads = step(model, patches)
-    ref, ref_grads = step(ref64, patches.double())
-    report = xkernels.patch(model)
-    assert report.counts().get(rotary_fusion.FUSION) == 2 and report.counts().get("gated mlp") == 2, report
-    got, got_grads = step(model, patches)
-    if backend.runs_triton:
-        assert launches == {"forward": 2, "backward": 2}, launches
-    assert_model_close(got, want, ref)
-    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
-    for (_, g), (_, w), (_, r) in zip(got_grads, want_grads, ref_grads):
-        assert_model_close(g, w, r)
+    _trains_as_the_original(backend, model, lambda m, x: m(x, grid_thw=grid).last_hidden_state,
+                            torch.randn(2 * 16, 3 * 2 * 4 * 4, device=device), launches,
+                            {rotary_fusion.FUSION: 2, "gated mlp": 2})
     mlp = model.blocks[0].mlp  # a call naming its input runs the class's own forward
     h = torch.randn(5, 32, device=device)
     torch.testing.assert_close(mlp(hidden_state=h), type(mlp).forward(mlp, h))
