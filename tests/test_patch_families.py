@@ -7,7 +7,7 @@ keeps its own forward; either way nothing may change but the speed.
 Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Helium, Nemotron, Flint,
 NanoChat and HRM with weightless RMSNorms, RecurrentGemma, Granite's scaled residuals, Cohere's parallel block, Falcon,
 GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
-Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral, Qwen2-MoE and GPT-OSS experts),
+Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral, Qwen2-MoE, Llama 4 and GPT-OSS experts),
 encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, DINOv3, BEiT, CLIP, SigLIP,
 Swin) and encoder-decoders (T5 with gated-gelu, BART).
 
@@ -40,6 +40,9 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "flint": ("FlintConfig", "FlintForCausalLM", LM),
     "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", LM),
     "hrm_text": ("HrmTextConfig", "HrmTextForCausalLM", LM),
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", dict(LM, intermediate_size_mlp=48, num_local_experts=4,
+                                                             num_experts_per_tok=1, head_dim=8,
+                                                             interleave_moe_layer_step=2)),
     "recurrent_gemma": ("RecurrentGemmaConfig", "RecurrentGemmaForCausalLM", dict(
         LM, lru_width=32, attention_window_size=16, block_types=["recurrent", "attention"], head_dim=8)),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(LM, num_local_experts=4, num_experts_per_tok=2, head_dim=8)),

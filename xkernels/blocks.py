@@ -140,6 +140,13 @@ def forward(self, hidden_states):
     return self.down_proj(gate * self.up_proj(hidden_states))
 '''
 
+#: Llama 4's (its dense layers' and shared experts'): the activation module named activation_fn
+LLAMA4_MLP = '''
+def forward(self, x):
+    down_proj = self.activation_fn(self.gate_proj(x)) * self.up_proj(x)
+    return self.down_proj(down_proj)
+'''
+
 PHI3_MLP = '''
 def forward(self, hidden_states):
     up_states = self.gate_up_proj(hidden_states)
@@ -502,6 +509,8 @@ FUSIONS = (
     BlockFusion("residual add + norm (GPT-2 block)", GPT2_BLOCK, _gpt2_block, _norms("ln_2"), norm="ln_2"),
     BlockFusion("gated mlp", LLAMA_MLP, _llama_mlp, _gated_problem(("gate_proj", "up_proj"), "act_fn"), "act_fn",
                 ("gate_proj", "up_proj", "act_fn"), also=(LLAMA_MLP_RETURN, LLAMA_MLP_VISION, LLAMA_MLP_GATE_FIRST)),
+    BlockFusion("gated mlp", LLAMA4_MLP, _llama_mlp, _gated_problem(("gate_proj", "up_proj"), "activation_fn"),
+                "activation_fn", ("gate_proj", "up_proj", "activation_fn")),
     BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
                 "activation_fn", ("gate_up_proj", "activation_fn")),
     BlockFusion("feed-forward (training)", BERT_FEED_FORWARD_CHUNK, _bert_feed_forward, _bert_chunk_problem,
