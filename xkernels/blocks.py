@@ -10,9 +10,11 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``residual add + norm``: ``norm(h + residual)`` as one pass (``add_layer_norm`` /
   ``add_rms_norm``), writing the sum too where the block uses it as its next residual: the
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
-* ``rms norm``: a Llama-, Helium- or Gemma-style RMSNorm module (six PyTorch passes) as one kernel;
+* ``rms norm``: a Llama-, Helium- (Flint-) or Gemma-style RMSNorm module (six PyTorch passes) as
+  one kernel, or the weightless one of NanoChat and HRM (the op's ``weight=None``);
 * ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
-  (``gated_linear``), also from Phi-3's concatenated ``gate_up_proj``;
+  (``gated_linear``), also as the VLM vision towers, Idefics, RecurrentGemma and Llama 4 write it
+  (``BlockFusion.also``), and from Phi-3's concatenated ``gate_up_proj``;
 * ``feed-forward (training)``: ``down(act(up(x)))`` (any module whose forward only applies three
   children to its input in turn, :func:`mlp_chain`, the first and last ``nn.Linear`` and the
   middle an activation: ViT's, DINOv2's, SigLIP's, GPT-NeoX's, Falcon's MLPs, whatever the names;
