@@ -16,7 +16,6 @@ statement, one of transformers' forms below, and the forward must call it by tha
   ``cos`` / ``sin``, every column twice), and BLT's (Llama's apply with Cohere's rotation).
 * NanoChat's ``rotate_half``, minus Llama's (its halves swapped with the other sign), in the
   full-width q, k forms: the op with ``-sin`` (made once per forward, kept as the halved forms' are).
-
 * DINOv3's (also Sapiens2's and EoMT-DINOv3's) on the patch tokens after the cls and register
   tokens: the op on those tokens' rows, the prefix joined back as the original joins it.
 * the vision towers' ``apply_rotary_pos_emb_vision`` (Qwen2-VL / 2.5-VL / 3-VL, GLM-4V and 21
@@ -29,7 +28,8 @@ statement, one of transformers' forms below, and the forward must call it by tha
 Any other form is left as it is, and reported.
 
 The instance's new forward runs the class's own code object with a copy of its module's globals in
-which ``apply_rotary_pos_emb`` is ``fused_rotary(original)`` (the class's forward itself while
+which the name it calls (``apply_rotary_pos_emb`` or ``apply_rotary_pos_emb_vision``) is
+``fused_rotary(original)`` (the class's forward itself while
 torch.compile traces): nothing else changes, and the class and every other instance keep the
 original. ``fused_rotary`` runs the op where q, k, cos and sin
 share one dtype and device and the shapes are the form's own (a full-width form with a narrower
