@@ -620,3 +620,31 @@ def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for g, w in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                             (torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_t5_rms_norm_fused_where_dtypes_match(backend, device, x_dtype, w_dtype):
+    """T5's RMSNorm casts to a half weight's dtype, not the input's: the op's math where the input
+    and the weight share a dtype (fused, within the op's tolerance of the float64 norm), the
+    class's own forward, bit for bit, where they do not."""
+    require_transformers()
+    from transformers.models.t5.modeling_t5 import T5LayerNorm
+
+    torch.manual_seed(0)
+    norm = T5LayerNorm(32, eps=1e-6).to(device)
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(32) + 0.5)
+    norm = norm.to(w_dtype)
+    fused = copy.deepcopy(norm)
+    report = xkernels.patch(fused)
+    assert _counts(report) == {"rms norm": 1}, str(report)
+    x = torch.randn(3, 5, 32, device=device).to(x_dtype)
+    with torch.no_grad():
+        want, got = norm(x), fused(x)
+    assert got.dtype == want.dtype
+    if x_dtype is not w_dtype:
+        assert torch.equal(got, want)
+    else:
+        ref = norm.double()(x.double())
+        assert_model_close(got, want, ref)

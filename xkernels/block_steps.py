@@ -139,6 +139,21 @@ class GatedStep:
     proj: tuple[str, ...]  # ("gate_proj", "up_proj") or ("gate_up_proj",)
     activation: str
     routes: RouteCache = field(compare=False)
+    #: what the forward applies to the product, innermost first (``xkernels.gated_forms.GatedForm.chain``)
+    then: tuple[tuple[str, str], ...] = ()
+
+    def finish(self, block: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
+        """``then`` applied to the product ``y`` as the block's own forward applies it."""
+        for kind, name in self.then:
+            if kind == "module":  # the down-projection, a dropout, a norm: called as the forward calls it
+                y = getattr(block, name)(y)
+            elif kind == "dropout":
+                y = torch.nn.functional.dropout(y, p=getattr(block, name), training=block.training)
+            else:  # "cast": T5's, to the down-projection's weight dtype
+                w = getattr(block, name).weight
+                if isinstance(w, torch.Tensor) and y.dtype != w.dtype and w.dtype != torch.int8:
+                    y = y.to(w.dtype)
+        return y
 
     def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
@@ -178,8 +193,8 @@ class GatedStep:
         return self.routes.run(key, (x, w, None, b, None, act))
 
 
-def gated_step(proj: tuple[str, ...], activation: str) -> GatedStep:
-    return GatedStep(proj, activation, RouteCache(gated_linear))
+def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = ()) -> GatedStep:
+    return GatedStep(proj, activation, RouteCache(gated_linear), then)
 
 
 def child_at(block: torch.nn.Module, path: tuple[str, ...]) -> Any:

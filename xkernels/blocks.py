@@ -11,10 +11,13 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   ``add_rms_norm``), writing the sum too where the block uses it as its next residual: the
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
 * ``rms norm``: a Llama-, Helium- (Flint-) or Gemma-style RMSNorm module (six PyTorch passes) as
-  one kernel, or the weightless one of NanoChat and HRM (the op's ``weight=None``);
-* ``gated mlp``: ``down(act(gate(x)) * up(x))`` with the two projections and the gate as one op
-  (``gated_linear``), also as the VLM vision towers, Idefics, RecurrentGemma and Llama 4 write it
-  (``BlockFusion.also``), and from Phi-3's concatenated ``gate_up_proj``;
+  one kernel, the weightless one of NanoChat and HRM (the op's ``weight=None``), or T5's where
+  the input and the weight share a dtype (T5, mT5, UMT5, LongT5, Pix2Struct, ...);
+* ``gated mlp``: ``act(gate(x)) * up(x)`` with the two projections and the gate as one op
+  (``gated_linear``), then what the forward applies to the product (the down-projection, dropouts,
+  a norm, T5's cast), whatever the children are named and however the source is written
+  (``xkernels/gated_forms.py``: Llama's family, the VLM vision towers, Llama 4, T5 v1.1 and mT5,
+  GTE, T5Gemma, Seed-OSS, BitNet, ...); and from Phi-3's concatenated ``gate_up_proj``;
 * ``feed-forward (training)``: ``down(act(up(x)))`` (any module whose forward only applies three
   children to its input in turn, :func:`mlp_chain`, the first and last ``nn.Linear`` and the
   middle an activation: ViT's, DINOv2's, SigLIP's, GPT-NeoX's, Falcon's MLPs, whatever the names;
@@ -47,6 +50,7 @@ from typing import Any
 import torch
 
 from xkernels.block_steps import FeedForwardStep, NormStep, child_at, gated_step, hooked, norm_step
+from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.autocast import autocasting
 from xkernels.ops.op import _is_compiling
@@ -119,36 +123,6 @@ def forward(self, hidden_states, past_key_values=None, attention_mask=None, enco
     return hidden_states
 '''
 
-LLAMA_MLP = '''
-def forward(self, x):
-    down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-    return down_proj
-'''
-
-#: the same gated MLP written without the local (Idefics 1 / 2), or also with another argument name
-#: (the vision towers of Qwen2.5-VL, Qwen2.5-Omni, GLM-4V, GLM-OCR and Exaone 4.5), or with the gate
-#: named first (RecurrentGemma): what ``LLAMA_MLP`` computes
-LLAMA_MLP_RETURN = '''
-def forward(self, x):
-    return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-'''
-LLAMA_MLP_VISION = '''
-def forward(self, hidden_state):
-    return self.down_proj(self.act_fn(self.gate_proj(hidden_state)) * self.up_proj(hidden_state))
-'''
-LLAMA_MLP_GATE_FIRST = '''
-def forward(self, hidden_states):
-    gate = self.act_fn(self.gate_proj(hidden_states))
-    return self.down_proj(gate * self.up_proj(hidden_states))
-'''
-
-#: Llama 4's (its dense layers' and shared experts'): the activation module named activation_fn
-LLAMA4_MLP = '''
-def forward(self, x):
-    down_proj = self.activation_fn(self.gate_proj(x)) * self.up_proj(x)
-    return self.down_proj(down_proj)
-'''
-
 PHI3_MLP = '''
 def forward(self, hidden_states):
     up_states = self.gate_up_proj(hidden_states)
@@ -218,6 +192,17 @@ def forward(self, x):
     return self._norm(x.float()).type_as(x)
 '''
 
+#: T5's (mT5, UMT5, LongT5, Pix2Struct, Idefics, ...): x times the fp32 reciprocal, cast to a half
+#: weight's dtype. Where x and the weight share a dtype this is Llama's math; else it keeps its own
+T5_LAYER_NORM = '''
+def forward(self, hidden_states):
+    variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+    if self.weight.dtype in [torch.float16, torch.bfloat16]:
+        hidden_states = hidden_states.to(self.weight.dtype)
+    return self.weight * hidden_states
+'''
+
 
 def canonical(source_or_fn: str | Callable[..., Any]) -> str | None:
     """A function's source reduced to what it does: the AST without annotations, docstring,
@@ -252,6 +237,9 @@ class NormKind:
     eps_attr: str = "eps"
     offset: float = 0.0
     weighted: bool = True  # an RMSNorm without a weight (NanoChat's): the op's weight=None
+    #: T5's: the op's math only where the input and the weight share a dtype (fp32, fp16, bf16),
+    #: checked per call; fused on its own, never as a block's child norm
+    same_dtype: bool = False
 
 
 @cache
@@ -267,6 +255,8 @@ def norm_kind(cls: type) -> NormKind | None:
     if src in (canonical(GEMMA_RMS_NORM), canonical(WEIGHTLESS_RMS_NORM)) and _class_forward(
             cls, "_norm") == canonical(GEMMA_RMS_NORM_NORM):
         return NormKind("rms", "eps", 1.0) if src == canonical(GEMMA_RMS_NORM) else NormKind("rms", weighted=False)
+    if src == canonical(T5_LAYER_NORM):
+        return NormKind("rms", "variance_epsilon", same_dtype=True)
     return None
 
 
@@ -359,15 +349,26 @@ def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return self._xkernels_block(self, hidden_states, None)
 
 
-def _llama_mlp(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+_SAME_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _rms_norm_same_dtype(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    w = self._parameters.get("weight")
+    if (_is_compiling() or autocasting() or w is None or hidden_states.dtype is not w.dtype
+            or w.dtype not in _SAME_DTYPES):  # the class's own math differs from the op's there
+        return type(self).forward(self, hidden_states)
+    return self._xkernels_block(self, hidden_states, None)
+
+
+def _gated_mlp(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     # one positional input; a call naming it (its name differs between the forms) runs the class's own
     if _is_compiling() or autocasting() or kwargs or len(args) != 1:  # see the note above
         return type(self).forward(self, *args, **kwargs)
-    x = args[0]
-    gated = self._xkernels_block(self, x)
+    step = self._xkernels_block
+    gated = step(self, args[0])
     if gated is None:  # a projection replaced since patch(): the class's own forward
-        return type(self).forward(self, x)
-    return self._modules["down_proj"](gated)
+        return type(self).forward(self, *args)
+    return step.finish(self, gated)
 
 
 def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -412,7 +413,9 @@ def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> N
 def _norms(*names: str) -> Callable[[torch.nn.Module], str | None]:
     def problem(m: torch.nn.Module) -> str | None:
         for name in names:
-            why = norm_problem(getattr(m, name, None))
+            norm = getattr(m, name, None)
+            why = norm_problem(norm) or (f"{type(norm).__name__} (T5's RMSNorm) is fused on its own only"
+                                         if norm_kind(type(norm)).same_dtype else None)
             if why:
                 return f"{name}: {why}"
         return None
@@ -498,7 +501,7 @@ class BlockFusion:
     method: str = "forward"  # the method the original is and the fused one replaces
     feed_forward: FeedForwardStep | None = None  # the training block's children (feed-forward fusions)
     candidate: Callable[[torch.nn.Module], bool] | None = None  # False: not this fusion's kind of module
-    also: tuple[str, ...] = ()  # other sources of the same computation (other names, no local)
+    gated: GatedForm | None = None  # a gated MLP's children and what follows the product (gated_forms)
 
 
 FUSIONS = (
@@ -509,10 +512,6 @@ FUSIONS = (
     BlockFusion("residual add + norm (ViT layer)", VIT_LAYER, _vit_layer, _norms("layernorm_after"),
                 norm="layernorm_after"),
     BlockFusion("residual add + norm (GPT-2 block)", GPT2_BLOCK, _gpt2_block, _norms("ln_2"), norm="ln_2"),
-    BlockFusion("gated mlp", LLAMA_MLP, _llama_mlp, _gated_problem(("gate_proj", "up_proj"), "act_fn"), "act_fn",
-                ("gate_proj", "up_proj", "act_fn"), also=(LLAMA_MLP_RETURN, LLAMA_MLP_VISION, LLAMA_MLP_GATE_FIRST)),
-    BlockFusion("gated mlp", LLAMA4_MLP, _llama_mlp, _gated_problem(("gate_proj", "up_proj"), "activation_fn"),
-                "activation_fn", ("gate_proj", "up_proj", "activation_fn")),
     BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
                 "activation_fn", ("gate_up_proj", "activation_fn")),
     BlockFusion("feed-forward (training)", BERT_FEED_FORWARD_CHUNK, _bert_feed_forward, _bert_chunk_problem,
@@ -522,6 +521,9 @@ FUSIONS = (
     BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
                 norm_itself=True),
 )
+#: T5's RMSNorm: the op where the input and the weight share a dtype, else its own forward (per call)
+_RMS_NORM_SAME_DTYPE = BlockFusion("rms norm", T5_LAYER_NORM, _rms_norm_same_dtype, lambda m: norm_problem(m),
+                                   return_sum=False, norm_itself=True)
 #: the methods a fusion may replace on an instance
 METHODS = tuple(sorted({f.method for f in FUSIONS}))
 
@@ -595,17 +597,37 @@ def _chain_fusion(chain: tuple[str, ...]) -> BlockFusion:
                        candidate=_looks_like_mlp(up, act, down, after))
 
 
+def _looks_gated(form: GatedForm) -> Callable[[torch.nn.Module], bool]:
+    """Whether a module whose forward is ``form`` is a gated MLP at all: its projections linear
+    layers and its activation a known activation module (else not a candidate, not reported)."""
+    def candidate(m: torch.nn.Module) -> bool:
+        g, u, a = (getattr(m, n, None) for n in (form.gate, form.up, form.act))
+        return (isinstance(g, torch.nn.Linear) and isinstance(u, torch.nn.Linear) and isinstance(a, torch.nn.Module)
+                and not isinstance(activation_of(a), str))
+    return candidate
+
+
+@cache
+def _gated_fusion(form: GatedForm) -> BlockFusion:
+    return BlockFusion("gated mlp", "", _gated_mlp, _gated_problem((form.gate, form.up), form.act), form.act,
+                       (form.gate, form.up, form.act), candidate=_looks_gated(form), gated=form)
+
+
 @cache
 def _fusion_for(cls: type) -> BlockFusion | None:
     src = _class_forward(cls)
     for f in FUSIONS:
         method = src if f.method == "forward" else _class_forward(cls, f.method)
-        if method is not None and method in (canonical(f.original), *map(canonical, f.also)):
+        if method is not None and method == canonical(f.original):
             return f
     if src is None:
         return None
-    if norm_kind(cls) is not None and norm_kind(cls).kind == "rms":  # Helium- or Gemma-style RMSNorm
-        return FUSIONS[-1]
+    form = gated_form(cls)
+    if form is not None:
+        return _gated_fusion(form)
+    kind = norm_kind(cls)
+    if kind is not None and kind.kind == "rms":  # Helium-, Gemma- or T5-style RMSNorm
+        return _RMS_NORM_SAME_DTYPE if kind.same_dtype else FUSIONS[-1]
     chain = mlp_chain(cls)
     if chain is not None and len(chain) in (3, 4) and len(set(chain)) == len(chain):  # up, activation, down[, dropout]
         return _chain_fusion(chain)
@@ -641,7 +663,8 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
     elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it
-        module._xkernels_block = gated_step(tuple(n for n in fusion.consumed if n != fusion.activation), activation)
+        module._xkernels_block = gated_step(tuple(n for n in fusion.consumed if n != fusion.activation), activation,
+                                            fusion.gated.chain if fusion.gated is not None else ())
     else:
         module._xkernels_block = _norm_step(module, None if fusion.norm_itself else fusion.norm, fusion.return_sum)
     setattr(module, fusion.method, types.MethodType(fusion.forward, module))

@@ -1,0 +1,218 @@
+"""``xkernels.gated_forms``: which gated MLP forwards ``patch()`` reads as ``act(gate(x)) * up(x)``
+and what follows the product, then the fused forward run against the module's own: with dropout
+active in training (the same random draws, so the same mask), T5's cast, and the families written
+that way (T5 v1.1, UMT5, GTE, Seed-OSS)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import xkernels
+from helpers import require_transformers
+from xkernels.gated_forms import GatedForm, gated_form
+
+
+class _Base(nn.Module):
+    def __init__(self, d: int = 16, h: int = 24, p: float = 0.0, **names: str) -> None:
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(d, h), nn.Linear(d, h), nn.Linear(h, d)
+        self.act_fn = nn.SiLU()
+        self.dropout = nn.Dropout(p)
+        self.residual_dropout = p
+        self.limit = 7.0
+
+
+class Llama(_Base):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Locals(_Base):
+    def forward(self, hidden_states):
+        """The input's name reused, factors swapped, a dropout between."""
+        up = self.up_proj(hidden_states)
+        hidden_states = self.act_fn(self.gate_proj(hidden_states))
+        hidden_states = up * hidden_states
+        hidden_states = self.dropout(hidden_states)
+        return self.down_proj(hidden_states)
+
+
+class FunctionalDropout(_Base):
+    def forward(self, x):
+        y = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return F.dropout(y, self.residual_dropout, training=self.training)
+
+
+class CastToWeight(_Base):
+    def forward(self, hidden_states):
+        hidden_gelu = self.act_fn(self.gate_proj(hidden_states))
+        hidden_linear = self.up_proj(hidden_states)
+        hidden_states = hidden_gelu * hidden_linear
+        hidden_states = self.dropout(hidden_states)
+        if (
+            isinstance(self.down_proj.weight, torch.Tensor)
+            and hidden_states.dtype != self.down_proj.weight.dtype
+            and self.down_proj.weight.dtype != torch.int8
+        ):
+            hidden_states = hidden_states.to(self.down_proj.weight.dtype)
+        return self.down_proj(hidden_states)
+
+
+class Clamped(_Base):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)).clamp(max=self.limit) * self.up_proj(x))
+
+
+class Scaled(_Base):
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x)) * self.limit
+
+
+class KeptProduct(_Base):
+    def forward(self, x):
+        h = self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+        return self.down_proj(h) + h.sum()
+
+
+class UnusedLocal(_Base):
+    def forward(self, x):
+        g = self.gate_proj(x)  # noqa: F841 (computed, never used: not the form)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TwoInputs(_Base):
+    def forward(self, x, y):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(y))
+
+
+class InplaceDropout(_Base):
+    def forward(self, x):
+        y = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return F.dropout(y, p=self.residual_dropout, training=self.training, inplace=True)
+
+
+class Branch(_Base):
+    def forward(self, x):
+        if x.shape[0] > 1:
+            x = x * 2
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+@pytest.mark.parametrize("cls,chain", [
+    (Llama, (("module", "down_proj"),)),
+    (Locals, (("module", "dropout"), ("module", "down_proj"))),
+    (FunctionalDropout, (("module", "down_proj"), ("dropout", "residual_dropout"))),
+    (CastToWeight, (("module", "dropout"), ("cast", "down_proj"), ("module", "down_proj"))),
+])
+def test_gated_forms_read(cls, chain):
+    assert gated_form(cls) == GatedForm("gate_proj", "up_proj", "act_fn", chain)
+
+
+@pytest.mark.parametrize("cls", [Clamped, Scaled, KeptProduct, UnusedLocal, TwoInputs, InplaceDropout, Branch])
+def test_other_forwards_are_not_gated_forms(cls):
+    assert gated_form(cls) is None
+    assert not any(b.fusion == "gated mlp" for b in xkernels.patch(cls()).blocks)
+
+
+def _train_step(model: nn.Module, x: torch.Tensor, seed: int):
+    """Output and every gradient of one training step, the dropout draws seeded."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)
+    y = model(x)
+    y.square().sum().backward()
+    return y.detach(), [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cls", [Llama, Locals, FunctionalDropout, CastToWeight])
+def test_fused_forward_runs_the_forms_tail(backend, device, cls):
+    """Dropout (p=0.3, training): the fused forward applies the same dropouts to the same tensors
+    with the same generator, so the masks, outputs and gradients are the module's own."""
+    torch.manual_seed(0)
+    model = cls(p=0.3).to(device).train()
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    assert [b.fusion for b in report.blocks] == ["gated mlp"], str(report)
+    x = torch.randn(3, 5, 16, device=device, requires_grad=True)
+    for seed in (1, 2):
+        want, want_grads = _train_step(model, x, seed)
+        got, got_grads = _train_step(fused, x, seed)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    fused.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model.eval()(x), rtol=1e-4, atol=1e-5)
+
+
+def test_cast_to_a_float64_down_projection(backend, device):
+    """T5's cast: a down-projection kept in another dtype gets the product cast to it."""
+    torch.manual_seed(0)
+    model = CastToWeight().to(device)
+    model.down_proj.double()
+    fused = copy.deepcopy(model)
+    xkernels.patch(fused)
+    x = torch.randn(4, 16, device=device)
+    with torch.no_grad():
+        want, got = model(x), fused(x)
+    assert got.dtype == want.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+#: transformers families whose MLP is one of these forms: (config, model, arguments, the MLP's class)
+FAMILIES = {
+    "t5": ("T5Config", "T5Model", dict(d_model=32, d_ff=48, num_layers=1, num_heads=4, d_kv=8, vocab_size=64,
+                                       feed_forward_proj="gated-gelu", dropout_rate=0.2), "T5DenseGatedActDense"),
+    "umt5": ("UMT5Config", "UMT5Model", dict(d_model=32, d_ff=48, num_layers=1, num_heads=4, d_kv=8, vocab_size=64,
+                                             feed_forward_proj="gated-gelu", dropout_rate=0.2),
+             "UMT5DenseGatedActDense"),
+    "gte": ("GteConfig", "GteModel", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                          num_attention_heads=4, vocab_size=64, max_position_embeddings=64,
+                                          hidden_dropout_prob=0.2), "GteMLP"),
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", dict(hidden_size=32, intermediate_size=48,
+                                                             num_hidden_layers=1, num_attention_heads=4,
+                                                             num_key_value_heads=2, vocab_size=64,
+                                                             residual_dropout=0.2, attention_dropout=0.0),
+                 "SeedOssMLP"),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_families_with_dropout_train_fused(backend, device, family):
+    """Each family's MLPs are fused, and a training step with its dropout on gives the unpatched
+    model's output and gradients (same seed, same masks)."""
+    tf = require_transformers()
+    cfg_name, model_name, kwargs, mlp = FAMILIES[family]
+    if not hasattr(tf, cfg_name):
+        pytest.skip(f"transformers {tf.__version__} has no {cfg_name}")
+    cfg = getattr(tf, cfg_name)(**kwargs)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(tf, model_name)(cfg).to(device).train()
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    gated = [b for b in report.blocks if b.fusion == "gated mlp"]
+    assert gated and all(b.kind == mlp for b in gated), str(report)
+    torch.manual_seed(1)
+    inputs = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
+    if getattr(cfg, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(3, 64, (2, 5), device=device)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(2)
+        out = m(**inputs)
+        y = out.logits if getattr(out, "logits", None) is not None else out.last_hidden_state
+        y.square().mean().backward()
+        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None]
+
+    want, want_grads = step(model)
+    got, got_grads = step(fused)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (name, g), (_, w) in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4, msg=lambda m, name=name: f"{family} {name}: {m}")

@@ -1,0 +1,224 @@
+"""Gated MLP forwards, whatever their names: ``gated_form(cls)`` reads ``cls.forward``'s source and
+says whether it computes ``act(gate(x)) * up(x)`` from its one input, then applies only calls of
+``self``'s attributes (a down-projection, dropouts, a norm), ``torch.nn.functional.dropout`` or
+T5's cast to the product.
+
+Written any way the source likes: one expression or through locals (``gate = ...; up = ...``,
+the input's name reused), the product's factors in either order, any child names (``gate_proj``
+/ ``up_proj`` / ``down_proj``, ``wi_0`` / ``wi_1`` / ``wo``, ...). So a dropout between the
+product and the down-projection (GTE, T5Gemma), after it (Seed-OSS's ``nn.functional.dropout(y,
+p=self.residual_dropout, training=self.training)``), a norm before it (BitNet), and T5's cast of
+the product to the down-projection's weight dtype (T5 v1.1, mT5, UMT5, Pix2Struct, UDOP, ...)
+are all this form. Anything else (a clamp, a scale, a second use of a value, another argument, a
+branch) is not, and the module keeps its forward.
+
+This module only reads sources; whether the children can take the fused op is decided on the
+module (``xkernels.blocks``), since a name says nothing of a child's type. Nothing here imports
+the ops.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+
+__all__ = ["GatedForm", "gated_form"]
+
+
+@dataclass(frozen=True)
+class GatedForm:
+    """What a gated MLP forward does, by child name."""
+
+    gate: str  # the projection the activation is applied to
+    up: str  # the other factor's projection
+    act: str  # the activation module
+    #: what is applied to the product, innermost first: ``("module", child)`` (the down-projection,
+    #: a dropout, a norm: any child, called as the forward calls it) or ``("dropout", attr)``
+    #: (``F.dropout(y, p=self.<attr>, training=self.training)``) or ``("cast", child)`` (T5's: to
+    #: the child's weight dtype where it differs and is not int8)
+    chain: tuple[tuple[str, str], ...]
+
+    def modules(self) -> tuple[str, ...]:
+        """The children the chain calls, innermost first."""
+        return tuple(name for kind, name in self.chain if kind == "module")
+
+
+def _self_attr(e: ast.expr) -> str | None:
+    if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == "self":
+        return e.attr
+    return None
+
+
+def _child_call(e: ast.expr) -> tuple[str, ast.expr] | None:
+    """``self.<name>(arg)`` with one positional argument: (name, arg)."""
+    if isinstance(e, ast.Call) and len(e.args) == 1 and not e.keywords and not isinstance(e.args[0], ast.Starred):
+        name = _self_attr(e.func)
+        if name is not None:
+            return name, e.args[0]
+    return None
+
+
+def _dotted(e: ast.expr) -> list[str] | None:
+    if isinstance(e, ast.Name):
+        return [e.id]
+    if isinstance(e, ast.Attribute):
+        base = _dotted(e.value)
+        return None if base is None else [*base, e.attr]
+    return None
+
+
+def _resolve(e: ast.expr, scope: dict[str, Any]) -> Any:
+    """The object a dotted name (``nn.functional.dropout``, ``F.dropout``) is in ``scope``."""
+    parts = _dotted(e)
+    if not parts or parts[0] not in scope:
+        return None
+    obj = scope[parts[0]]
+    for p in parts[1:]:
+        obj = getattr(obj, p, None)
+    return obj
+
+
+def _functional_dropout(e: ast.expr, scope: dict[str, Any]) -> tuple[str, ast.expr] | None:
+    """``F.dropout(y, p=self.<attr>, training=self.training)`` (positional or keyword; ``inplace``
+    absent or ``False``): (attr, y)."""
+    if not isinstance(e, ast.Call) or _resolve(e.func, scope) is not torch.nn.functional.dropout:
+        return None
+    params = ("input", "p", "training", "inplace")
+    if len(e.args) > len(params) or any(isinstance(a, ast.Starred) for a in e.args):
+        return None
+    bound = dict(zip(params, e.args))
+    for kw in e.keywords:
+        if kw.arg is None or kw.arg not in params or kw.arg in bound:
+            return None
+        bound[kw.arg] = kw.value
+    p, training, inplace = bound.get("p"), bound.get("training"), bound.get("inplace")
+    if "input" not in bound or p is None or _self_attr(p) is None or _self_attr(training) != "training":
+        return None
+    if inplace is not None and not (isinstance(inplace, ast.Constant) and inplace.value is False):
+        return None
+    return _self_attr(p), bound["input"]
+
+
+class _Inliner(ast.NodeTransformer):
+    """Locals replaced by what was assigned to them; a value used twice (computed twice, or kept)
+    makes the forward something else (``failed``)."""
+
+    def __init__(self, env: dict[str, ast.expr], used: set[int]) -> None:
+        self.env, self.used, self.failed = env, used, False
+
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        value = self.env.get(node.id)
+        if value is None:
+            return node
+        if id(value) in self.used:
+            self.failed = True
+        self.used.add(id(value))
+        return value
+
+
+#: T5's cast of the product to the down-projection's weight dtype before it (kept in fp32 for 8-bit
+#: Flan-T5-XXL), with the child and the local filled in
+_CAST_TO_WEIGHT = """
+if isinstance(self.{m}.weight, torch.Tensor) and {v}.dtype != self.{m}.weight.dtype and self.{m}.weight.dtype != torch.int8:
+    {v} = {v}.to(self.{m}.weight.dtype)
+"""
+#: the name of the marker call a matched cast becomes while the forward is read
+_CAST = "<cast to the weight dtype of>"
+
+
+def _cast_to_weight(st: ast.stmt, scope: dict[str, Any]) -> tuple[str, str] | None:
+    """(child, local) of an ``if`` statement that is ``_CAST_TO_WEIGHT``."""
+    if not (isinstance(st, ast.If) and len(st.body) == 1 and isinstance(st.body[0], ast.Assign)
+            and scope.get("torch") is torch):
+        return None
+    assign = st.body[0]
+    try:
+        v = assign.targets[0].id  # type: ignore[attr-defined]
+        m = assign.value.args[0].value.value.attr  # type: ignore[attr-defined]
+    except (AttributeError, IndexError):
+        return None
+    want = ast.parse(_CAST_TO_WEIGHT.format(m=m, v=v)).body[0]
+    return (m, v) if ast.dump(st, include_attributes=False) == ast.dump(want, include_attributes=False) else None
+
+
+def _product(e: ast.expr, x: str) -> tuple[str, str, str] | None:
+    """``self.<act>(self.<gate>(x)) * self.<up>(x)``, either order: (gate, up, act)."""
+    if not (isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult)):
+        return None
+    for a, u in ((e.left, e.right), (e.right, e.left)):
+        outer, inner, up = _child_call(a), None, _child_call(u)
+        if outer is not None:
+            inner = _child_call(outer[1])
+        if inner is None or up is None:
+            continue
+        if all(isinstance(arg, ast.Name) and arg.id == x for arg in (inner[1], up[1])):
+            return inner[0], up[0], outer[0]
+    return None
+
+
+@cache
+def gated_form(cls: type) -> GatedForm | None:
+    """``cls.forward`` as a :class:`GatedForm`, or ``None`` where it is anything else (module doc)."""
+    fn = getattr(cls, "forward", None)
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    if not isinstance(node, ast.FunctionDef):
+        return None
+    a = node.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 2:
+        return None
+    x = a.args[1].arg
+    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and isinstance(
+        node.body[0].value, ast.Constant) else node.body
+    if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
+        return None
+    env: dict[str, ast.expr] = {}
+    used: set[int] = set()
+    scope = getattr(fn, "__globals__", {})
+    assigned = len(body) - 1
+    for st in body[:-1]:
+        cast = _cast_to_weight(st, scope)
+        if cast is not None and cast[1] in env:
+            m, v = cast
+            used.add(id(env[v]))
+            env[v] = ast.Call(ast.Name(_CAST + m), [env[v]], [])
+            continue
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+            return None
+        inliner = _Inliner(env, used)
+        value = inliner.visit(st.value)
+        if inliner.failed:
+            return None
+        env[st.targets[0].id] = value
+    inliner = _Inliner(env, used)
+    e = inliner.visit(body[-1].value)
+    if inliner.failed or len(used) != assigned:  # a value left unused
+        return None
+    chain: list[tuple[str, str]] = []
+    while (found := _product(e, x)) is None:
+        if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id.startswith(_CAST):
+            chain.append(("cast", e.func.id[len(_CAST):]))
+            e = e.args[0]
+            continue
+        call = _child_call(e)
+        if call is not None:
+            chain.append(("module", call[0]))
+            e = call[1]
+            continue
+        drop = _functional_dropout(e, scope)
+        if drop is None:
+            return None
+        chain.append(("dropout", drop[0]))
+        e = drop[1]
+    gate, up, act = found
+    if len({gate, up, act}) != 3 or {gate, up, act} & {n for k, n in chain if k == "module"}:
+        return None  # a projection or the activation used twice
+    return GatedForm(gate, up, act, tuple(reversed(chain)))
