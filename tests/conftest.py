@@ -70,6 +70,7 @@ def device(backend) -> torch.device:
 
 
 SEED = int(os.environ.get("XKERNELS_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+os.environ["XKERNELS_TEST_SEED"] = str(SEED)  # pytest-xdist's workers (started later) draw the same inputs
 
 
 def pytest_report_header(config: pytest.Config) -> str:

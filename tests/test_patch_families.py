@@ -39,7 +39,7 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
     "flint": ("FlintConfig", "FlintForCausalLM", LM),
     "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", LM),
-    "hrm_text": ("HrmTextConfig", "HrmTextForCausalLM", LM),
+    "hrm_text": ("HrmTextConfig", "HrmTextForCausalLM", dict(LM, num_hidden_layers=1, H_cycles=1, L_cycles=1)),
     "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", dict(LM, intermediate_size_mlp=48, num_local_experts=4,
                                                              num_experts_per_tok=1, head_dim=8,
                                                              interleave_moe_layer_step=2)),
