@@ -4,6 +4,12 @@
 set -u
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > $OUT/install.log 2>&1 || { cat $OUT/install.log; exit 3; }
 rm -f $OUT/install.log
+# a transformers wheel carried in .whl/ (run's `carry`; the device reaches no index) is used instead
+# of the device's own, from a directory of its own on PYTHONPATH
+if ls .whl/transformers-*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --target /tmp/xk-transformers .whl/transformers-*.whl > /dev/null 2>&1 \
+    && export PYTHONPATH=/tmp/xk-transformers${PYTHONPATH:+:$PYTHONPATH}
+fi
 {
   date -u +"date: %Y-%m-%dT%H:%M:%SZ"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader | sed 's/^/gpu: /'
