@@ -21,6 +21,7 @@ class _Base(nn.Module):
     def __init__(self, d: int = 16, h: int = 24, p: float = 0.0, **names: str) -> None:
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = nn.Linear(d, h), nn.Linear(d, h), nn.Linear(h, d)
+        self.gate_up_proj = nn.Linear(d, 2 * h)
         self.act_fn = nn.SiLU()
         self.dropout = nn.Dropout(p)
         self.residual_dropout = p
@@ -63,6 +64,40 @@ class CastToWeight(_Base):
         return self.down_proj(hidden_states)
 
 
+class GateUp(_Base):
+    def forward(self, hidden_states):
+        """Phi-3's: one projection chunked, the gate's half first."""
+        up_states = self.gate_up_proj(hidden_states)
+        gate, up_states = up_states.chunk(2, dim=-1)
+        up_states = up_states * self.act_fn(gate)
+        return self.down_proj(up_states)
+
+
+class UpGate(_Base):
+    def forward(self, x):
+        """The gate's half second, through torch.chunk and indexing (Granite's), a dropout between."""
+        halves = torch.chunk(self.gate_up_proj(x), 2, dim=-1)
+        return self.down_proj(self.dropout(halves[0] * self.act_fn(halves[1])))
+
+
+class WholeChunk(_Base):
+    def forward(self, x):
+        halves = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(halves[0]) * halves[1]) + halves[0].sum()
+
+
+class SameHalf(_Base):
+    def forward(self, x):
+        a, b = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(a) * a)
+
+
+class ThreeChunks(_Base):
+    def forward(self, x):
+        a, b = self.gate_up_proj(x).chunk(3, dim=-1)
+        return self.down_proj(self.act_fn(a) * b)
+
+
 class Clamped(_Base):
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x)).clamp(max=self.limit) * self.up_proj(x))
@@ -103,20 +138,26 @@ class Branch(_Base):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-@pytest.mark.parametrize("cls,chain", [
-    (Llama, (("module", "down_proj"),)),
-    (Locals, (("module", "dropout"), ("module", "down_proj"))),
-    (FunctionalDropout, (("module", "down_proj"), ("dropout", "residual_dropout"))),
-    (CastToWeight, (("module", "dropout"), ("cast", "down_proj"), ("module", "down_proj"))),
+TWO = ("gate_proj", "up_proj")
+
+
+@pytest.mark.parametrize("cls,proj,chain,gate_first", [
+    (Llama, TWO, (("module", "down_proj"),), True),
+    (Locals, TWO, (("module", "dropout"), ("module", "down_proj")), True),
+    (FunctionalDropout, TWO, (("module", "down_proj"), ("dropout", "residual_dropout")), True),
+    (CastToWeight, TWO, (("module", "dropout"), ("cast", "down_proj"), ("module", "down_proj")), True),
+    (GateUp, ("gate_up_proj",), (("module", "down_proj"),), True),
+    (UpGate, ("gate_up_proj",), (("module", "dropout"), ("module", "down_proj")), False),
 ])
-def test_gated_forms_read(cls, chain):
-    assert gated_form(cls) == GatedForm("gate_proj", "up_proj", "act_fn", chain)
+def test_gated_forms_read(cls, proj, chain, gate_first):
+    assert gated_form(cls) == GatedForm(proj, "act_fn", chain, gate_first)
 
 
-@pytest.mark.parametrize("cls", [Clamped, Scaled, KeptProduct, UnusedLocal, TwoInputs, InplaceDropout, Branch])
+@pytest.mark.parametrize("cls", [Clamped, Scaled, KeptProduct, UnusedLocal, TwoInputs, InplaceDropout, Branch,
+                                 WholeChunk, SameHalf, ThreeChunks])
 def test_other_forwards_are_not_gated_forms(cls):
     assert gated_form(cls) is None
-    assert not any(b.fusion == "gated mlp" for b in xkernels.patch(cls()).blocks)
+    assert not any(b.fusion.startswith("gated mlp") for b in xkernels.patch(cls()).blocks)
 
 
 def _train_step(model: nn.Module, x: torch.Tensor, seed: int):
@@ -128,7 +169,7 @@ def _train_step(model: nn.Module, x: torch.Tensor, seed: int):
     return y.detach(), [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("cls", [Llama, Locals, FunctionalDropout, CastToWeight])
+@pytest.mark.parametrize("cls", [Llama, Locals, FunctionalDropout, CastToWeight, GateUp, UpGate])
 def test_fused_forward_runs_the_forms_tail(backend, device, cls):
     """Dropout (p=0.3, training): the fused forward applies the same dropouts to the same tensors
     with the same generator, so the masks, outputs and gradients are the module's own."""
@@ -136,7 +177,7 @@ def test_fused_forward_runs_the_forms_tail(backend, device, cls):
     model = cls(p=0.3).to(device).train()
     fused = copy.deepcopy(model)
     report = xkernels.patch(fused)
-    assert [b.fusion for b in report.blocks] == ["gated mlp"], str(report)
+    assert [b.fusion for b in report.blocks] == ["gated mlp (gate_up)" if cls in (GateUp, UpGate) else "gated mlp"]
     x = torch.randn(3, 5, 16, device=device, requires_grad=True)
     for seed in (1, 2):
         want, want_grads = _train_step(model, x, seed)
@@ -173,6 +214,11 @@ FAMILIES = {
     "gte": ("GteConfig", "GteModel", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                           num_attention_heads=4, vocab_size=64, max_position_embeddings=64,
                                           hidden_dropout_prob=0.2), "GteMLP"),
+    "modernbert": ("ModernBertConfig", "ModernBertModel", dict(hidden_size=32, intermediate_size=48,
+                                                               num_hidden_layers=1, num_attention_heads=4,
+                                                               vocab_size=64, pad_token_id=0, bos_token_id=1,
+                                                               eos_token_id=2, cls_token_id=1, sep_token_id=2,
+                                                               mlp_dropout=0.2), "ModernBertMLP"),
     "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", dict(hidden_size=32, intermediate_size=48,
                                                              num_hidden_layers=1, num_attention_heads=4,
                                                              num_key_value_heads=2, vocab_size=64,
@@ -195,7 +241,7 @@ def test_families_with_dropout_train_fused(backend, device, family):
     model = getattr(tf, model_name)(cfg).to(device).train()
     fused = copy.deepcopy(model)
     report = xkernels.patch(fused)
-    gated = [b for b in report.blocks if b.fusion == "gated mlp"]
+    gated = [b for b in report.blocks if b.fusion.startswith("gated mlp")]
     assert gated and all(b.kind == mlp for b in gated), str(report)
     torch.manual_seed(1)
     inputs = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}

@@ -7,7 +7,8 @@ resolved once, when ``patch`` applies it, into a small frozen record on the modu
   the name of its eps attribute, the RMSNorm offset (Gemma's ``1 + weight``), whether the sum is
   returned;
 * :class:`GatedStep`: ``act(x @ Wg.T + bg) * (x @ Wu.T + bu)`` with ``gated_linear``: the
-  projections' names (two, or Phi-3's one concatenated ``gate_up_proj``) and the activation;
+  projections' names (two, or one whose output is chunked in two: Phi-3's ``gate_up_proj``, the
+  gate's half first or second), the activation, and what the forward applies to the product;
 * :class:`FeedForwardStep`: training's ``down(act(up(x)))`` as one autograd block
   (``ops/matmul/feed_forward.py``): the paths of the up-projection, its activation slot and the
   down-projection. It runs only where a gradient is required, the two projections are the
@@ -141,6 +142,7 @@ class GatedStep:
     routes: RouteCache = field(compare=False)
     #: what the forward applies to the product, innermost first (``xkernels.gated_forms.GatedForm.chain``)
     then: tuple[tuple[str, str], ...] = ()
+    gate_first: bool = True  # one projection: whether its first half is the gate's
 
     def finish(self, block: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
         """``then`` applied to the product ``y`` as the block's own forward applies it."""
@@ -159,42 +161,39 @@ class GatedStep:
         """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
         (the caller then runs the class's own forward)."""
         mods, act = block._modules, self.activation
-        direct = not self.routes.op._hot or _is_compiling()
-        if len(self.proj) == 2:
-            gate, up = mods[self.proj[0]], mods[self.proj[1]]
-            if type(gate) is not _Linear or type(up) is not _Linear:
-                return None
-            gp, upp = gate._parameters, up._parameters
-            w = gp["weight"] if "weight" in gp else gate.weight
-            uw = upp["weight"] if "weight" in upp else up.weight
-            b = gp["bias"] if "bias" in gp else gate.bias
-            ub = upp["bias"] if "bias" in upp else up.bias
-            if direct:
-                return gated_linear(x, w, uw, b, ub, act)
-            key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
-                   uw.shape, uw.stride(), uw.dtype, uw.device,
-                   None if b is None else (b.shape, b.stride(), b.dtype, b.device),
-                   None if ub is None else (ub.shape, ub.stride(), ub.dtype, ub.device))
-            if _grad_enabled() and _any_requires_grad(x, w, uw, b, ub):
-                return self.routes.recorded(key, (x, w, uw, b, ub, act))
-            return self.routes.run(key, (x, w, uw, b, ub, act))
-        gate_up = mods[self.proj[0]]
-        if type(gate_up) is not _Linear:
+        gate = mods[self.proj[0]]
+        if type(gate) is not _Linear:
             return None
-        p = gate_up._parameters
-        w = p["weight"] if "weight" in p else gate_up.weight
-        b = p["bias"] if "bias" in p else gate_up.bias
-        if direct:
-            return gated_linear(x, w, None, b, None, act)
+        gp = gate._parameters
+        w = gp["weight"] if "weight" in gp else gate.weight
+        b = gp["bias"] if "bias" in gp else gate.bias
+        if len(self.proj) == 2:
+            up = mods[self.proj[1]]
+            if type(up) is not _Linear:
+                return None
+            upp = up._parameters
+            uw = upp["weight"] if "weight" in upp else up.weight
+            ub = upp["bias"] if "bias" in upp else up.bias
+        elif self.gate_first:  # one projection, the gate's half first: the op's concatenated layout
+            uw = ub = None
+        else:  # the gate's half second: the halves as the two weights (views)
+            half = w.shape[0] // 2
+            w, uw = w[half:], w[:half]
+            b, ub = (None, None) if b is None else (b[half:], b[:half])
+        if not self.routes.op._hot or _is_compiling():
+            return gated_linear(x, w, uw, b, ub, act)
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
-               None if b is None else (b.shape, b.stride(), b.dtype, b.device))
-        if _grad_enabled() and _any_requires_grad(x, w, b):
-            return self.routes.recorded(key, (x, w, None, b, None, act))
-        return self.routes.run(key, (x, w, None, b, None, act))
+               None if uw is None else (uw.shape, uw.stride(), uw.dtype, uw.device),
+               None if b is None else (b.shape, b.stride(), b.dtype, b.device),
+               None if ub is None else (ub.shape, ub.stride(), ub.dtype, ub.device))
+        if _grad_enabled() and _any_requires_grad(x, w, uw, b, ub):
+            return self.routes.recorded(key, (x, w, uw, b, ub, act))
+        return self.routes.run(key, (x, w, uw, b, ub, act))
 
 
-def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = ()) -> GatedStep:
-    return GatedStep(proj, activation, RouteCache(gated_linear), then)
+def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = (),
+               gate_first: bool = True) -> GatedStep:
+    return GatedStep(proj, activation, RouteCache(gated_linear), then, gate_first)
 
 
 def child_at(block: torch.nn.Module, path: tuple[str, ...]) -> Any:

@@ -17,7 +17,9 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   (``gated_linear``), then what the forward applies to the product (the down-projection, dropouts,
   a norm, T5's cast), whatever the children are named and however the source is written
   (``xkernels/gated_forms.py``: Llama's family, the VLM vision towers, Llama 4, T5 v1.1 and mT5,
-  GTE, T5Gemma, Seed-OSS, BitNet, ...); and from Phi-3's concatenated ``gate_up_proj``;
+  GTE, T5Gemma, Seed-OSS, BitNet, ...); ``gated mlp (gate_up)``: the same from one projection
+  whose output is chunked in two halves, either half gated (Phi-3, GLM-4, ModernBERT, Granite's
+  shared MLP, Dia, ...);
 * ``feed-forward (training)``: ``down(act(up(x)))`` (any module whose forward only applies three
   children to its input in turn, :func:`mlp_chain`, the first and last ``nn.Linear`` and the
   middle an activation: ViT's, DINOv2's, SigLIP's, GPT-NeoX's, Falcon's MLPs, whatever the names;
@@ -121,14 +123,6 @@ def forward(self, hidden_states, past_key_values=None, attention_mask=None, enco
     feed_forward_hidden_states = self.mlp(hidden_states)
     hidden_states = residual + feed_forward_hidden_states
     return hidden_states
-'''
-
-PHI3_MLP = '''
-def forward(self, hidden_states):
-    up_states = self.gate_up_proj(hidden_states)
-    gate, up_states = up_states.chunk(2, dim=-1)
-    up_states = up_states * self.activation_fn(gate)
-    return self.down_proj(up_states)
 '''
 
 BERT_FEED_FORWARD_CHUNK = '''
@@ -371,15 +365,6 @@ def _gated_mlp(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     return step.finish(self, gated)
 
 
-def _phi3_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _is_compiling() or autocasting():  # see the note above
-        return type(self).forward(self, hidden_states)
-    gated = self._xkernels_block(self, hidden_states)
-    if gated is None:
-        return type(self).forward(self, hidden_states)
-    return self._modules["down_proj"](gated)
-
-
 def _two_layer_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     step = self._xkernels_block
     y = step(self, hidden_states)  # None: no gradient, compiling, or no fused plan
@@ -512,8 +497,6 @@ FUSIONS = (
     BlockFusion("residual add + norm (ViT layer)", VIT_LAYER, _vit_layer, _norms("layernorm_after"),
                 norm="layernorm_after"),
     BlockFusion("residual add + norm (GPT-2 block)", GPT2_BLOCK, _gpt2_block, _norms("ln_2"), norm="ln_2"),
-    BlockFusion("gated mlp (gate_up)", PHI3_MLP, _phi3_mlp, _gated_problem(("gate_up_proj",), "activation_fn"),
-                "activation_fn", ("gate_up_proj", "activation_fn")),
     BlockFusion("feed-forward (training)", BERT_FEED_FORWARD_CHUNK, _bert_feed_forward, _bert_chunk_problem,
                 method="feed_forward_chunk",
                 feed_forward=FeedForwardStep(("intermediate", "dense"), ("intermediate", "intermediate_act_fn"),
@@ -601,16 +584,17 @@ def _looks_gated(form: GatedForm) -> Callable[[torch.nn.Module], bool]:
     """Whether a module whose forward is ``form`` is a gated MLP at all: its projections linear
     layers and its activation a known activation module (else not a candidate, not reported)."""
     def candidate(m: torch.nn.Module) -> bool:
-        g, u, a = (getattr(m, n, None) for n in (form.gate, form.up, form.act))
-        return (isinstance(g, torch.nn.Linear) and isinstance(u, torch.nn.Linear) and isinstance(a, torch.nn.Module)
-                and not isinstance(activation_of(a), str))
+        a = getattr(m, form.act, None)
+        return (all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in form.proj)
+                and isinstance(a, torch.nn.Module) and not isinstance(activation_of(a), str))
     return candidate
 
 
 @cache
 def _gated_fusion(form: GatedForm) -> BlockFusion:
-    return BlockFusion("gated mlp", "", _gated_mlp, _gated_problem((form.gate, form.up), form.act), form.act,
-                       (form.gate, form.up, form.act), candidate=_looks_gated(form), gated=form)
+    return BlockFusion("gated mlp" if len(form.proj) == 2 else "gated mlp (gate_up)", "", _gated_mlp,
+                       _gated_problem(form.proj, form.act), form.act, (*form.proj, form.act),
+                       candidate=_looks_gated(form), gated=form)
 
 
 @cache
@@ -663,8 +647,8 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
     elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it
-        module._xkernels_block = gated_step(tuple(n for n in fusion.consumed if n != fusion.activation), activation,
-                                            fusion.gated.chain if fusion.gated is not None else ())
+        form = fusion.gated
+        module._xkernels_block = gated_step(form.proj, activation, form.chain, form.gate_first)
     else:
         module._xkernels_block = _norm_step(module, None if fusion.norm_itself else fusion.norm, fusion.return_sum)
     setattr(module, fusion.method, types.MethodType(fusion.forward, module))

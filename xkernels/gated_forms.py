@@ -35,14 +35,18 @@ __all__ = ["GatedForm", "gated_form"]
 class GatedForm:
     """What a gated MLP forward does, by child name."""
 
-    gate: str  # the projection the activation is applied to
-    up: str  # the other factor's projection
+    #: the projections: (gate, up), the activation applied to the first's output; or (gate_up,), one
+    #: projection whose output is chunked in two halves (Phi-3, GLM, ModernBERT, Granite)
+    proj: tuple[str, ...]
     act: str  # the activation module
     #: what is applied to the product, innermost first: ``("module", child)`` (the down-projection,
     #: a dropout, a norm: any child, called as the forward calls it) or ``("dropout", attr)``
     #: (``F.dropout(y, p=self.<attr>, training=self.training)``) or ``("cast", child)`` (T5's: to
     #: the child's weight dtype where it differs and is not int8)
     chain: tuple[tuple[str, str], ...]
+    #: one projection: whether the activation takes its first half (Phi-3's ``gate, up = ...chunk``);
+    #: else its second (ModernBERT's is first; Dia's and Zamba2's ``up, gate``-ordered ones second)
+    gate_first: bool = True
 
     def modules(self) -> tuple[str, ...]:
         """The children the chain calls, innermost first."""
@@ -105,21 +109,75 @@ def _functional_dropout(e: ast.expr, scope: dict[str, Any]) -> tuple[str, ast.ex
     return _self_attr(p), bound["input"]
 
 
+#: marker calls the reader puts in place of what it recognised: a chunk of a value in two halves,
+#: one of its halves (``<half 0>`` / ``<half 1>``), the cast to a weight's dtype (``_CAST``)
+_CHUNK, _HALF = "<chunk in two>", "<half {}>"
+
+
+def _marker(name: str, arg: ast.expr) -> ast.Call:
+    return ast.Call(ast.Name(name, ast.Load()), [arg], [])
+
+
+def _marked(e: ast.expr, name: str) -> ast.expr | None:
+    """The argument of a marker call named ``name``, else ``None``."""
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id == name:
+        return e.args[0]
+    return None
+
+
+def _chunked(e: ast.expr, scope: dict[str, Any]) -> ast.expr | None:
+    """``v.chunk(2, dim=-1)`` / ``v.chunk(2, -1)`` / ``torch.chunk(v, 2, dim=-1)``: ``v``."""
+    if not isinstance(e, ast.Call) or any(isinstance(a, ast.Starred) for a in e.args):
+        return None
+    if isinstance(e.func, ast.Attribute) and e.func.attr == "chunk" and _resolve(e.func, scope) is None:
+        value, args = e.func.value, list(e.args)
+    elif _resolve(e.func, scope) is torch.chunk and e.args:
+        value, args = e.args[0], list(e.args[1:])
+    else:
+        return None
+    dims = [kw.value for kw in e.keywords if kw.arg == "dim"]
+    if len(e.keywords) != len(dims) or len(args) + len(dims) != 2:
+        return None
+    try:
+        n, dim = ast.literal_eval(args[0]), ast.literal_eval((args[1:] or dims)[0])
+    except (ValueError, TypeError, SyntaxError):
+        return None
+    return value if (n, dim) == (2, -1) else None
+
+
 class _Inliner(ast.NodeTransformer):
     """Locals replaced by what was assigned to them; a value used twice (computed twice, or kept)
-    makes the forward something else (``failed``)."""
+    makes the forward something else (``failed``). A chunk's halves are used once each."""
 
-    def __init__(self, env: dict[str, ast.expr], used: set[int]) -> None:
+    def __init__(self, env: dict[str, ast.expr], used: set[Any]) -> None:
         self.env, self.used, self.failed = env, used, False
+
+    def _use(self, key: Any) -> None:
+        if key in self.used:
+            self.failed = True
+        self.used.add(key)
 
     def visit_Name(self, node: ast.Name) -> ast.expr:
         value = self.env.get(node.id)
         if value is None:
             return node
-        if id(value) in self.used:
+        if _marked(value, _CHUNK) is not None:  # a chunk is read by its halves only (visit_Subscript)
             self.failed = True
-        self.used.add(id(value))
+        self._use(id(value))
         return value
+
+    def visit_Subscript(self, node: ast.Subscript) -> ast.expr:
+        value = self.env.get(node.value.id) if isinstance(node.value, ast.Name) else None
+        whole = _marked(value, _CHUNK) if value is not None else None
+        if whole is None:
+            return self.generic_visit(node)
+        index = node.slice.value if isinstance(node.slice, ast.Constant) else None
+        if index not in (0, 1):
+            self.failed = True
+            return node
+        self._use((id(value), index))
+        self.used.add(id(value))
+        return _marker(_HALF.format(index), whole)
 
 
 #: T5's cast of the product to the down-projection's weight dtype before it (kept in fp32 for 8-bit
@@ -147,18 +205,27 @@ def _cast_to_weight(st: ast.stmt, scope: dict[str, Any]) -> tuple[str, str] | No
     return (m, v) if ast.dump(st, include_attributes=False) == ast.dump(want, include_attributes=False) else None
 
 
-def _product(e: ast.expr, x: str) -> tuple[str, str, str] | None:
-    """``self.<act>(self.<gate>(x)) * self.<up>(x)``, either order: (gate, up, act)."""
+def _product(e: ast.expr, x: str) -> tuple[tuple[str, ...], str, bool] | None:
+    """``self.<act>(self.<gate>(x)) * self.<up>(x)``, or ``self.<act>(h0) * h1`` of the halves of
+    ``self.<gate_up>(x)``, either order: (projections, activation, gate first)."""
     if not (isinstance(e, ast.BinOp) and isinstance(e.op, ast.Mult)):
         return None
     for a, u in ((e.left, e.right), (e.right, e.left)):
-        outer, inner, up = _child_call(a), None, _child_call(u)
-        if outer is not None:
-            inner = _child_call(outer[1])
-        if inner is None or up is None:
+        outer = _child_call(a)
+        if outer is None:
             continue
-        if all(isinstance(arg, ast.Name) and arg.id == x for arg in (inner[1], up[1])):
-            return inner[0], up[0], outer[0]
+        gated, up = outer[1], u
+        inner, other = _child_call(gated), _child_call(up)
+        if inner is not None and other is not None:  # two projections
+            if all(isinstance(arg, ast.Name) and arg.id == x for arg in (inner[1], other[1])):
+                return (inner[0], other[0]), outer[0], True
+            continue
+        for i in (0, 1):  # the halves of one projection's output
+            whole, rest = _marked(gated, _HALF.format(i)), _marked(up, _HALF.format(1 - i))
+            if whole is not None and whole is rest:
+                proj = _child_call(whole)
+                if proj is not None and isinstance(proj[1], ast.Name) and proj[1].id == x:
+                    return (proj[0],), outer[0], i == 0
     return None
 
 
@@ -181,26 +248,37 @@ def gated_form(cls: type) -> GatedForm | None:
     if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
         return None
     env: dict[str, ast.expr] = {}
-    used: set[int] = set()
+    used: set[Any] = set()
     scope = getattr(fn, "__globals__", {})
-    assigned = len(body) - 1
+    bound = 0  # values bound to locals: each must be used
     for st in body[:-1]:
         cast = _cast_to_weight(st, scope)
         if cast is not None and cast[1] in env:
             m, v = cast
             used.add(id(env[v]))
-            env[v] = ast.Call(ast.Name(_CAST + m), [env[v]], [])
+            env[v] = _marker(_CAST + m, env[v])
+            bound += 1
             continue
-        if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and isinstance(st.targets[0], ast.Name)):
+        if not (isinstance(st, ast.Assign) and len(st.targets) == 1):
             return None
-        inliner = _Inliner(env, used)
+        target, inliner = st.targets[0], _Inliner(env, used)
         value = inliner.visit(st.value)
         if inliner.failed:
             return None
-        env[st.targets[0].id] = value
+        whole = _chunked(value, scope)
+        if isinstance(target, ast.Tuple) and len(target.elts) == 2 and all(
+                isinstance(t, ast.Name) for t in target.elts) and whole is not None:  # a, b = v.chunk(2, dim=-1)
+            for i, t in enumerate(target.elts):
+                env[t.id] = _marker(_HALF.format(i), whole)  # type: ignore[attr-defined]
+            bound += 2
+            continue
+        if not isinstance(target, ast.Name):
+            return None
+        env[target.id] = _marker(_CHUNK, whole) if whole is not None else value
+        bound += 1
     inliner = _Inliner(env, used)
     e = inliner.visit(body[-1].value)
-    if inliner.failed or len(used) != assigned:  # a value left unused
+    if inliner.failed or len({u for u in used if not isinstance(u, tuple)}) != bound:  # a value left unused
         return None
     chain: list[tuple[str, str]] = []
     while (found := _product(e, x)) is None:
@@ -218,7 +296,7 @@ def gated_form(cls: type) -> GatedForm | None:
             return None
         chain.append(("dropout", drop[0]))
         e = drop[1]
-    gate, up, act = found
-    if len({gate, up, act}) != 3 or {gate, up, act} & {n for k, n in chain if k == "module"}:
+    proj, act, gate_first = found
+    if len({*proj, act}) != len(proj) + 1 or {*proj, act} & {n for k, n in chain if k == "module"}:
         return None  # a projection or the activation used twice
-    return GatedForm(gate, up, act, tuple(reversed(chain)))
+    return GatedForm(proj, act, tuple(reversed(chain)), gate_first)
