@@ -111,9 +111,10 @@ def test_bert_output_blocks_and_training(backend, device):
     want, want_grads = run(model)
     ref, ref_grads = run(ref64)
     report = xkernels.patch(model)
-    assert _counts(report) == {"residual add + norm (output block)": 4, "feed-forward (training)": 2}
+    assert _counts(report) == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
+                               "residual add + norm (post-norm)": 1}  # the embeddings' last add and LayerNorm
     assert {b.name for b in report.blocks} == {f"encoder.layer.{i}{w}" for i in range(2)
-                                               for w in (".attention.output", ".output", "")}
+                                               for w in (".attention.output", ".output", "")} | {"embeddings"}
     got, got_grads = run(model)
     assert_model_close(got, want.detach(), ref.detach())
     assert len(got_grads) == len(want_grads)

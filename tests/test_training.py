@@ -189,8 +189,9 @@ _DECODERS = {
 def test_patched_decoders_train_with_checkpointing(backend, device, family, reentrant):
     """Gradient checkpointing (both of torch.utils.checkpoint's modes) on a patched decoder LM:
     the decoder-layer add + norm, gated MLP and rotary fusions (Llama), the feed-forward block
-    and norms (GPT-2) are recomputed in the backward. The first step (each signature's first
-    call) and the second (repeats) give PyTorch's output and gradients without checkpointing."""
+    and norms (GPT-2) are recomputed in the backward: each layer's forward runs twice per step.
+    The first step (each signature's first call) and the second (repeats) give PyTorch's output
+    and gradients without checkpointing."""
     tf = require_transformers()
     cfg_name, model_name, kwargs = _DECODERS[family]
     cfg = getattr(tf, cfg_name)(**kwargs)
@@ -210,8 +211,18 @@ def test_patched_decoders_train_with_checkpointing(backend, device, family, reen
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     report = xkernels.patch(model)
     assert report.blocks, report
+    # each layer's forward runs again in the backward: counted at its attention, called from the
+    # layer's forward (a fused forward set on the instance must keep the class's checkpointing)
+    layers = [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))]
+    assert layers and all("forward" in m.__dict__ for m in layers), report
+    calls = []
+    for layer in layers:
+        attn = layer._modules.get("self_attn") or layer._modules["attn"]
+        attn.register_forward_pre_hook(lambda m, args, kwargs, layer=layer: calls.append(layer), with_kwargs=True)
     for _ in range(2):
+        calls.clear()
         got = step(model)
+        assert len(calls) == 2 * len(layers), f"{len(calls)} attention calls for {len(layers)} checkpointed layers"
         assert_model_close(got[0], want[0], ref[0])
         assert got[1].keys() == want[1].keys()
         for n in want[1]:

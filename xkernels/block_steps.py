@@ -37,6 +37,7 @@ copied ``RouteCache`` starts empty), so the copy computes with its own parameter
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,9 +192,62 @@ class GatedStep:
         return self.routes.run(key, (x, w, uw, b, ub, act))
 
 
+@dataclass(frozen=True)
+class AddNormSteps:
+    """The add + norm sites of one rewritten forward (``xkernels.add_norm_forms``): a
+    :class:`NormStep` (without the sum) per norm child that takes the fused op."""
+
+    steps: dict[str, NormStep]
+
+    @property
+    def layer(self) -> bool:
+        """Whether any is a LayerNorm (its training calls follow ``NormStep.training_pays``)."""
+        return any(step.layer for step in self.steps.values())
+
+
+_ADD_NORM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
+    """``self.<name>(a + b)`` in a forward ``add_norm_forms`` rewrote: the fused add + norm where
+    ``name`` has a step and ``a``, ``b`` are tensors of one shape, dtype (fp32, fp16, bf16) and
+    device; else that expression itself (a broadcast, a number, a replaced child, under
+    ``torch.compile`` or autocast)."""
+    steps = block.__dict__.get("_xkernels_block")
+    step = steps.steps.get(name) if type(steps) is AddNormSteps else None
+    if (step is None or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
+            or type(block._modules.get(name)) is not step.cls or a.shape != b.shape or a.dtype is not b.dtype
+            or a.dtype not in _ADD_NORM_DTYPES or a.device != b.device or _is_compiling() or autocasting()):
+        return getattr(block, name)(a + b)
+    return step(block, a, b)
+
+
 def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = (),
                gate_first: bool = True) -> GatedStep:
     return GatedStep(proj, activation, RouteCache(gated_linear), then, gate_first)
+
+
+#: the free variables of transformers' ``GradientCheckpointingLayer`` wrapper of a layer's forward
+_CHECKPOINTING_WRAPPER = ("forward", "forward_with_checkpointing")
+
+
+def checkpointed(cls: type, fused: Any) -> Any:
+    """``fused`` (a forward replacing ``cls.forward`` on an instance) under the gradient
+    checkpointing ``cls.forward`` applies: transformers' ``GradientCheckpointingLayer`` wraps each
+    layer class's forward (``forward_with_checkpointing``), and a forward set on the instance would
+    bypass it, so ``gradient_checkpointing_enable()`` would silently keep every activation of a
+    patched layer. The same wrapper code is made around ``fused``: the same checks (training,
+    ``gradient_checkpointing``, the outermost class), the same ``use_cache`` handling, the same
+    checkpoint call. Any other ``cls.forward``: ``fused`` itself."""
+    wrapper = getattr(cls, "forward", None)
+    code = getattr(wrapper, "__code__", None)
+    if code is None or code.co_freevars != _CHECKPOINTING_WRAPPER or not hasattr(wrapper, "__wrapped__"):
+        return fused
+    made = types.FunctionType(code, wrapper.__globals__, wrapper.__name__, wrapper.__defaults__,
+                              (types.CellType(fused), types.CellType(wrapper)))
+    made.__kwdefaults__ = wrapper.__kwdefaults__
+    made.__wrapped__ = fused  # type: ignore[attr-defined]
+    return made
 
 
 def child_at(block: torch.nn.Module, path: tuple[str, ...]) -> Any:

@@ -10,6 +10,10 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
 * ``residual add + norm``: ``norm(h + residual)`` as one pass (``add_layer_norm`` /
   ``add_rms_norm``), writing the sum too where the block uses it as its next residual: the
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
+  and in any other forward, each ``self.<norm>(a + b)`` and ``h = a + b; h = self.<norm>(h)``
+  (``residual add + norm (post-norm)``: ``xkernels/add_norm_forms.py`` rewrites the forward's
+  source; BART and its copies, DistilBERT, GTE, wav2vec2, DETR, ... and BERT's embeddings), fused
+  per call where the two operands share a shape and dtype;
 * ``rms norm``: a Llama-, Helium- (Flint-) or Gemma-style RMSNorm module (six PyTorch passes) as
   one kernel, the weightless one of NanoChat and HRM (the op's ``weight=None``), or T5's where
   the input and the weight share a dtype (T5, mT5, UMT5, LongT5, Pix2Struct, ...);
@@ -41,6 +45,7 @@ the record by ``PatchReport.undo()``.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 import types
@@ -51,7 +56,18 @@ from typing import Any
 
 import torch
 
-from xkernels.block_steps import FeedForwardStep, NormStep, child_at, gated_step, hooked, norm_step
+from xkernels.add_norm_forms import add_norm_form
+from xkernels.block_steps import (
+    AddNormSteps,
+    FeedForwardStep,
+    NormStep,
+    add_then_norm,
+    checkpointed,
+    child_at,
+    gated_step,
+    hooked,
+    norm_step,
+)
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.autocast import autocasting
@@ -395,12 +411,18 @@ def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> N
                      kind.weighted)
 
 
+def _site_norm_problem(m: torch.nn.Module, name: str) -> str | None:
+    norm = getattr(m, name, None)
+    why = norm_problem(norm)
+    if why is None and norm_kind(type(norm)).same_dtype:
+        why = f"{type(norm).__name__} (T5's RMSNorm) is fused on its own only"
+    return why
+
+
 def _norms(*names: str) -> Callable[[torch.nn.Module], str | None]:
     def problem(m: torch.nn.Module) -> str | None:
         for name in names:
-            norm = getattr(m, name, None)
-            why = norm_problem(norm) or (f"{type(norm).__name__} (T5's RMSNorm) is fused on its own only"
-                                         if norm_kind(type(norm)).same_dtype else None)
+            why = _site_norm_problem(m, name)
             if why:
                 return f"{name}: {why}"
         return None
@@ -487,6 +509,7 @@ class BlockFusion:
     feed_forward: FeedForwardStep | None = None  # the training block's children (feed-forward fusions)
     candidate: Callable[[torch.nn.Module], bool] | None = None  # False: not this fusion's kind of module
     gated: GatedForm | None = None  # a gated MLP's children and what follows the product (gated_forms)
+    add_norms: tuple[str, ...] = ()  # the norm children of a rewritten forward's add + norm sites (add_norm_forms)
 
 
 FUSIONS = (
@@ -597,6 +620,39 @@ def _gated_fusion(form: GatedForm) -> BlockFusion:
                        candidate=_looks_gated(form), gated=form)
 
 
+def _add_norm_problem(norms: tuple[str, ...]) -> Callable[[torch.nn.Module], str | None]:
+    """None where at least one site's norm takes the fused op (the others run as written)."""
+    def problem(m: torch.nn.Module) -> str | None:
+        whys = [f"{n}: {why}" for n in norms if (why := _site_norm_problem(m, n))]
+        return "; ".join(whys) if len(whys) == len(norms) else None
+    return problem
+
+
+def _has_a_norm(norms: tuple[str, ...]) -> Callable[[torch.nn.Module], bool]:
+    def candidate(m: torch.nn.Module) -> bool:
+        return any(isinstance(getattr(m, n, None), torch.nn.Module) and norm_kind(type(getattr(m, n))) is not None
+                   for n in norms)
+    return candidate
+
+
+@cache
+def _add_norm_fusion(cls: type) -> BlockFusion | None:
+    found = add_norm_form(cls, add_then_norm)
+    if found is None:
+        return None
+    rewritten, norms = found
+    original = inspect.unwrap(cls.forward)
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _is_compiling():  # Dynamo guards a function's globals as its module's: never shown the copy
+            return original(self, *args, **kwargs)
+        return rewritten(self, *args, **kwargs)
+
+    return BlockFusion("residual add + norm (post-norm)", "", forward, _add_norm_problem(norms),
+                       candidate=_has_a_norm(norms), add_norms=norms)
+
+
 @cache
 def _fusion_for(cls: type) -> BlockFusion | None:
     src = _class_forward(cls)
@@ -615,7 +671,7 @@ def _fusion_for(cls: type) -> BlockFusion | None:
     chain = mlp_chain(cls)
     if chain is not None and len(chain) in (3, 4) and len(set(chain)) == len(chain):  # up, activation, down[, dropout]
         return _chain_fusion(chain)
-    return None
+    return _add_norm_fusion(cls)
 
 
 def matching(module: torch.nn.Module) -> BlockFusion | None:
@@ -644,6 +700,9 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
     (``xkernels/block_steps.py``; undo: ``restore``)."""
     if fusion.feed_forward is not None:
         module._xkernels_block = fusion.feed_forward
+    elif fusion.add_norms:
+        module._xkernels_block = AddNormSteps({n: _norm_step(module, n, False) for n in fusion.add_norms
+                                               if _site_norm_problem(module, n) is None})
     elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it
@@ -651,7 +710,8 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
         module._xkernels_block = gated_step(form.proj, activation, form.chain, form.gate_first)
     else:
         module._xkernels_block = _norm_step(module, None if fusion.norm_itself else fusion.norm, fusion.return_sum)
-    setattr(module, fusion.method, types.MethodType(fusion.forward, module))
+    forward = checkpointed(type(module), fusion.forward) if fusion.method == "forward" else fusion.forward
+    setattr(module, fusion.method, types.MethodType(forward, module))
 
 
 def restore(module: torch.nn.Module) -> None:

@@ -153,7 +153,7 @@ def test_compile_mode_on_cpu(tmp_path, capsys):
     _check_timed(rows, tokens=4)
     assert all(r["setup_s"] > 0 for r in rows)
     assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
-                                   "linear + activation": 2, "linear": 11}
+                                   "residual add + norm (post-norm)": 1, "linear + activation": 2, "linear": 11}
 
 
 def _way_state(model):

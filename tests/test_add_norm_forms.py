@@ -1,0 +1,196 @@
+"""``xkernels.add_norm_forms``: a forward's ``self.<norm>(a + b)`` and ``h = a + b; h =
+self.<norm>(h)`` sites rewritten to the fused add + norm, the rest of the forward unchanged;
+the sites found and the forwards left alone, outputs and gradients against the float64 module,
+the per-call fallbacks (broadcast, a replaced norm), and the families written that way (BART,
+DistilBERT, GTE), with gradient checkpointing still recomputing a rewritten layer."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import xkernels
+from helpers import assert_model_close, require_transformers
+from xkernels.add_norm_forms import add_norm_form
+from xkernels.block_steps import add_then_norm
+
+FUSION = "residual add + norm (post-norm)"
+
+
+class PostNorm(nn.Module):
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, d), nn.Linear(d, d)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.dropout = 0.0
+
+    def forward(self, hidden_states, scale=None):
+        residual = hidden_states
+        hidden_states = self.fc1(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual + hidden_states
+        hidden_states = self.norm1(hidden_states)
+        if scale is not None:
+            hidden_states = hidden_states * scale
+        return self.norm2(self.fc2(hidden_states) + hidden_states)
+
+
+class InBranch(PostNorm):
+    def forward(self, x, flag=True):
+        if flag:
+            x = self.fc1(x) + x
+            x = self.norm1(x)
+        return x
+
+
+class TwoInputs(PostNorm):
+    def forward(self, x, y):
+        return self.norm1(self.fc1(x) + y)
+
+
+class SumKept(PostNorm):
+    def forward(self, x):
+        s = self.fc1(x) + x
+        y = self.norm1(s)
+        return y + s
+
+
+def _passthrough(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+class Decorated(PostNorm):
+    @_passthrough
+    def forward(self, x):
+        return self.norm1(self.fc1(x) + x)
+
+
+class CallsSuper(PostNorm):
+    def forward(self, x):
+        return self.norm1(super().forward(x) + x)
+
+
+def test_sites_are_found_and_rewritten():
+    fn, norms = add_norm_form(PostNorm, add_then_norm)
+    assert norms == ("norm1", "norm2")
+    assert fn is not PostNorm.forward and fn.__code__.co_filename == PostNorm.forward.__code__.co_filename
+    assert add_norm_form(InBranch, add_then_norm)[1] == ("norm1",)
+
+
+@pytest.mark.parametrize("cls", [SumKept, Decorated, CallsSuper])
+def test_other_forwards_are_left(cls):
+    assert add_norm_form(cls, add_then_norm) is None
+    assert not any(b.fusion == FUSION for b in xkernels.patch(cls()).blocks)
+
+
+def _step(m, *args):
+    m.zero_grad(set_to_none=True)
+    y = m(*args)
+    y.double().square().mean().backward()
+    return y.detach(), [p.grad for p in m.parameters()]
+
+
+def test_rewritten_forward_matches_float64(backend, device):
+    torch.manual_seed(0)
+    model = PostNorm().to(device).train()
+    with torch.no_grad():
+        for n in (model.norm1, model.norm2):
+            n.weight.add_(torch.randn_like(n.weight) * 0.1)
+            n.bias.add_(torch.randn_like(n.bias) * 0.1)
+    ref64 = copy.deepcopy(model).double()
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    assert [b.fusion for b in report.blocks] == [FUSION], str(report)
+    x = torch.randn(3, 5, 32, device=device)
+    for scale in (None, torch.tensor(0.5, device=device)):
+        want, want_g = _step(model, x, scale)
+        got, got_g = _step(fused, x, scale)
+        ref, ref_g = _step(ref64, x.double(), None if scale is None else scale.double())
+        assert_model_close(got, want, ref)
+        for g, w, r in zip(got_g, want_g, ref_g):
+            assert_model_close(g, w, r)
+    report.undo()
+    assert "forward" not in fused.__dict__
+
+
+def test_broadcast_and_replaced_norm_run_as_written(backend, device):
+    """Operands that differ in shape (a broadcast) and a norm replaced after patch() take the
+    source's own expression: the module's output, bit for bit; operands of one shape, the op."""
+    torch.manual_seed(0)
+    model = TwoInputs().to(device)
+    fused = copy.deepcopy(model)
+    assert [b.fusion for b in xkernels.patch(fused).blocks] == [FUSION]
+    x, y = torch.randn(3, 5, 32, device=device), torch.randn(3, 5, 32, device=device)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x, y), model(x, y), rtol=1e-5, atol=1e-5)
+        assert torch.equal(fused(x, y[:1]), model(x, y[:1]))  # (1, 5, 32) broadcast to (3, 5, 32)
+        fused.norm1 = nn.Identity()
+        model.norm1 = nn.Identity()
+        assert torch.equal(fused(x, y), model(x, y))
+
+
+FAMILIES = {
+    "bart": ("BartConfig", "BartModel", dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_layers=1,
+                                             decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+                                             vocab_size=64, max_position_embeddings=64, dropout=0.0,
+                                             attention_dropout=0.0, activation_dropout=0.0), 2),
+    "distilbert": ("DistilBertConfig", "DistilBertModel", dict(dim=32, n_layers=1, n_heads=4, hidden_dim=48,
+                                                               vocab_size=64, max_position_embeddings=64, dropout=0.0,
+                                                               attention_dropout=0.0), 2),
+    "gte": ("GteConfig", "GteModel", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                          num_attention_heads=4, vocab_size=64, max_position_embeddings=64,
+                                          hidden_dropout_prob=0.0), 1),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_families_fuse_and_checkpoint(backend, device, family):
+    """Each family's layers take the rewritten forward (outputs and gradients against float64),
+    and with gradient checkpointing on, each rewritten layer still runs again in the backward."""
+    tf = require_transformers()
+    cfg_name, model_name, kwargs, sites = FAMILIES[family]
+    if not hasattr(tf, cfg_name):
+        pytest.skip(f"transformers {tf.__version__} has no {cfg_name}")
+    cfg = getattr(tf, cfg_name)(**kwargs)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = getattr(tf, model_name)(cfg).to(device).train()
+    ref64 = copy.deepcopy(model).double()
+    inputs = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
+    if getattr(cfg, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(3, 64, (2, 5), device=device)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        y = m(**inputs).last_hidden_state
+        y.double().square().mean().backward()
+        return y.detach(), [(n, p.grad) for n, p in m.named_parameters() if p.grad is not None]
+
+    want, want_g = step(model)
+    ref, ref_g = step(ref64)
+    report = xkernels.patch(model)
+    rewritten = [b for b in report.blocks if b.fusion == FUSION]
+    assert len(rewritten) >= sites, str(report)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    layers = [m for m in model.modules() if "forward" in m.__dict__ and getattr(m, "gradient_checkpointing", False)]
+    assert layers, "no rewritten layer is a checkpointing layer"
+    calls: list[nn.Module] = []
+    for layer in layers:
+        attn = next(c for c in layer.children() if "attention" in type(c).__name__.lower())
+        attn.register_forward_pre_hook(lambda m, a, layer=layer: calls.append(layer))
+    got, got_g = step(model)
+    assert len(calls) == 2 * len(layers), f"{len(calls)} calls for {len(layers)} checkpointed layers"
+    assert_model_close(got, want, ref)
+    assert [n for n, _ in got_g] == [n for n, _ in want_g]
+    for (name, g), (_, w), (_, r) in zip(got_g, want_g, ref_g):
+        try:
+            assert_model_close(g, w, r)
+        except AssertionError as e:
+            raise AssertionError(f"{family}: gradient of {name}: {e}") from None
