@@ -186,6 +186,24 @@ def require_transformers(submodule: str = ""):
         pytest.skip(f"{name} is not installed ({e}); pip install 'xkernels[models]'")
 
 
+def tiny_model(config: str, model: str, kwargs: dict, device) -> tuple[torch.nn.Module, dict]:
+    """A transformers model from ``config(**kwargs)`` (eager attention, seed 0) on ``device`` in
+    training mode, and token-id inputs for it (``decoder_input_ids`` too for an encoder-decoder);
+    a skip where this transformers has no such config."""
+    tf = require_transformers()
+    if not hasattr(tf, config):
+        pytest.skip(f"transformers {tf.__version__} has no {config}")
+    cfg = getattr(tf, config)(**kwargs)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    m = getattr(tf, model)(cfg).to(device).train()
+    torch.manual_seed(1)
+    inputs = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
+    if getattr(cfg, "is_encoder_decoder", False):
+        inputs["decoder_input_ids"] = torch.randint(3, 64, (2, 5), device=device)
+    return m, inputs
+
+
 @pytest.fixture(scope="session")
 def peaks_dir(tmp_path_factory: pytest.TempPathFactory):
     """A session-wide measured-peaks cache directory (conftests of tests that run the bench)."""

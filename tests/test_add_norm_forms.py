@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import xkernels
-from helpers import assert_model_close, require_transformers
+from helpers import assert_model_close, tiny_model
 from xkernels.add_norm_forms import add_norm_form
 from xkernels.block_steps import add_then_norm
 
@@ -154,18 +154,9 @@ FAMILIES = {
 def test_families_fuse_and_checkpoint(backend, device, family):
     """Each family's layers take the rewritten forward (outputs and gradients against float64),
     and with gradient checkpointing on, each rewritten layer still runs again in the backward."""
-    tf = require_transformers()
     cfg_name, model_name, kwargs, sites = FAMILIES[family]
-    if not hasattr(tf, cfg_name):
-        pytest.skip(f"transformers {tf.__version__} has no {cfg_name}")
-    cfg = getattr(tf, cfg_name)(**kwargs)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = getattr(tf, model_name)(cfg).to(device).train()
+    model, inputs = tiny_model(cfg_name, model_name, kwargs, device)
     ref64 = copy.deepcopy(model).double()
-    inputs = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
-    if getattr(cfg, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.randint(3, 64, (2, 5), device=device)
 
     def step(m):
         m.zero_grad(set_to_none=True)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import xkernels
-from helpers import require_transformers
+from helpers import tiny_model
 from xkernels.gated_forms import GatedForm, gated_form
 
 
@@ -231,22 +231,12 @@ FAMILIES = {
 def test_families_with_dropout_train_fused(backend, device, family):
     """Each family's MLPs are fused, and a training step with its dropout on gives the unpatched
     model's output and gradients (same seed, same masks)."""
-    tf = require_transformers()
     cfg_name, model_name, kwargs, mlp = FAMILIES[family]
-    if not hasattr(tf, cfg_name):
-        pytest.skip(f"transformers {tf.__version__} has no {cfg_name}")
-    cfg = getattr(tf, cfg_name)(**kwargs)
-    cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    model = getattr(tf, model_name)(cfg).to(device).train()
+    model, inputs = tiny_model(cfg_name, model_name, kwargs, device)
     fused = copy.deepcopy(model)
     report = xkernels.patch(fused)
     gated = [b for b in report.blocks if b.fusion.startswith("gated mlp")]
     assert gated and all(b.kind == mlp for b in gated), str(report)
-    torch.manual_seed(1)
-    inputs = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
-    if getattr(cfg, "is_encoder_decoder", False):
-        inputs["decoder_input_ids"] = torch.randint(3, 64, (2, 5), device=device)
 
     def step(m):
         m.zero_grad(set_to_none=True)

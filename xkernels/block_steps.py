@@ -134,6 +134,12 @@ def norm_step(norm: str | None, cls: type, layer: bool, eps_attr: str, offset: f
                     RouteCache(add_layer_norm if layer else add_rms_norm))
 
 
+def _weight_and_bias(layer: torch.nn.Module) -> tuple[Any, Any]:
+    """A linear layer's weight and bias, from ``_parameters`` (no ``nn.Module.__getattr__``) where there."""
+    p = layer._parameters
+    return (p["weight"] if "weight" in p else layer.weight), (p["bias"] if "bias" in p else layer.bias)
+
+
 @dataclass(frozen=True, slots=True)
 class GatedStep:
     """``act(gate(x)) * up(x)`` of one gated MLP (module doc)."""
@@ -165,16 +171,12 @@ class GatedStep:
         gate = mods[self.proj[0]]
         if type(gate) is not _Linear:
             return None
-        gp = gate._parameters
-        w = gp["weight"] if "weight" in gp else gate.weight
-        b = gp["bias"] if "bias" in gp else gate.bias
+        w, b = _weight_and_bias(gate)
         if len(self.proj) == 2:
             up = mods[self.proj[1]]
             if type(up) is not _Linear:
                 return None
-            upp = up._parameters
-            uw = upp["weight"] if "weight" in upp else up.weight
-            ub = upp["bias"] if "bias" in upp else up.bias
+            uw, ub = _weight_and_bias(up)
         elif self.gate_first:  # one projection, the gate's half first: the op's concatenated layout
             uw = ub = None
         else:  # the gate's half second: the halves as the two weights (views)
