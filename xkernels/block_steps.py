@@ -155,7 +155,8 @@ class GatedStep:
         """``then`` applied to the product ``y`` as the block's own forward applies it."""
         for kind, name in self.then:
             if kind == "module":  # the down-projection, a dropout, a norm: called as the forward calls it
-                y = getattr(block, name)(y)
+                child = block._modules.get(name)  # a child without nn.Module.__getattr__'s frame
+                y = (child if child is not None else getattr(block, name))(y)
             elif kind == "dropout":
                 y = torch.nn.functional.dropout(y, p=getattr(block, name), training=block.training)
             else:  # "cast": T5's, to the down-projection's weight dtype
@@ -207,7 +208,8 @@ class AddNormSteps:
         return any(step.layer for step in self.steps.values())
 
 
-_ADD_NORM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the dtypes the fused norms run in a rewritten forward or for T5's RMSNorm (others keep the source)
+FUSED_NORM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
@@ -219,7 +221,7 @@ def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
     step = steps.steps.get(name) if type(steps) is AddNormSteps else None
     if (step is None or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
             or type(block._modules.get(name)) is not step.cls or a.shape != b.shape or a.dtype is not b.dtype
-            or a.dtype not in _ADD_NORM_DTYPES or a.device != b.device or _is_compiling() or autocasting()):
+            or a.dtype not in FUSED_NORM_DTYPES or a.device != b.device or _is_compiling() or autocasting()):
         return getattr(block, name)(a + b)
     return step(block, a, b)
 

@@ -58,6 +58,7 @@ import torch
 
 from xkernels.add_norm_forms import add_norm_form
 from xkernels.block_steps import (
+    FUSED_NORM_DTYPES,
     AddNormSteps,
     FeedForwardStep,
     NormStep,
@@ -359,13 +360,10 @@ def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return self._xkernels_block(self, hidden_states, None)
 
 
-_SAME_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
 def _rms_norm_same_dtype(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     w = self._parameters.get("weight")
     if (_is_compiling() or autocasting() or w is None or hidden_states.dtype is not w.dtype
-            or w.dtype not in _SAME_DTYPES):  # the class's own math differs from the op's there
+            or w.dtype not in FUSED_NORM_DTYPES):  # the class's own math differs from the op's there
         return type(self).forward(self, hidden_states)
     return self._xkernels_block(self, hidden_states, None)
 
