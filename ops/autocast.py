@@ -12,8 +12,9 @@ float64 (which autocast leaves alone, as PyTorch does) not already in the autoca
 result with PyTorch's type promotion, as ``F.linear(...) + r`` does under autocast.
 
 Ops without ``autocast_params`` (the element-wise and add + norm ops) run on their inputs' dtypes
-under autocast, as any custom op does; ``xkernels.patch``'s blocks, whose originals call
-PyTorch's norms (which autocast runs in fp32), run the original forwards while autocast is on.
+under autocast, as any custom op does. ``xkernels.patch``'s blocks take the fused add + norm
+under autocast only where the norm's own forward would compute in fp32 anyway (an fp32 sum and
+fp32 parameters: ``xkernels.block_steps.same_math``); their gated MLPs cast here in training.
 """
 
 from __future__ import annotations

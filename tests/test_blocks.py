@@ -649,3 +649,113 @@ def test_t5_rms_norm_fused_where_dtypes_match(backend, device, x_dtype, w_dtype)
     else:
         ref = norm.double()(x.double())
         assert_model_close(got, want, ref)
+
+
+def _count_forwards(monkeypatch, *classes) -> dict:
+    """Counts each class's own ``forward`` calls (a fused forward runs none of its module's)."""
+    counts = {c.__name__: 0 for c in classes}
+    for cls in classes:
+        real = cls.forward
+
+        def counted(self, *args, _real=real, _name=cls.__name__, **kwargs):
+            counts[_name] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "forward", counted)
+    return counts
+
+
+#: per family: the model, the norm class and the gated MLP class (or None) whose own forwards count
+AUTOCAST_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "LlamaRMSNorm", "LlamaMLP"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "GemmaRMSNorm", "GemmaMLP"),
+    "bert": ("BertConfig", "BertModel", "LayerNorm", None),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "LayerNorm", None),
+    "bart": ("BartConfig", "BartModel", "LayerNorm", None),
+}
+
+
+@pytest.mark.parametrize("family", list(AUTOCAST_FAMILIES))
+def test_blocks_fuse_under_autocast_where_the_norm_computes_in_fp32(backend, device, monkeypatch, family):
+    """Mixed-precision training (fp32 parameters, bf16 autocast): the patched model's output and
+    fp32 gradients against the unpatched model's under autocast and float64, and the same fusions
+    ran as without autocast: the norm class forwards that run are those of the norms no fusion
+    takes (GPT-2's ln_1, BART's embedding norms, BERT's embeddings whose position embeddings
+    broadcast over the batch), and a gated MLP's training call runs fused. In a bf16 model under
+    autocast the norms see bf16, where the fused op's dtype is not autocast's: every norm runs its
+    own forward there."""
+    tf = require_transformers()
+    config, model_cls, norm_name, mlp_name = AUTOCAST_FAMILIES[family]
+    kw = dict(vocab_size=64, max_position_embeddings=32, num_hidden_layers=2, num_attention_heads=2, **ATTN)
+    kw.update({"bert": dict(hidden_size=32, intermediate_size=64, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0),
+               "gpt2": dict(n_embd=32, n_layer=2, n_head=2, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0,
+                            attn_pdrop=0.0),
+               "bart": dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                            decoder_attention_heads=2, encoder_ffn_dim=48, decoder_ffn_dim=48, dropout=0.0,
+                            attention_dropout=0.0, activation_dropout=0.0),
+               "gemma": dict(hidden_size=32, intermediate_size=48, head_dim=16, num_key_value_heads=2,
+                             hidden_act="gelu_pytorch_tanh"),
+               }.get(family, dict(hidden_size=32, intermediate_size=48, num_key_value_heads=2)))
+    if family in ("gpt2", "bart"):
+        kw = {k: v for k, v in kw.items() if k not in ("num_hidden_layers", "num_attention_heads")}
+    torch.manual_seed(0)
+    model = getattr(tf, model_cls)(getattr(tf, config)(**kw)).to(device).train()
+    ref64 = copy.deepcopy(model).double()
+    ids = torch.randint(3, 64, (2, 7), device=device)
+    inputs = {"input_ids": ids, **({"decoder_input_ids": ids[:, :5]} if family == "bart" else {})}
+
+    def run(m, cast=True):
+        m.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cast):
+            out = m(**inputs)
+        out = out.logits if hasattr(out, "logits") else out.last_hidden_state
+        out.float().sum().backward()
+        return out, [p.grad for p in m.parameters() if p.grad is not None]
+
+    want, want_grads = run(model)
+    ref, ref_grads = run(ref64, cast=False)
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    report = xkernels.patch(model)
+    xkernels.patch(bf16_model)
+    modules = __import__(type(model).__module__, fromlist=["_"])
+    norm_cls = torch.nn.LayerNorm if norm_name == "LayerNorm" else getattr(modules, norm_name)
+    classes = (norm_cls,) + ((getattr(modules, mlp_name),) if mlp_name else ())
+    counts = _count_forwards(monkeypatch, *classes)
+    run(model, cast=False)
+    without = dict(counts)
+    counts.update({k: 0 for k in counts})
+    got, got_grads = run(model)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert_model_close(got.float(), want.detach().float(), ref.detach())
+    assert len(got_grads) == len(want_grads)
+    for g, w, r in zip(got_grads, want_grads, ref_grads):
+        assert g.dtype == w.dtype == torch.float32
+        assert_model_close(g, w, r)
+    assert counts == without, (counts, without, report.counts())
+    assert counts[norm_cls.__name__] <= {"gpt2": 3, "bart": 2, "bert": 1}.get(family, 0), counts
+    assert counts.get(mlp_name, 0) == 0, counts
+    counts.update({k: 0 for k in counts})
+    run(bf16_model)
+    assert counts[norm_cls.__name__] > 2 * 2, counts  # at least two norms per layer, each its own forward
+    report.undo()
+
+
+def test_a_norm_with_fp32_weight_on_a_half_input_runs_its_own_forward(backend, device):
+    """Outside autocast, Llama's RMSNorm returns fp32 for a bf16 input with an fp32 weight (the
+    fused op would give bf16): the patched norm runs its class's forward there, and fuses where the
+    dtypes agree."""
+    tf = require_transformers()
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    model = tf.LlamaModel(tf.LlamaConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                         num_attention_heads=2, vocab_size=64, **ATTN)).to(device)
+    xkernels.patch(model)
+    norm = model.norm
+    x = torch.randn(2, 5, 32, device=device).to(torch.bfloat16)
+    want = LlamaRMSNorm.forward(norm, x)
+    got = norm(x)
+    assert want.dtype == got.dtype == torch.float32
+    assert torch.equal(got, want)
+    norm.to(torch.bfloat16)
+    assert norm(x).dtype == torch.bfloat16

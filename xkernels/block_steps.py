@@ -95,9 +95,11 @@ class NormStep:
         eps = getattr(norm, self.eps_attr)
         params = norm._parameters
         w = (params["weight"] if "weight" in params else norm.weight) if self.weighted else None
+        b = (params["bias"] if "bias" in params else norm.bias) if self.layer else None
+        if not same_math(x, residual, w, b):
+            return self.unfused(norm, x, residual)
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
-            b = params["bias"] if "bias" in params else norm.bias
             training = _grad_enabled() and _any_requires_grad(x, residual, w, b)
             if _is_compiling() or (training and not self.training_pays(x) and not _capturing(x)):
                 # under torch.compile: PyTorch's add and LayerNorm, which the compiler fuses itself;
@@ -126,6 +128,30 @@ class NormStep:
         if _grad_enabled() and _any_requires_grad(x, residual, w):
             return self.routes.recorded(key, (x, residual, w, eps, off, rs))
         return self.routes.run(key, (x, residual, w, eps, off, rs))
+
+
+    def unfused(self, norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
+        """``norm(x + residual)`` as written: the add, then the norm class's own forward."""
+        s = x if residual is None else x + residual
+        y = type(norm).forward(norm, s)
+        return (y, s) if self.return_sum else y
+
+
+def same_math(x: torch.Tensor, residual: Any, weight: Any, bias: Any) -> bool:
+    """Whether the fused add + norm computes what the norm class's own forward computes on
+    ``x + residual``, dtypes included: the sum's dtype (torch's promotion) is every parameter's,
+    and under ``torch.autocast`` it is fp32. The norm classes differ in the dtype they return for
+    a half input with fp32 parameters (Llama's RMSNorm: fp32; LayerNorm and Gemma's: the
+    input's), so such calls run the class's own forward. Under autocast a norm's own forward casts
+    to fp32 (``layer_norm``, ``pow``, ``rsqrt`` are among autocast's fp32 ops) and runs no op
+    autocast lowers (no GEMM), so on fp32 operands it computes what it computes without autocast,
+    which is the fused op's math: the residual stream of mixed-precision training, fp32 parameters
+    with a half branch output added to an fp32 residual, takes the fused op."""
+    dtype = x.dtype
+    if residual is not None and residual.dtype is not dtype:
+        dtype = torch.result_type(x, residual)
+    return ((weight is None or weight.dtype is dtype) and (bias is None or bias.dtype is dtype)
+            and (dtype is torch.float32 or not autocasting()))
 
 
 def norm_step(norm: str | None, cls: type, layer: bool, eps_attr: str, offset: float, return_sum: bool,
@@ -167,7 +193,7 @@ class GatedStep:
 
     def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
-        (the caller then runs the class's own forward)."""
+        or an inference call runs under autocast (the caller then runs the class's own forward)."""
         mods, act = block._modules, self.activation
         gate = mods[self.proj[0]]
         if type(gate) is not _Linear:
@@ -184,6 +210,14 @@ class GatedStep:
             half = w.shape[0] // 2
             w, uw = w[half:], w[:half]
             b, ub = (None, None) if b is None else (b[half:], b[:half])
+        if autocasting():
+            # training: the projections' GEMMs in the autocast dtype, cast as F.linear's are (ops/
+            # autocast.py); x once, not once per projection. An inference call runs the class's own
+            # forward: its F.linear calls take autocast's weight cache, which lasts across calls
+            # (a training step casts its weights anew each step either way)
+            if not (_grad_enabled() and _any_requires_grad(x, w, uw, b, ub)):
+                return None
+            x, w, uw, b, ub = autocast.cast_all((x, w, uw, b, ub))
         if not self.routes.op._hot or _is_compiling():
             return gated_linear(x, w, uw, b, ub, act)
         key = (x.shape, x.stride(), x.dtype, x.device, w.shape, w.stride(), w.dtype, w.device,
@@ -214,16 +248,18 @@ FUSED_NORM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
     """``self.<name>(a + b)`` in a forward ``add_norm_forms`` rewrote: the fused add + norm where
-    ``name`` has a step and ``a``, ``b`` are tensors of one shape, dtype (fp32, fp16, bf16) and
-    device; else that expression itself (a broadcast, a number, a replaced child, under
-    ``torch.compile`` or autocast)."""
+    ``name`` has a step and ``a``, ``b`` are tensors of one shape and device in fp32, fp16 or bf16
+    whose sum has the norm's parameter dtype (fp32 under autocast: :func:`same_math`); else that
+    expression itself (a broadcast, a number, a replaced child, other dtypes, under
+    ``torch.compile``)."""
     steps = block.__dict__.get("_xkernels_block")
     step = steps.steps.get(name) if type(steps) is AddNormSteps else None
     if (step is None or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
-            or type(block._modules.get(name)) is not step.cls or a.shape != b.shape or a.dtype is not b.dtype
-            or a.dtype not in FUSED_NORM_DTYPES or a.device != b.device or _is_compiling() or autocasting()):
+            or type(block._modules.get(name)) is not step.cls or a.shape != b.shape
+            or a.dtype not in FUSED_NORM_DTYPES or b.dtype not in FUSED_NORM_DTYPES or a.device != b.device
+            or _is_compiling()):
         return getattr(block, name)(a + b)
-    return step(block, a, b)
+    return step(block, a, b)  # the sum's and parameters' dtypes are checked there (same_math)
 
 
 def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = (),

@@ -71,7 +71,6 @@ from xkernels.block_steps import (
 )
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.ops import add_layer_norm, add_rms_norm
-from xkernels.ops.autocast import autocasting
 from xkernels.ops.op import _is_compiling
 from xkernels.patterns import activation_of
 
@@ -301,12 +300,13 @@ def add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
 # While torch.compile traces, each runs its class's own forward: the compiler fuses the adds, norms
 # and gates itself, and the fused ops' custom-op nodes measured 0.89x (Llama training) and 0.97x
 # (BERT training) of torch.compile on the unpatched model on an H100
-# (results/2026-11-24-h100-model-modes). So does each while autocast is on: its original runs
-# PyTorch's norms in fp32 there (ops/autocast.py), and its linear layers cast as nn.Linear does.
+# (results/2026-11-24-h100-model-modes). Under autocast they run fused: each add + norm step takes
+# the fused op only where the class's own norm would compute the same in fp32
+# (block_steps.same_math), and a gated MLP's training call casts its GEMM operands first.
 def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
                    past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None,
                    **kwargs: Any) -> torch.Tensor:
-    if _is_compiling() or autocasting():  # see the note above
+    if _is_compiling():  # see the note above
         return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   past_key_values=past_key_values, use_cache=use_cache,
                                   position_embeddings=position_embeddings, **kwargs)
@@ -321,14 +321,14 @@ def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any =
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    if _is_compiling() or autocasting():  # see the note above
+    if _is_compiling():  # see the note above
         return type(self).forward(self, hidden_states, input_tensor)
     m = self._modules
     return self._xkernels_block(self, m["dropout"](m["dense"](hidden_states)), input_tensor)
 
 
 def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> torch.Tensor:
-    if _is_compiling() or autocasting():  # see the note above
+    if _is_compiling():  # see the note above
         return type(self).forward(self, hidden_states, attention_mask, **kwargs)
     m = self._modules
     residual = hidden_states
@@ -342,7 +342,7 @@ def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = Non
 def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: Any = None,
                 encoder_hidden_states: Any = None, encoder_attention_mask: Any = None, use_cache: Any = False,
                 **kwargs: Any) -> torch.Tensor:
-    if encoder_hidden_states is not None or _is_compiling() or autocasting():  # cross-attention: between the add and ln_2
+    if encoder_hidden_states is not None or _is_compiling():  # cross-attention: between the add and ln_2
         return type(self).forward(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                   encoder_attention_mask, use_cache, **kwargs)
     m = self._modules
@@ -355,14 +355,14 @@ def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = N
 
 
 def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _is_compiling() or autocasting():  # see the note above
+    if _is_compiling():  # see the note above
         return type(self).forward(self, hidden_states)
     return self._xkernels_block(self, hidden_states, None)
 
 
 def _rms_norm_same_dtype(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     w = self._parameters.get("weight")
-    if (_is_compiling() or autocasting() or w is None or hidden_states.dtype is not w.dtype
+    if (_is_compiling() or w is None or hidden_states.dtype is not w.dtype
             or w.dtype not in FUSED_NORM_DTYPES):  # the class's own math differs from the op's there
         return type(self).forward(self, hidden_states)
     return self._xkernels_block(self, hidden_states, None)
@@ -370,7 +370,7 @@ def _rms_norm_same_dtype(self: Any, hidden_states: torch.Tensor) -> torch.Tensor
 
 def _gated_mlp(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     # one positional input; a call naming it (its name differs between the forms) runs the class's own
-    if _is_compiling() or autocasting() or kwargs or len(args) != 1:  # see the note above
+    if _is_compiling() or kwargs or len(args) != 1:  # see the note above
         return type(self).forward(self, *args, **kwargs)
     step = self._xkernels_block
     gated = step(self, args[0])
@@ -394,7 +394,7 @@ def _bert_feed_forward(self: Any, attention_output: torch.Tensor) -> torch.Tenso
     out = self._modules["output"]  # BERT_OUTPUT's remaining steps: dropout, then norm(y + input)
     y = out._modules["dropout"](y)
     step = out.__dict__.get("_xkernels_block")
-    if step is not None and "forward" in out.__dict__ and not autocasting():  # its fusion: add + norm in one pass
+    if step is not None and "forward" in out.__dict__:  # its fusion: add + norm in one pass
         return step(out, y, attention_output)
     return out._modules["LayerNorm"](y + attention_output)
 

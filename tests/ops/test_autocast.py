@@ -88,7 +88,7 @@ def test_gated_linear_computes_in_the_autocast_dtype(backend, device):
 def test_a_patched_model_trains_under_autocast_as_the_original(backend, device):
     """A tiny BERT in fp32, trained one step under bf16 autocast, patched and not: the same output
     dtype, outputs and every (fp32) gradient within the harness tolerance of each other's error
-    against float64; the blocks run their originals (LayerNorm in fp32) and the linear layers cast."""
+    against float64; the blocks fuse on the fp32 residual stream and the linear layers cast."""
     tf = require_transformers()
     cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                         vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
