@@ -213,9 +213,9 @@ def test_an_unknown_rotary_form_is_left_and_reported(backend, device):
 
 
 def test_other_dtypes_and_shapes_keep_the_original(device):
-    """The fused apply_rotary_pos_emb hands a call the op would compute differently (mixed
-    dtypes: torch's promotion; a full-width form given a narrower cos: the original's error)
-    to the original."""
+    """The fused apply_rotary_pos_emb hands a call the op would compute differently (dtypes mixed
+    other than a half q, k with fp32 angles; a full-width form given a narrower cos: the
+    original's error) to the original."""
     calls = []
 
     def original(q, k, cos, sin, unsqueeze_dim=1):
@@ -225,7 +225,7 @@ def test_other_dtypes_and_shapes_keep_the_original(device):
     full = rotary_fusion.fused_rotary(original, rotary_fusion.Form(partial=False))
     q = torch.randn(1, 2, 3, 8, device=device)
     cos = torch.randn(1, 3, 8, device=device)
-    full(q.bfloat16(), q.bfloat16(), cos, cos)
+    full(q.half(), q.half(), cos.bfloat16(), cos.bfloat16())
     full(q, q, cos[..., :4], cos[..., :4])
     assert len(calls) == 2
     partial = rotary_fusion.fused_rotary(original, rotary_fusion.Form(partial=True))
@@ -319,3 +319,38 @@ def test_the_halves_kept_are_never_another_calls(monkeypatch):
     assert torch.equal(c, cos[..., :4].repeat_interleave(2, -1)) and torch.equal(s, sin[..., :4].repeat_interleave(2, -1))
     c2, _ = halves(cos2, sin2)  # and the other call's pairs are kept as its own
     assert torch.equal(c2, cos2[..., :4].repeat_interleave(2, -1))
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo", "gpt_neox (partial)", "cohere (pairs)"])
+def test_half_q_with_fp32_angles_computes_in_fp32_as_the_original(backend, device, family, launches):
+    """Under autocast a model with fp32 parameters makes fp32 cos / sin for bf16 q and k: the
+    fused form runs the op on q and k in fp32 (one launch), with the original's result dtypes
+    (fp32 where its formula promotes, q's dtype where it casts back: OLMo, Cohere), values as the
+    original's against float64, and the gradients reach q and k in bf16."""
+    tf = require_transformers()
+    model = _build(tf, ROTATE_HALF[family])
+    attn = next(m for m in model.modules() if rotary_fusion.fusion_for(m)[0])
+    original = type(attn).forward.__globals__[rotary_fusion.NAME]
+    form, _ = rotary_fusion._class_form(type(attn))
+    fused = rotary_fusion.fused_rotary(original, form)
+    torch.manual_seed(2)
+    heads, d = 4, 8
+    rot = d // 2 if "partial" in family else d
+    q = torch.randn(2, heads, 5, d, device=device).bfloat16().requires_grad_()
+    k = torch.randn(2, heads // 2, 5, d, device=device).bfloat16().requires_grad_()
+    angles = torch.rand(2, 5, rot, device=device) * 6
+    cos, sin = angles.cos(), angles.sin()
+    want = original(q, k, cos, sin)
+    ref = original(q.detach().double(), k.detach().double(), cos.double(), sin.double())
+    got = fused(q, k, cos, sin)
+    if backend.runs_triton:
+        assert launches["forward"] == 1, launches
+    for g, w, r in zip(got, want, ref):
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        assert_model_close(g, w, r)
+    dy = [torch.randn_like(w) for w in want]
+    wq, wk = torch.autograd.grad(want, (q, k), dy)
+    gq, gk = torch.autograd.grad(got, (q, k), dy)
+    for g, w in ((gq, wq), (gk, wk)):
+        assert g.dtype == w.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), w.float(), rtol=1.6e-2, atol=1e-2)

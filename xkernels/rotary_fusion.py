@@ -32,8 +32,10 @@ which the name it calls (``apply_rotary_pos_emb`` or ``apply_rotary_pos_emb_visi
 ``fused_rotary(original)`` (the class's forward itself while
 torch.compile traces): nothing else changes, and the class and every other instance keep the
 original. ``fused_rotary`` runs the op where q, k, cos and sin
-share one dtype and device and the shapes are the form's own (a full-width form with a narrower
-``cos`` keeps the original, which raises what it raises); the original runs every call the op's
+share one dtype and device (or q and k are fp16 / bf16 and the angles fp32, autocast's residual
+stream: q and k in fp32, the results in the original's dtypes) and the shapes are the form's own
+(a full-width form with a narrower ``cos`` keeps the original, which raises what it raises); the
+original runs every call the op's
 checks refuse, and while ``torch.compile`` traces (Inductor fuses it). ``PatchReport.undo()``
 removes the forward.
 """
@@ -445,21 +447,60 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
     partial, interleaved = form.partial, form.interleaved
     widths = 2 if form.half_width else 1  # q's rotary width over cos's
 
+    results: dict = {}  # (q, k, cos, sin dtypes) -> the original's result dtypes (mixed calls)
+
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
         if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
-                or not q.dtype == k.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
+                or not q.dtype == k.dtype or not cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
                 or cos.dim() == 0 or not (partial or cos.shape[-1] * widths // 2 * 2 == q.shape[-1] == k.shape[-1])):
             return original(q, k, cos, sin, unsqueeze_dim)
+        back, qf, kf = None, q, k
+        if q.dtype is not cos.dtype:  # a half q, k and fp32 angles (autocast's): in fp32, as the formula promotes
+            back = _promoted(results, original, q, k, cos, sin, unsqueeze_dim)
+            if back is None:
+                return original(q, k, cos, sin, unsqueeze_dim)
+            qf, kf = q.float(), k.float()
         try:
             if halves is not None:
                 c, s = halves(cos, sin)
-                return rotary_embedding(q, k, c, s, unsqueeze_dim, interleaved)
-            return rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+                out = rotary_embedding(qf, kf, c, s, unsqueeze_dim, interleaved)
+            else:
+                out = rotary_embedding(qf, kf, cos, sin, unsqueeze_dim, interleaved)
         except (ValueError, TypeError):  # the op's checks refuse (before any kernel runs): the original decides
             return original(q, k, cos, sin, unsqueeze_dim)
+        if back is None:
+            return out
+        return out[0].to(back[0]), out[1].to(back[1])
 
     apply_rotary_pos_emb.original = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _promoted(results: dict, original: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor, unsqueeze_dim: Any) -> tuple[torch.dtype, torch.dtype] | None:
+    """The dtypes of ``original``'s results for a half ``q``, ``k`` with fp32 ``cos``, ``sin``, or
+    ``None`` for any other mix. Under ``torch.autocast`` a model with fp32 parameters keeps an fp32
+    residual stream, so its rotary embedding makes fp32 angles for bf16 q and k. Each form's
+    formula multiplies q and k by the angles (promoting them to fp32, exactly) and otherwise only
+    slices, negates and joins them, so it computes what it computes on fp32 q and k; its results
+    are fp32, or q's and k's dtypes where the form casts back (OLMo, Cohere). Which, is read once
+    per dtype mix from the original run on meta tensors of the call's shapes."""
+    if not (q.dtype in _HALF and cos.dtype is torch.float32):
+        return None
+    key = (q.dtype, cos.dtype)
+    found = results.get(key)
+    if found is None:
+        try:
+            metas = [torch.empty_like(t, device="meta") for t in (q, k, cos, sin)]
+            qe, ke = original(*metas, unsqueeze_dim)
+            found = (qe.dtype, ke.dtype)
+        except Exception:  # noqa: BLE001 - a form meta tensors cannot run: the original decides every call
+            found = ()
+        results[key] = found
+    return found or None
 
 
 def _fused_per_tensor(original: Callable[..., Any], form: Form) -> Callable[..., Any]:
