@@ -2,9 +2,10 @@
 fast (``ops/autocast.py``).
 
 Question: most PyTorch training keeps fp32 parameters and runs under
-``torch.autocast(dtype=torch.bfloat16)``. Before autocast was handled, a patched model's linear
-layers computed in fp32 there (another result dtype, fp32 GEMMs). Now they cast as ``nn.Linear``
-does and the blocks run their originals: is the patched step as fast as torch's, and equal?
+``torch.autocast(dtype=torch.bfloat16)``. A patched model's linear layers cast there as
+``nn.Linear`` does; its add + norm steps fuse on the fp32 residual stream and its gated MLPs cast
+their GEMM operands (``xkernels.block_steps.same_math``): is the patched step equal to torch's,
+and faster?
 
 Per model (zoo name, fp32 parameters): torch's and the patched model's forward + backward under
 bf16 autocast; the output dtype and the largest deviation of the output and of the gradients
