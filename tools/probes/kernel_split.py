@@ -1,0 +1,129 @@
+"""Where a patched model's device time goes against torch's: CUDA kernel time per pass by kernel.
+
+Question: ``bench --model`` gives a whole model's device time; when the patched model's ratio is
+large (ModernBERT-base forward 2.33x on an H200, results/2026-11-29-h200-gated-forms-whole-models)
+or small, which kernels make it? Per way (torch, patch): the output checked against torch's
+(max |dev|), warm-up passes, then ``--steps`` passes under torch.profiler (CUDA activity only):
+kernel ms per pass by kernel name, summed into groups (GEMM, attention, xkernels' Triton
+kernels, element-wise, reduction, copy, other), and the ``--top`` kernels whose time differs most
+between the ways. ``--json`` writes the rows.
+
+    python tools/probes/kernel_split.py --model-config tools/probes/data/modernbert-base.json --batch 16 --seq 512
+    python tools/probes/kernel_split.py --model llama --pass step
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+
+import torch
+
+import xkernels
+from xkernels.harness import model_zoo
+
+GROUPS = (  # (group, substrings of a kernel's name), first match wins
+    ("attention", ("sdpa", "flash", "fmha", "attention", "softmax")),
+    ("GEMM", ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas", "matmul", "splitK")),
+    ("xkernels", ("add_norm", "gate_", "gated_", "rotary", "tma_kernel", "matmul_", "pre_act", "_kernel_")),
+    ("reduction", ("reduce", "norm", "GammaBeta")),
+    ("copy", ("copy", "cat", "Cat", "Memset", "Memcpy", "index")),
+    ("element-wise", ("elementwise", "Functor", "vectorized")),
+)
+
+
+def group(name: str) -> str:
+    for g, keys in GROUPS:
+        if any(k in name for k in keys):
+            return g
+    return "other"
+
+
+def kernel_ms(call, steps: int) -> dict[str, float]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        ms = getattr(e, "self_device_time_total", 0) / 1e3 / steps
+        if ms > 0:
+            out[e.key] = out.get(e.key, 0.0) + ms
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="a built-in model (bert-base, gpt2, llama, vit)")
+    p.add_argument("--model-config", default=None)
+    p.add_argument("--batch", type=int, default=None)
+    p.add_argument("--seq", type=int, default=None)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--pass", dest="which", choices=("forward", "step"), default="forward")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--top", type=int, default=16)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if (args.model is None) == (args.model_config is None):
+        p.error("give one of --model, --model-config")
+    dtype = getattr(torch, args.dtype)
+    device = torch.device("cuda")
+    if args.model:
+        data, source, zoo = model_zoo.zoo_config(args.model, "base"), f"--model {args.model}", args.model
+    else:
+        data, source, zoo = model_zoo.read_config(args.model_config), f"--model-config {args.model_config}", None
+    built = model_zoo.build(data, source, dtype, device, args.batch, args.seq, args.layers, zoo_name=zoo)
+    ways = {"torch": built.model, "patch": copy.deepcopy(built.model)}
+    report = xkernels.patch(ways["patch"])
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; {source}, {built.tokens} tokens, "
+          f"{args.dtype}, {args.which}; patch: {report.counts()}")
+
+    def run(m):
+        if args.which == "forward":
+            with torch.no_grad():
+                return m(**built.inputs)
+        m.zero_grad(set_to_none=True)
+        out = m(**built.inputs)
+        first = out[0] if isinstance(out, tuple) else next(iter(out.values()))
+        first.float().mean().backward()
+        return out
+
+    def main_output(out):
+        return out[0] if isinstance(out, tuple) else next(iter(out.values()))
+
+    outs = {w: main_output(run(m)).detach().float() for w, m in ways.items()}
+    dev = (outs["patch"] - outs["torch"]).abs().max().item()
+    print(f"output {tuple(outs['torch'].shape)}: max |dev| patch against torch {dev:.4g} "
+          f"(max |torch| {outs['torch'].abs().max().item():.4g})")
+    for m in ways.values():
+        for _ in range(3):
+            run(m)
+    torch.cuda.synchronize()
+    per = {w: kernel_ms(lambda m=m: run(m), args.steps) for w, m in ways.items()}
+    row = {"source": source, "tokens": built.tokens, "pass": args.which, "max_dev": dev, "patch": report.counts(),
+           "kernel_ms": {w: sum(k.values()) for w, k in per.items()},
+           "groups": {w: {} for w in per}, "kernels": per}
+    for w, k in per.items():
+        for name, ms in k.items():
+            row["groups"][w][group(name)] = row["groups"][w].get(group(name), 0.0) + ms
+    t, q = row["kernel_ms"]["torch"], row["kernel_ms"]["patch"]
+    print(f"kernel ms per {args.which}: torch {t:.3f}, patch {q:.3f}, {t / q:.3f}x")
+    for g in sorted(set(row["groups"]["torch"]) | set(row["groups"]["patch"])):
+        a, b = row["groups"]["torch"].get(g, 0.0), row["groups"]["patch"].get(g, 0.0)
+        print(f"  {g:13s} torch {a:8.3f} ms  patch {b:8.3f} ms  ({b - a:+.3f})")
+    names = set(per["torch"]) | set(per["patch"])
+    diff = sorted(((per["patch"].get(n, 0.0) - per["torch"].get(n, 0.0), n) for n in names), key=lambda d: -abs(d[0]))
+    print(f"the {args.top} kernels differing most, patch minus torch (ms per {args.which}):")
+    for d, n in diff[:args.top]:
+        print(f"  {d:+9.4f}  torch {per['torch'].get(n, 0.0):8.4f}  [{group(n)}] {n[:120]}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(row, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
