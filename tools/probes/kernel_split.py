@@ -4,8 +4,8 @@ Question: ``bench --model`` gives a whole model's device time; when the patched 
 large (ModernBERT-base forward 2.33x on an H200, results/2026-11-29-h200-gated-forms-whole-models)
 or small, which kernels make it? Per way (torch, patch): the output checked against torch's
 (max |dev|), warm-up passes, then ``--steps`` passes under torch.profiler (CUDA activity only):
-kernel ms per pass by kernel name, summed into groups (GEMM, attention, xkernels' Triton
-kernels, element-wise, reduction, copy, other), and the ``--top`` kernels whose time differs most
+kernel ms per pass by kernel name, summed into groups (GEMM, attention, Triton kernels,
+reduction, copy, element-wise), and the ``--top`` kernels whose time differs most
 between the ways. ``--json`` writes the rows.
 
     python tools/probes/kernel_split.py --model-config tools/probes/data/modernbert-base.json --batch 16 --seq 512
@@ -24,21 +24,23 @@ import torch
 import xkernels
 from xkernels.harness import model_zoo
 
-GROUPS = (  # (group, substrings of a kernel's name), first match wins
-    ("attention", ("sdpa", "flash", "fmha", "attention", "softmax")),
-    ("GEMM", ("nvjet", "gemm", "cutlass", "sm90_xmma", "cublas", "matmul", "splitK")),
-    ("xkernels", ("add_norm", "gate_", "gated_", "rotary", "tma_kernel", "matmul_", "pre_act", "_kernel_")),
-    ("reduction", ("reduce", "norm", "GammaBeta")),
-    ("copy", ("copy", "cat", "Cat", "Memset", "Memcpy", "index")),
-    ("element-wise", ("elementwise", "Functor", "vectorized")),
-)
-
 
 def group(name: str) -> str:
-    for g, keys in GROUPS:
-        if any(k in name for k in keys):
-            return g
-    return "other"
+    """The kernel's group: GEMM, attention, Triton (a plain function name: xkernels' kernels, or
+    any other Triton kernel), reduction, copy or element-wise (PyTorch's other kernels)."""
+    if name.startswith(("nvjet", "cutlass", "sm90_xmma")) or "gemm" in name.lower() or "cublas" in name:
+        return "GEMM"
+    if any(k in name for k in ("sdpa", "flash", "fmha")):
+        return "attention"
+    if name.startswith(("Memset", "Memcpy")):
+        return "copy"
+    if "::" not in name and "<" not in name and "(" not in name:
+        return "Triton"
+    if any(k in name for k in ("reduce", "norm", "GammaBeta", "softmax")):
+        return "reduction"
+    if any(k in name for k in ("copy", "CatArray", "index", "gather", "scatter")):
+        return "copy"
+    return "element-wise"
 
 
 def kernel_ms(call, steps: int) -> dict[str, float]:
