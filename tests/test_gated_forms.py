@@ -190,6 +190,20 @@ def test_fused_forward_runs_the_forms_tail(backend, device, cls):
         torch.testing.assert_close(fused(x), model.eval()(x), rtol=1e-4, atol=1e-5)
 
 
+def test_an_activation_the_op_does_not_take_is_left_with_its_reason(device):
+    """A gated form whose activation module the op has no kernel for (BitNet's squared ReLU,
+    here Softplus) keeps its own forward and is reported as left, naming the activation."""
+    model = Llama().to(device)
+    model.act_fn = nn.Softplus()
+    x = torch.randn(2, 16, device=device)
+    want = model(x)
+    report = xkernels.patch(model)
+    assert not report.blocks, report
+    assert [(m.name, m.kind, m.reason) for m in report.left] == [
+        ("(root)", "Llama", "gated mlp not fused: act_fn (Softplus) is not relu/gelu/gelu_tanh/silu")], report
+    torch.testing.assert_close(model(x), want)
+
+
 def test_cast_to_a_float64_down_projection(backend, device):
     """T5's cast: a down-projection kept in another dtype gets the product cast to it."""
     torch.manual_seed(0)

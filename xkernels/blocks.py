@@ -603,11 +603,11 @@ def _chain_fusion(chain: tuple[str, ...]) -> BlockFusion:
 
 def _looks_gated(form: GatedForm) -> Callable[[torch.nn.Module], bool]:
     """Whether a module whose forward is ``form`` is a gated MLP at all: its projections linear
-    layers and its activation a known activation module (else not a candidate, not reported)."""
+    layers and its activation a module (else not a candidate, not reported). An activation the op
+    does not take (BitNet's squared ReLU) makes it a candidate left with that reason."""
     def candidate(m: torch.nn.Module) -> bool:
-        a = getattr(m, form.act, None)
         return (all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in form.proj)
-                and isinstance(a, torch.nn.Module) and not isinstance(activation_of(a), str))
+                and isinstance(getattr(m, form.act, None), torch.nn.Module))
     return candidate
 
 
