@@ -136,6 +136,15 @@ def test_broadcast_and_replaced_norm_run_as_written(backend, device):
         assert torch.equal(fused(x, y), model(x, y))
 
 
+def test_the_report_says_which_sites_run_as_written(device):
+    """The report's line for a rewritten forward names the calls that run as written (a broadcast,
+    as BERT's embeddings at batch > 1, other devices or dtypes), so a fused line is not read as
+    every call fused."""
+    model = TwoInputs().to(device)
+    (block,) = xkernels.patch(model).blocks
+    assert block.fusion == FUSION and "a broadcast" in block.note and "runs as written" in block.note, block
+
+
 FAMILIES = {
     "bart": ("BartConfig", "BartModel", dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_layers=1,
                                              decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,

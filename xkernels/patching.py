@@ -68,6 +68,9 @@ class FusedBlock:
 #: a FusedBlock's note for a LayerNorm block (``block_steps.NormStep.training_pays``)
 LAYER_NORM_TRAINING = ("in eager training, PyTorch's add + LayerNorm where the fused op's host cost outweighs "
                        "the bytes it saves, but under CUDA-graph capture (docs/fused-ops.md)")
+#: a FusedBlock's note for a forward whose add + norm sites were rewritten (``block_steps.add_then_norm``)
+ADD_NORM_SITES = ("a site whose operands differ in shape (a broadcast, as BERT's position embeddings over a batch) or "
+                  "device, or whose sum's dtype is not its norm's parameters' (fp32 under autocast), runs as written")
 #: a FusedBlock's note for a feed-forward block (``block_steps.FeedForwardStep``)
 FEED_FORWARD_TRAINING = ("in training where its layers train through xkernels (xkernels.nn.training_pays; always "
                          "under CUDA-graph capture) and the fused block's plan exists (docs/patching.md); otherwise "
@@ -187,9 +190,12 @@ def patch(model: torch.nn.Module) -> PatchReport:
         patch_saving.keep(module, fusion.name)
         report._forwards.append(module)
         step = module.__dict__.get("_xkernels_block")
-        note = (LAYER_NORM_TRAINING if getattr(step, "layer", False)
-                else FEED_FORWARD_TRAINING if fusion.feed_forward is not None else "")
-        report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, note))
+        notes = [ADD_NORM_SITES] if fusion.add_norms else []
+        if getattr(step, "layer", False):
+            notes.append(LAYER_NORM_TRAINING)
+        elif fusion.feed_forward is not None:
+            notes.append(FEED_FORWARD_TRAINING)
+        report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, "; ".join(notes)))
         done.update((id(module), attr) for attr in fusion.consumed)
     for module in list(model.modules()):  # attention: the rotary embedding's call bound to the fused op
         found, why = rotary_fusion.fusion_for(module)
