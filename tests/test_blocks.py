@@ -675,15 +675,16 @@ AUTOCAST_FAMILIES = {
 }
 
 
-@pytest.mark.parametrize("family", list(AUTOCAST_FAMILIES))
-def test_blocks_fuse_under_autocast_where_the_norm_computes_in_fp32(backend, device, monkeypatch, family):
-    """Mixed-precision training (fp32 parameters, bf16 autocast): the patched model's output and
+@pytest.mark.parametrize("family,amp", [(f, torch.bfloat16) for f in AUTOCAST_FAMILIES] + [("llama", torch.float16)],
+                         ids=[*AUTOCAST_FAMILIES, "llama-fp16"])
+def test_blocks_fuse_under_autocast_where_the_norm_computes_in_fp32(backend, device, monkeypatch, family, amp):
+    """Mixed-precision training (fp32 parameters, bf16 autocast; fp16 for Llama): the patched model's output and
     fp32 gradients against the unpatched model's under autocast and float64, and the same fusions
     ran as without autocast: the norm class forwards that run are those of the norms no fusion
     takes (GPT-2's ln_1, BART's embedding norms, BERT's embeddings whose position embeddings
-    broadcast over the batch), and a gated MLP's training call runs fused. In a bf16 model under
-    autocast the norms see bf16, where the fused op's dtype is not autocast's: every norm runs its
-    own forward there."""
+    broadcast over the batch), and a gated MLP's training call runs fused. In a half model under
+    autocast the norms see half sums, where the fused op's dtype is not autocast's: every norm runs
+    its own forward there."""
     tf = require_transformers()
     config, model_cls, norm_name, mlp_name = AUTOCAST_FAMILIES[family]
     kw = dict(vocab_size=64, max_position_embeddings=32, num_hidden_layers=2, num_attention_heads=2, **ATTN)
@@ -707,7 +708,7 @@ def test_blocks_fuse_under_autocast_where_the_norm_computes_in_fp32(backend, dev
 
     def run(m, cast=True):
         m.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cast):
+        with torch.autocast(device.type, dtype=amp, enabled=cast):
             out = m(**inputs)
         out = out.logits if hasattr(out, "logits") else out.last_hidden_state
         out.float().sum().backward()
@@ -715,9 +716,9 @@ def test_blocks_fuse_under_autocast_where_the_norm_computes_in_fp32(backend, dev
 
     want, want_grads = run(model)
     ref, ref_grads = run(ref64, cast=False)
-    bf16_model = copy.deepcopy(model).to(torch.bfloat16)
+    half_model = copy.deepcopy(model).to(amp)
     report = xkernels.patch(model)
-    xkernels.patch(bf16_model)
+    xkernels.patch(half_model)
     modules = __import__(type(model).__module__, fromlist=["_"])
     norm_cls = torch.nn.LayerNorm if norm_name == "LayerNorm" else getattr(modules, norm_name)
     classes = (norm_cls,) + ((getattr(modules, mlp_name),) if mlp_name else ())
@@ -736,7 +737,7 @@ def test_blocks_fuse_under_autocast_where_the_norm_computes_in_fp32(backend, dev
     assert counts[norm_cls.__name__] <= {"gpt2": 3, "bart": 2, "bert": 1}.get(family, 0), counts
     assert counts.get(mlp_name, 0) == 0, counts
     counts.update({k: 0 for k in counts})
-    run(bf16_model)
+    run(half_model)
     assert counts[norm_cls.__name__] > 2 * 2, counts  # at least two norms per layer, each its own forward
     report.undo()
 
