@@ -13,6 +13,9 @@ SoC's vector-core count, on the calls of :func:`add_norm_layouts`:
   an inference call (s written, no statistics; RMSNorm with ``offset=1``, Gemma's ``1 + w``,
   which is a runtime scalar and so the same compilation as ``offset=0``); and for fp16/bf16 the
   same with fp32 weight and bias (mixed-precision parameters);
+* for an fp32 sum, the autograd forward of a bf16 x with an fp32 residual, weight and bias (the
+  residual stream of training under ``torch.autocast``: each branch's bf16 output added to the
+  fp32 residual), one pass and chunked;
 * chunked (``N > BLOCK_N``, two passes over the row) where the entry's range has such rows: the
   autograd forward and the inference call;
 * every one of them in the persistent loop (more row tiles than vector cores, as the npu
@@ -88,6 +91,8 @@ def add_norm_layouts(op: Any, target: CompileTarget, cfg: dict[str, Any], shape_
             if dtype != torch.float32:
                 yield f"{path}, {what_infer}, fp32 w", dict(infer, rows=many, n=width, param_dtype=torch.float32)
             yield f"{path}, {what_full}, few rows", dict(full, rows=few, n=width)
+        if dtype == torch.float32:  # mixed-precision training's residual stream: a bf16 branch + the fp32 residual
+            yield f"{path}, {what_full}, bf16 x", dict(full, rows=many, n=width, x_dtype=torch.bfloat16)
         big = dim("rows", 2**31 // width + 2 * bm, shape_when)
         yield f"{path}, {what_full}, rows x N past 2**31", dict(full, rows=big, n=width)
 
@@ -170,7 +175,7 @@ def _forward_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
             for label, c in add_norm_layouts(op, target, entry.config, entry.shape_when, dtype):
                 rows, n = c["rows"], c["n"]
                 pdt = c.get("param_dtype", dtype)
-                x = meta((rows, n), dtype)
+                x = meta((rows, n), c.get("x_dtype", dtype))
                 r = meta((rows, n), dtype) if c["residual"] else None
                 w = meta((n,), pdt) if c["weight"] else None
                 b = meta((n,), pdt) if c["bias"] else None
