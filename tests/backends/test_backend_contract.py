@@ -156,3 +156,30 @@ def test_import_survives_a_broken_torch_npu(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert "libhccl.so" in res.stdout
+
+
+def test_interpreter_casts_fp32_to_bf16_to_nearest_even():
+    """Triton's interpreter casts fp32 to bf16 by truncation; the interpreter backends make it round
+    to nearest even as a GPU does: every value, ties, infinities, the largest finite values
+    (which round to inf) and NaN, bit for bit as torch's ``.to(torch.bfloat16)``."""
+    from helpers import require_interpreter
+
+    require_interpreter()
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+
+    from xkernels.backends import interpreter
+
+    interpreter._nearest_bf16_casts()
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(4096) * 10.0 ** torch.randint(-30, 30, (4096,)),
+                   torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8), 3.3895e38, -3.3895e38,
+                                 float("inf"), -float("inf"), 0.0, -0.0, 1e-40])])
+    got = ti.InterpreterBuilder().cast_impl(ti.TensorHandle(x.numpy(), tl.float32), tl.bfloat16)
+    want = x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert got.data.dtype == np.uint16
+    assert (got.data == want).all(), np.flatnonzero(got.data != want)[:8]
+    nan = ti.InterpreterBuilder().cast_impl(ti.TensorHandle(np.array([float("nan")], np.float32), tl.float32),
+                                            tl.bfloat16)
+    assert torch.tensor(nan.data.view(np.int16)).view(torch.bfloat16).isnan().all()
