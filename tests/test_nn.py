@@ -144,14 +144,15 @@ def test_linear_trains_through_pytorch_where_kernels_cannot_repay_the_host_cost(
                                                                                captured):
     """In eager training a patched linear runs xkernels only where the GEMM time a kernel could
     save outweighs its host premium (``Backend.linear_training_host_ms``, measured on cuda); else
-    ``F.linear`` and the activation (PyTorch's autograd). Inference keeps xkernels, and so does a
-    CUDA-graph capture (``_capturing``, faked here: replays cost no host time). Outputs and
+    ``F.linear`` and the activation (PyTorch's autograd). A backend that runs no kernels (cpu)
+    never: its path is PyTorch's ops behind the front door. Inference keeps xkernels, and so does
+    a CUDA-graph capture (``_capturing``, faked here: replays cost no host time). Outputs and
     gradients match torch's either way."""
     monkeypatch.setattr(type(backend), "linear_training_host_ms", 0.0 if pays else 1e9)
     monkeypatch.setattr(xkernels.nn, "_paying", {})
     linear_op._forget()  # the native table holds the policy's answers too (as _paying): a new policy here
     monkeypatch.setattr(xkernels.nn, "_capturing", lambda t: captured)
-    pays = pays or captured
+    pays = (pays and backend.runs_triton) or captured
     torch_layer = torch.nn.Linear(24, 40, device=device)
     layer = xkernels.nn.Linear.from_linear(torch_layer, "gelu")
     calls = []
@@ -177,7 +178,8 @@ def test_linear_trains_through_pytorch_where_kernels_cannot_repay_the_host_cost(
 
 def test_training_pays_weighs_gemm_time_against_host_time():
     """``training_pays``: three GEMMs at the matmul peak (measured, else the datasheet's bf16
-    figure), GEMM_SAVING of their time, against the premium; no premium: always; no peak: never."""
+    figure), GEMM_SAVING of their time, against the premium; no premium: always; no peak: never;
+    a backend that runs no kernels: never."""
     from xkernels.backend import Figure
 
     class Props:
@@ -187,6 +189,7 @@ def test_training_pays_weighs_gemm_time_against_host_time():
 
     class Fake:
         name = "fake"
+        runs_triton = True
 
         def __init__(self, premium, props):
             self.linear_training_host_ms, self._props = premium, props
@@ -206,3 +209,6 @@ def test_training_pays_weighs_gemm_time_against_host_time():
     assert not pays(Fake(0.045, Props(800)), cpu, rows - 2, 1024, 1024)
     assert pays(Fake(0.045, Props(sheet=800)), cpu, rows + 1, 1024, 1024)  # the datasheet's figure
     assert not pays(Fake(0.045, Props()), cpu, 100 * rows, 1024, 1024)  # no peak known
+    no_kernels = Fake(0.0, Props(800))
+    no_kernels.runs_triton = False
+    assert not pays(no_kernels, cpu, 2048, 14336, 4096)

@@ -54,7 +54,11 @@ def training_pays(backend: Any, device: torch.device, rows: int, n: int, k: int)
     (``Backend.linear_training_host_ms``). Otherwise it runs ``F.linear`` and the activation,
     PyTorch's own autograd: a host-bound step loses that premium on every layer (BERT-base:
     72 layers, ~4 ms of a 31 ms step on an H100 host) while a kernel saves ~6 us on a 768 x 768
-    GEMM at 8192 tokens. No premium: always; no peak known: never."""
+    GEMM at 8192 tokens. A backend that runs no kernels (the cpu backend: PyTorch's ops
+    either way) never: its path would only add the front door to ``F.linear``. No premium:
+    always; no peak known: never."""
+    if not backend.runs_triton:
+        return False
     premium = backend.linear_training_host_ms
     if premium <= 0:
         return True
