@@ -129,7 +129,6 @@ class NormStep:
             return self.routes.recorded(key, (x, residual, w, eps, off, rs))
         return self.routes.run(key, (x, residual, w, eps, off, rs))
 
-
     def unfused(self, norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
         """``norm(x + residual)`` as written: the add, then the norm class's own forward."""
         s = x if residual is None else x + residual

@@ -447,7 +447,7 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
     partial, interleaved = form.partial, form.interleaved
     widths = 2 if form.half_width else 1  # q's rotary width over cos's
 
-    results: dict = {}  # (q, k, cos, sin dtypes) -> the original's result dtypes (mixed calls)
+    results: dict = {}  # (q's dtype, cos's dtype) -> the original's result dtypes (mixed calls)
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
         if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
