@@ -33,7 +33,7 @@ from xkernels.ops.matmul import kernels as _shared
 
 _activation = triton.jit(_shared._activation.fn)
 _activation_grad = triton.jit(_shared._activation_grad.fn)
-_tile_offsets = triton.jit(_shared._tma_tile.fn)
+_tma_tile = triton.jit(_shared._tma_tile.fn)  # one name with its source (Inductor copies a helper by its def)
 
 
 @triton.jit
@@ -42,7 +42,7 @@ def _gated_tile(x_ptr, wg_ptr, wu_ptr, y_ptr, bg_ptr, bu_ptr, g_ptr, u_ptr, tile
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 PRECISION: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_UP_BIAS: tl.constexpr, ACT: tl.constexpr,
                 EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, UPCAST: tl.constexpr, STORE_PRE: tl.constexpr):
-    off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -179,14 +179,14 @@ def gated_linear_tma_kernel(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg
         tile_c = pid - nprog
         n_tiles = ((M + BLOCK_M - 1) // BLOCK_M) * ((N + BLOCK_N - 1) // BLOCK_N)
         for tile in tl.range(pid, n_tiles, nprog, flatten=True):
-            off_m, off_n = _tile_offsets(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            off_m, off_n = _tma_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             acc_g, acc_u = _gated_accumulate(x_desc, wg_desc, wu_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
             tile_c += nprog  # the epilogue recounts its tile (matmul_tma_kernel's persistent loop)
-            off_cm, off_cn = _tile_offsets(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            off_cm, off_cn = _tma_tile(tile_c, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             _gated_epilogue(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_cm, off_cn, N, BLOCK_M,
                             BLOCK_N, HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE, EPILOGUE_SUBTILE)
     else:
-        off_m, off_n = _tile_offsets(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m, off_n = _tma_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         acc_g, acc_u = _gated_accumulate(x_desc, wg_desc, wu_desc, off_m, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
         _gated_epilogue(y_desc, g_desc, u_desc, bg_ptr, bu_ptr, acc_g, acc_u, off_m, off_n, N, BLOCK_M, BLOCK_N,
                         HAS_BIAS, HAS_UP_BIAS, ACT, STORE_PRE, EPILOGUE_SUBTILE)

@@ -98,7 +98,7 @@ def select(backend: Backend, call: GatedCall, tma: bool) -> matmul_config.Select
                    "vendor route runs (see the table's source)")
         else:
             why = "a measured rule for this shape class" if choice.measured else "a table rule"
-        return matmul_config.Selection(choice.config, choice.source, why, choice.measured)
+        return matmul_config.Selection(choice.config, choice.source, why, choice.measured, record=choice.record)
     return matmul_config.Selection(dict(GATED_DEFAULT), f"built-in default of op {OP!r} (no table rule matched)",
                                    "no rule covers this shape: the fused kernel", False)
 
@@ -114,6 +114,7 @@ class GatedPlan(Plan):
         sel = select(backend, call, tma)
         cfg = sel.config
         self.source, self.why, self.measured = sel.source, sel.why, sel.measured
+        self.record = sel.record  # the rule's "measured" record (ops/fused/gated_linear_compiled.py reads it)
         self.vendor = bool(cfg.get("VENDOR"))
         self.save = call.save
         self.tma: dict[str, Any] | None = None
