@@ -184,6 +184,31 @@ _DECODERS = {
 }
 
 
+@pytest.mark.parametrize("family", list(_DECODERS))
+def test_patched_decoders_compile_fullgraph(family):
+    """A patched decoder LM (decoder-layer add + norm, gated MLP and rotary fusions; GPT-2's blocks)
+    traces under torch.compile(fullgraph=True) without a graph break, for inference and for a
+    training step (aot_eager), and gives the eager output and gradients: what the fused forwards
+    consult while Dynamo traces (``block_steps.GatedStep.compiled`` included) is traceable."""
+    tf = require_transformers()
+    cfg_name, model_name, kwargs = _DECODERS[family]
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = getattr(tf, model_name)(getattr(tf, cfg_name)(**kwargs, attn_implementation="eager"))
+    assert xkernels.patch(model).blocks
+    ids = torch.randint(3, 64, (2, 7))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids).logits, model(ids).logits)
+    got = compiled(ids).logits
+    want = model(ids).logits
+    torch.testing.assert_close(got, want)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for g, w in zip(torch.autograd.grad(got.square().mean(), params), torch.autograd.grad(want.square().mean(), params)):
+        torch.testing.assert_close(g, w)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 @pytest.mark.parametrize("family", list(_DECODERS))
 def test_patched_decoders_train_with_checkpointing(backend, device, family, reentrant):

@@ -46,14 +46,24 @@ import torch
 from xkernels import dispatch
 from xkernels import nn as xnn
 from xkernels.backends import native
+from xkernels.dispatch import runs_kernels
 from xkernels.ops import add_layer_norm, add_rms_norm, autocast, gated_linear, linear, matmul
 from xkernels.ops.autocast import autocasting
+from xkernels.ops.fused import gated_linear_compiled
 from xkernels.ops.fused.add_norm_plan import training_fusion_pays
 from xkernels.ops.matmul import feed_forward
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
 from xkernels.ops.route import RouteCache
 
 _Linear = torch.nn.Linear
+
+
+def as_written(x: Any) -> bool:
+    """Whether a fused forward runs the code it replaces for the input ``x``: while torch.compile
+    traces (the compiler fuses the adds, norms, gates and rotations itself) and where ``x``'s
+    backend runs no kernels (``dispatch.runs_kernels``: the cpu backend; add + LayerNorm training
+    at 4 x 64 on a CPU host cost 398 us that way against 86 for ``x + r`` and ``F.layer_norm``)."""
+    return _is_compiling() or isinstance(x, torch.Tensor) and not runs_kernels(x.device)
 
 
 # The op itself is called (``direct``) while compiling and while the op has no route at all
@@ -96,7 +106,7 @@ class NormStep:
         params = norm._parameters
         w = (params["weight"] if "weight" in params else norm.weight) if self.weighted else None
         b = (params["bias"] if "bias" in params else norm.bias) if self.layer else None
-        if not same_math(x, residual, w, b):
+        if not same_math(x, residual, w, b) or not runs_kernels(x.device):
             return self.unfused(norm, x, residual)
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
@@ -190,10 +200,10 @@ class GatedStep:
                     y = y.to(w.dtype)
         return y
 
-    def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
-        or an inference call runs under autocast (the caller then runs the class's own forward)."""
-        mods, act = block._modules, self.activation
+    def operands(self, block: torch.nn.Module) -> tuple[Any, Any, Any, Any] | None:
+        """``(weight, up_weight, bias, up_bias)`` as ``gated_linear`` takes them, or ``None`` where
+        a projection is no longer a plain ``nn.Linear``."""
+        mods = block._modules
         gate = mods[self.proj[0]]
         if type(gate) is not _Linear:
             return None
@@ -209,6 +219,30 @@ class GatedStep:
             half = w.shape[0] // 2
             w, uw = w[half:], w[:half]
             b, ub = (None, None) if b is None else (b[half:], b[:half])
+        return w, uw, b, ub
+
+    def compiled(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """While torch.compile traces: the block's output with the gated product launched as the
+        fused kernel (``ops/fused/gated_linear_compiled.py``), or ``None`` where the class's own
+        forward should be traced: a call needing a gradient or under autocast, or one whose plan
+        the table does not show beating the device's GEMMs + Inductor's fused gate pass."""
+        ops = self.operands(block)
+        if ops is None or autocasting():
+            return None
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *ops)):  # (traceable)
+            return None
+        y = gated_linear_compiled.gated(x, *ops, self.activation, views=len(self.proj) == 1)
+        return None if y is None else self.finish(block, y)
+
+    def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``,
+        x's backend runs no kernels (``dispatch.runs_kernels``) or an inference call runs under
+        autocast (the caller then runs the class's own forward)."""
+        act = self.activation
+        ops = self.operands(block) if runs_kernels(x.device) else None
+        if ops is None:
+            return None
+        w, uw, b, ub = ops
         if autocasting():
             # training: the projections' GEMMs in the autocast dtype, cast as F.linear's are (ops/
             # autocast.py); x once, not once per projection. An inference call runs the class's own
@@ -250,13 +284,13 @@ def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
     ``name`` has a step and ``a``, ``b`` are tensors of one shape and device in fp32, fp16 or bf16
     whose sum has the norm's parameter dtype (fp32 under autocast: :func:`same_math`); else that
     expression itself (a broadcast, a number, a replaced child, other dtypes, under
-    ``torch.compile``)."""
+    ``torch.compile``, on a backend that runs no kernels)."""
     steps = block.__dict__.get("_xkernels_block")
     step = steps.steps.get(name) if type(steps) is AddNormSteps else None
     if (step is None or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
             or type(block._modules.get(name)) is not step.cls or a.shape != b.shape
             or a.dtype not in FUSED_NORM_DTYPES or b.dtype not in FUSED_NORM_DTYPES or a.device != b.device
-            or _is_compiling()):
+            or as_written(a)):
         return getattr(block, name)(a + b)
     return step(block, a, b)  # the sum's and parameters' dtypes are checked there (same_math)
 
@@ -268,6 +302,18 @@ def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, st
 
 #: the free variables of transformers' ``GradientCheckpointingLayer`` wrapper of a layer's forward
 _CHECKPOINTING_WRAPPER = ("forward", "forward_with_checkpointing")
+
+
+def own_forward(cls: type) -> Any:
+    """``cls.forward`` as a fused forward's way back to the code it replaces: without
+    transformers' checkpointing wrapper (:func:`checkpointed`), which a fused forward set on a
+    checkpointed layer already runs inside (calling the wrapper again would checkpoint the layer
+    inside its own checkpoint: its forward ran three times per step)."""
+    fwd = cls.forward
+    code = getattr(fwd, "__code__", None)
+    if code is not None and code.co_freevars == _CHECKPOINTING_WRAPPER and hasattr(fwd, "__wrapped__"):
+        return fwd.__wrapped__
+    return fwd
 
 
 def checkpointed(cls: type, fused: Any) -> Any:

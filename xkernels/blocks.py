@@ -63,11 +63,13 @@ from xkernels.block_steps import (
     FeedForwardStep,
     NormStep,
     add_then_norm,
+    as_written,
     checkpointed,
     child_at,
     gated_step,
     hooked,
     norm_step,
+    own_forward,
 )
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.ops import add_layer_norm, add_rms_norm
@@ -300,14 +302,15 @@ def add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
 # While torch.compile traces, each runs its class's own forward: the compiler fuses the adds, norms
 # and gates itself, and the fused ops' custom-op nodes measured 0.89x (Llama training) and 0.97x
 # (BERT training) of torch.compile on the unpatched model on an H100
-# (results/2026-11-24-h100-model-modes). Under autocast they run fused: each add + norm step takes
+# (results/2026-11-24-h100-model-modes). So does a call whose input's backend runs no kernels
+# (the cpu backend: block_steps.as_written). Under autocast they run fused: each add + norm step takes
 # the fused op only where the class's own norm would compute the same in fp32
 # (block_steps.same_math), and a gated MLP's training call casts its GEMM operands first.
 def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
                    past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None,
                    **kwargs: Any) -> torch.Tensor:
-    if _is_compiling():  # see the note above
-        return type(self).forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
+    if as_written(hidden_states):  # see the note above
+        return own_forward(type(self))(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   past_key_values=past_key_values, use_cache=use_cache,
                                   position_embeddings=position_embeddings, **kwargs)
     m = self._modules
@@ -321,15 +324,15 @@ def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any =
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    if _is_compiling():  # see the note above
-        return type(self).forward(self, hidden_states, input_tensor)
+    if as_written(hidden_states):  # see the note above
+        return own_forward(type(self))(self, hidden_states, input_tensor)
     m = self._modules
     return self._xkernels_block(self, m["dropout"](m["dense"](hidden_states)), input_tensor)
 
 
 def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> torch.Tensor:
-    if _is_compiling():  # see the note above
-        return type(self).forward(self, hidden_states, attention_mask, **kwargs)
+    if as_written(hidden_states):  # see the note above
+        return own_forward(type(self))(self, hidden_states, attention_mask, **kwargs)
     m = self._modules
     residual = hidden_states
     hidden_states = m["layernorm_before"](hidden_states)
@@ -342,8 +345,8 @@ def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = Non
 def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: Any = None,
                 encoder_hidden_states: Any = None, encoder_attention_mask: Any = None, use_cache: Any = False,
                 **kwargs: Any) -> torch.Tensor:
-    if encoder_hidden_states is not None or _is_compiling():  # cross-attention: between the add and ln_2
-        return type(self).forward(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
+    if encoder_hidden_states is not None or as_written(hidden_states):  # cross-attention: between the add and ln_2
+        return own_forward(type(self))(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                   encoder_attention_mask, use_cache, **kwargs)
     m = self._modules
     residual = hidden_states
@@ -355,27 +358,31 @@ def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = N
 
 
 def _rms_norm(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    if _is_compiling():  # see the note above
-        return type(self).forward(self, hidden_states)
+    if as_written(hidden_states):  # see the note above
+        return own_forward(type(self))(self, hidden_states)
     return self._xkernels_block(self, hidden_states, None)
 
 
 def _rms_norm_same_dtype(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     w = self._parameters.get("weight")
-    if (_is_compiling() or w is None or hidden_states.dtype is not w.dtype
+    if (as_written(hidden_states) or w is None or hidden_states.dtype is not w.dtype
             or w.dtype not in FUSED_NORM_DTYPES):  # the class's own math differs from the op's there
-        return type(self).forward(self, hidden_states)
+        return own_forward(type(self))(self, hidden_states)
     return self._xkernels_block(self, hidden_states, None)
 
 
 def _gated_mlp(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     # one positional input; a call naming it (its name differs between the forms) runs the class's own
-    if _is_compiling() or kwargs or len(args) != 1:  # see the note above
-        return type(self).forward(self, *args, **kwargs)
+    if kwargs or len(args) != 1 or as_written(args[0]):  # see the note above
+        if _is_compiling() and not kwargs and len(args) == 1:  # the fused kernel where its table says it pays
+            y = self._xkernels_block.compiled(self, args[0])
+            if y is not None:
+                return y
+        return own_forward(type(self))(self, *args, **kwargs)
     step = self._xkernels_block
     gated = step(self, args[0])
     if gated is None:  # a projection replaced since patch(): the class's own forward
-        return type(self).forward(self, *args)
+        return own_forward(type(self))(self, *args)
     return step.finish(self, gated)
 
 
@@ -383,7 +390,7 @@ def _two_layer_mlp(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     step = self._xkernels_block
     y = step(self, hidden_states)  # None: no gradient, compiling, or no fused plan
     if y is None:
-        return type(self).forward(self, hidden_states)
+        return own_forward(type(self))(self, hidden_states)
     return child_at(self, step.after)(y) if step.after else y  # the forward's trailing dropout
 
 

@@ -135,3 +135,19 @@ def select(device: torch.device) -> Backend:
         raise ValueError(f"xkernels backend {backend.name!r} runs on {backend.device_type!r} tensors, "
                          f"but the tensors are on {device}")
     return backend
+
+
+def runs_kernels(device: torch.device) -> bool:
+    """Whether the backend that runs calls on ``device`` tensors runs kernels of its own. The cpu
+    backend runs PyTorch's ops: there a patched module's xkernels path would be the model's own
+    ops behind the op's front door, host time that saves no bytes, so patched modules run the code
+    they replace (``xkernels.nn``, ``xkernels.block_steps.as_written``). A forced backend for
+    another device type counts as one that does: the op's own call then raises what it raises."""
+    if not (_override.get() or _env_backend):  # the device type's default backend (the per-call path)
+        backend = _by_device_type.get(device.type)
+        if backend is not None:
+            return backend.runs_triton
+    try:
+        return select(device).runs_triton
+    except ValueError:
+        return True

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from xkernels import dispatch
+from xkernels.dispatch import runs_kernels
 from xkernels.ops import autocast, native_front_door
 from xkernels.ops.autocast import autocasting
 from xkernels.ops.matmul import compiled as matmul_compiled
@@ -120,6 +121,9 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
+    if not runs_kernels(x.device):  # the cpu backend: PyTorch's ops either way, without the op's front door
+        y = torch.nn.functional.linear(x, weight, bias)  # (autocast casts as nn.Linear's)
+        return y if activation is None else activate(y, activation, negative_slope)
     if autocasting():  # the GEMM in the autocast dtype, as nn.Linear's under autocast (ops/autocast.py)
         if (_grad_enabled() and _any_requires_grad(x, weight, bias) and not _trains_through_xkernels(x, weight)
                 and not _capturing(x)):

@@ -77,7 +77,11 @@ FEED_FORWARD_TRAINING = ("in training where its layers train through xkernels (x
                          "its fused linear layers")
 #: the report's note on the replaced linear layers (``xkernels.nn.training_pays``)
 LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host cost outweighs the GEMM time a kernel "
-                   "could save, but under CUDA-graph capture (docs/patching.md)")
+                   "could save, but under CUDA-graph capture; on a backend that runs no kernels (the cpu backend), "
+                   "F.linear always (docs/patching.md)")
+#: the report's note on the fused blocks (``block_steps.as_written``)
+BLOCKS_AS_WRITTEN = ("each runs the code it replaces while torch.compile traces and where the input's backend runs "
+                     "no kernels (the cpu backend: PyTorch's ops either way)")
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,8 @@ class PatchReport:
                  f"({len(self.fused)} with a fused activation), {len(self.left)} left"]
         if self.replaced:
             lines.append(f"  linear layers: {LINEAR_TRAINING}")
+        if self.blocks:
+            lines.append(f"  fused blocks: {BLOCKS_AS_WRITTEN}")
         for b in self.blocks:
             lines.append(f"  fused {b.name} ({b.kind}): {b.fusion}" + (f"; {b.note}" if b.note else ""))
         for r in self.replaced:

@@ -36,8 +36,8 @@ share one dtype and device (or q and k are fp16 / bf16 and the angles fp32, auto
 stream: q and k in fp32, the results in the original's dtypes) and the shapes are the form's own
 (a full-width form with a narrower ``cos`` keeps the original, which raises what it raises); the
 original runs every call the op's
-checks refuse, and while ``torch.compile`` traces (Inductor fuses it). ``PatchReport.undo()``
-removes the forward.
+checks refuse, while ``torch.compile`` traces (Inductor fuses it) and where q's backend runs no
+kernels (the cpu backend: ``block_steps.as_written``). ``PatchReport.undo()`` removes the forward.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from xkernels.block_steps import as_written
 from xkernels.blocks import canonical
 from xkernels.ops import rotary_embedding
 from xkernels.ops.op import _capturing, _is_compiling
@@ -450,7 +451,7 @@ def fused_rotary(original: Callable[..., Any], form: Form) -> Callable[..., Any]
     results: dict = {}  # (q's dtype, cos's dtype) -> the original's result dtypes (mixed calls)
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
-        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+        if (as_written(q) or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
                 or not q.dtype == k.dtype or not cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
                 or cos.dim() == 0 or not (partial or cos.shape[-1] * widths // 2 * 2 == q.shape[-1] == k.shape[-1])):
             return original(q, k, cos, sin, unsqueeze_dim)
@@ -510,7 +511,7 @@ def _fused_per_tensor(original: Callable[..., Any], form: Form) -> Callable[...,
     interleaved = form.interleaved
 
     def apply_rotary_pos_emb(tensor: Any, sin: Any, cos: Any) -> Any:
-        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (tensor, sin, cos))
+        if (as_written(tensor) or not all(isinstance(t, torch.Tensor) for t in (tensor, sin, cos))
                 or not tensor.dtype == sin.dtype == cos.dtype or sin.requires_grad or cos.requires_grad
                 or tensor.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape
                 or 2 * cos.shape[-1] != tensor.shape[-1]):
@@ -532,7 +533,7 @@ def _fused_patches(original: Callable[..., Any], form: Form) -> Callable[..., An
     interleaved = form.interleaved
 
     def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any, **kwargs: Any) -> Any:
-        if (_is_compiling() or kwargs or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+        if (as_written(q) or kwargs or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
                 or not q.dtype == k.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
                 or q.dim() != 4 or k.dim() != 4 or cos.dim() != 2 or cos.shape != sin.shape
                 or not cos.shape[-1] == q.shape[-1] == k.shape[-1] or q.shape[-2] != k.shape[-2]
@@ -559,7 +560,7 @@ def _fused_vision(original: Callable[..., Any], form: Form) -> Callable[..., Any
     interleaved = form.interleaved
 
     def apply_rotary_pos_emb_vision(q: Any, k: Any, cos: Any, sin: Any) -> Any:
-        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
+        if (as_written(q) or not all(isinstance(t, torch.Tensor) for t in (q, k, cos, sin))
                 or not all(t.dtype in (torch.float16, torch.bfloat16, torch.float32) for t in (q, k, cos, sin))
                 or cos.requires_grad or sin.requires_grad or q.dim() != 3 or k.dim() != 3 or cos.dim() != 2
                 or cos.shape != sin.shape or not cos.shape[-1] == q.shape[-1] == k.shape[-1]
@@ -584,7 +585,7 @@ def _fused_one_tensor(original: Callable[..., Any], form: Form) -> Callable[...,
     interleaved = form.interleaved
 
     def apply_rotary_pos_emb(x: Any, cos: Any, sin: Any, unsqueeze_dim: Any = 1) -> Any:
-        if (_is_compiling() or not all(isinstance(t, torch.Tensor) for t in (x, cos, sin))
+        if (as_written(x) or not all(isinstance(t, torch.Tensor) for t in (x, cos, sin))
                 or not x.dtype == cos.dtype == sin.dtype or cos.requires_grad or sin.requires_grad
                 or x.dim() != 4 or unsqueeze_dim not in (1, 2) or cos.shape[-1] != x.shape[-1]):
             return original(x, cos, sin, unsqueeze_dim)

@@ -6,11 +6,16 @@ between rounds (as ``bench --model --mode compile`` switches one model between i
 whether the switching itself costs the compiled call.
 
     python tools/probes/compiled_host.py --cases llama:16,llama:2048,bert-base:128 --json compiled-host.json
+    python tools/probes/compiled_host.py --cases llama:16 --mode default --mode reduce-overhead
+
+``--mode reduce-overhead`` compiles with CUDA graphs (the host cost of a replay is small, so the
+wall time is about the device's); the re-patching part is then left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
@@ -60,13 +65,30 @@ def quantiles(v):
     return [q[0], q[-1]]
 
 
-def compiled_call(model, inputs, backend):
-    compiled = torch.compile(model, backend=backend)
+def compiled_call(model, inputs, backend, mode=None):
+    compiled = torch.compile(model, backend=backend, mode=mode)
+    graphs = mode == "reduce-overhead"  # CUDA graphs: each call a new step of the graph trees
 
     def call():
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with torch.no_grad(), eager_mask_decisions(inputs):
             return compiled(**inputs)
     return call
+
+
+@contextlib.contextmanager
+def no_graph_kernels(on):
+    """While tracing: every launch decision of the compiled paths says no (``launch_spec``)."""
+    from xkernels.ops.fused import gated_linear_compiled
+    from xkernels.ops.matmul import compiled
+    saved = gated_linear_compiled.launch_spec, compiled.launch_spec
+    if on:
+        gated_linear_compiled.launch_spec = compiled.launch_spec = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        gated_linear_compiled.launch_spec, compiled.launch_spec = saved
 
 
 def frames():
@@ -74,18 +96,25 @@ def frames():
     return {k: dict(v) for k, v in counters.items() if k in ("stats", "recompiles", "frames")}
 
 
-def measure(name, seq, rounds, size, device, backend):
+def measure(name, seq, rounds, size, device, backend, mode=None):
     built = model_zoo.build(model_zoo.zoo_config(name, size), f"--model {name}", torch.bfloat16,
                             torch.device(device), seq=seq)
     base = built.model.eval()
     mine = copy.deepcopy(base)
     report = xkernels.patch(mine)
+    plain = copy.deepcopy(base)
+    xkernels.patch(plain)
     torch._dynamo.reset()
-    calls = {"torch": compiled_call(base, built.inputs, backend), "patch": compiled_call(mine, built.inputs, backend)}
-    for fn in calls.values():
-        for _ in range(3):
-            fn()
-    out_t, out_p = (model_zoo.output_of(calls[w]()) for w in ("torch", "patch"))
+    calls = {"torch": compiled_call(base, built.inputs, backend, mode),
+             "patch": compiled_call(mine, built.inputs, backend, mode),
+             # the patched model traced with no fused kernel launched from the graph (gated MLPs,
+             # linear + activation): the class forwards, as before those launches existed
+             "patch, no graph kernels": compiled_call(plain, built.inputs, backend, mode)}
+    for way, fn in calls.items():
+        with no_graph_kernels(way.endswith("no graph kernels")):
+            for _ in range(3):  # Dynamo traces at the first call
+                fn()
+    out_t, out_p = (model_zoo.output_of(calls[w]()).clone() for w in ("torch", "patch"))
     after_warm = frames()
     host = {w: [] for w in calls}
     wall = {w: [] for w in calls}
@@ -96,28 +125,32 @@ def measure(name, seq, rounds, size, device, backend):
     timed = frames()
     # the bench's way of switching: undo and patch the same copy again between rounds
     switched = []
-    for _ in range(rounds):
+    for _ in range(rounds if mode is None else 0):  # (CUDA graphs: not measured)
         report.undo()
         report = xkernels.patch(mine)
         calls["patch"]()  # a first call after the switch, as the bench's warm-up
         switched.append(busy_host_us(calls["patch"]))
     after_switch = frames()
-    row = {"model": name, "seq": seq, "tokens": built.tokens, "fusions": report.counts(),
+    row = {"model": name, "seq": seq, "mode": mode or "default", "tokens": built.tokens, "fusions": report.counts(),
            "max_abs_diff": (out_t.float() - out_p.float()).abs().max().item(),
            "host_us": {w: statistics.median(v) for w, v in host.items()},
            "host_us_p20_p80": {w: quantiles(v) for w, v in host.items()},
            "wall_us": {w: statistics.median(v) for w, v in wall.items()},
            "wall_us_p20_p80": {w: quantiles(v) for w, v in wall.items()},
-           "patch_host_us_switched_each_round": statistics.median(switched),
+           "patch_host_us_switched_each_round": statistics.median(switched) if switched else None,
            "dynamo_after_warmup": after_warm, "dynamo_after_timing": timed, "dynamo_after_switching": after_switch}
     h, wl = row["host_us"], row["wall_us"]
     hq, wq = row["host_us_p20_p80"], row["wall_us_p20_p80"]
-    print(f"{name} seq {seq}: host torch {h['torch']:.0f} [{hq['torch'][0]:.0f}-{hq['torch'][1]:.0f}] "
+    if "patch, no graph kernels" in h:
+        n = "patch, no graph kernels"
+        print(f"  {n}: host {h[n]:.0f} [{hq[n][0]:.0f}-{hq[n][1]:.0f}] us, "
+              f"wall {wl[n]:.0f} [{wq[n][0]:.0f}-{wq[n][1]:.0f}] us")
+    print(f"{name} seq {seq} ({row['mode']}): host torch {h['torch']:.0f} [{hq['torch'][0]:.0f}-{hq['torch'][1]:.0f}] "
           f"patch {h['patch']:.0f} [{hq['patch'][0]:.0f}-{hq['patch'][1]:.0f}] us "
           f"({h['torch'] / h['patch']:.3f}x); wall torch {wl['torch']:.0f} [{wq['torch'][0]:.0f}-{wq['torch'][1]:.0f}] "
           f"patch {wl['patch']:.0f} [{wq['patch'][0]:.0f}-{wq['patch'][1]:.0f}] us "
           f"({wl['torch'] / wl['patch']:.3f}x); re-patched each round: host "
-          f"{row['patch_host_us_switched_each_round']:.0f} us; "
+          f"{row['patch_host_us_switched_each_round'] or 0:.0f} us; "
           f"max|diff| {row['max_abs_diff']}")
     print(f"  dynamo after warm-up {after_warm}\n  after timing {timed}\n  after switching {after_switch}")
     del calls, base, mine
@@ -132,10 +165,13 @@ def main():
     ap.add_argument("--size", default="base", help="tiny: a dry run of the probe itself")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--backend", default="inductor", help="torch.compile backend (eager: a dry run)")
+    ap.add_argument("--mode", action="append", choices=("default", "reduce-overhead"),
+                    help="torch.compile mode(s), repeat for several (default: default)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    rows = [measure(c.split(":")[0], int(c.split(":")[1]), args.rounds, args.size, args.device, args.backend)
-            for c in args.cases.split(",")]
+    rows = [measure(c.split(":")[0], int(c.split(":")[1]), args.rounds, args.size, args.device, args.backend,
+                    None if mode == "default" else mode)
+            for mode in args.mode or ["default"] for c in args.cases.split(",")]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "rows": rows}, f, indent=1)
