@@ -184,14 +184,20 @@ _DECODERS = {
 }
 
 
-@pytest.mark.parametrize("family", list(_DECODERS))
+_COMPILED = {**_DECODERS,
+             "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(_DECODERS["llama"][2], head_dim=8,
+                                                               hidden_act="gelu_pytorch_tanh")),
+             "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(_DECODERS["llama"][2], pad_token_id=0))}
+
+
+@pytest.mark.parametrize("family", list(_COMPILED))
 def test_patched_decoders_compile_fullgraph(family):
     """A patched decoder LM (decoder-layer add + norm, gated MLP and rotary fusions; GPT-2's blocks)
     traces under torch.compile(fullgraph=True) without a graph break, for inference and for a
     training step (aot_eager), and gives the eager output and gradients: what the fused forwards
     consult while Dynamo traces (``block_steps.GatedStep.compiled`` included) is traceable."""
     tf = require_transformers()
-    cfg_name, model_name, kwargs = _DECODERS[family]
+    cfg_name, model_name, kwargs = _COMPILED[family]
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = getattr(tf, model_name)(getattr(tf, cfg_name)(**kwargs, attn_implementation="eager"))

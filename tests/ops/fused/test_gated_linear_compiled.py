@@ -105,22 +105,31 @@ def test_operands_it_cannot_launch_on_trace_the_class_forward(sm90):
     assert compiled.gated(torch.empty(8, h + 1, **meta), w, uw, None, None, "silu") is None
 
 
-@pytest.mark.parametrize("tokens", [8, 48])
-def test_a_compiled_patched_llama_mlp_launches_the_kernel_on_the_device(backend, device, tokens):
-    """On an sm90 GPU: a patched Llama MLP at Llama-3-8B's width under torch.compile (Inductor),
-    inference at decode sizes: the graph holds one user-defined Triton kernel for gate and up (the
-    down-projection stays a GEMM), and the result matches float64 PyTorch as eager's does."""
+@pytest.mark.parametrize("family,tokens", [("llama", 8), ("llama", 48), ("phi3", 8)])
+def test_a_compiled_patched_gated_mlp_launches_the_kernel_on_the_device(backend, device, family, tokens):
+    """On an sm90 GPU: a patched Llama MLP at Llama-3-8B's width (pointer and TMA kernels) and a
+    Phi-3-mini MLP (one concatenated gate_up projection: the pointer kernel on its halves) under
+    torch.compile (Inductor), inference at decode sizes: the graph holds one user-defined Triton
+    kernel for gate and up (the down-projection stays a GEMM), and the result matches float64
+    PyTorch as eager's does."""
     if device.type != "cuda" or not backend.tensor_descriptors(device) or backend.arch(device) != "sm90":
         pytest.skip(f"backend {backend.name!r} on {device}: no sm90 tensor descriptors here")
     tf = require_transformers()
-    from transformers.models.llama.modeling_llama import LlamaMLP
-
     torch._dynamo.reset()
-    h, i = _LLAMA_8B
-    mlp = LlamaMLP(tf.LlamaConfig(hidden_size=h, intermediate_size=i)).to(device, torch.bfloat16)
+    if family == "llama":
+        from transformers.models.llama.modeling_llama import LlamaMLP
+
+        h, i = _LLAMA_8B
+        mlp = LlamaMLP(tf.LlamaConfig(hidden_size=h, intermediate_size=i))
+    else:
+        from transformers.models.phi3.modeling_phi3 import Phi3MLP
+
+        h, i = 3072, 8192
+        mlp = Phi3MLP(tf.Phi3Config(hidden_size=h, intermediate_size=i))
+    mlp = mlp.to(device, torch.bfloat16)
     original = copy.deepcopy(mlp)
     report = xkernels.patch(mlp)
-    assert [b.fusion for b in report.blocks] == ["gated mlp"]
+    assert [b.fusion for b in report.blocks] == ["gated mlp" if family == "llama" else "gated mlp (gate_up)"]
     targets = []
 
     def recording(gm, example_inputs):
@@ -137,9 +146,12 @@ def test_a_compiled_patched_llama_mlp_launches_the_kernel_on_the_device(backend,
     assert sum("triton_kernel_wrapper" in t for t in targets) == 1, targets
     assert sum("linear" in t or "addmm" in t or t.endswith("mm.default") for t in targets) == 1, targets
     w = original
-    ref = torch.nn.functional.linear(reference_gated_linear(x.double(), w.gate_proj.weight.double(),
-                                                            w.up_proj.weight.double(), activation="silu"),
-                                     w.down_proj.weight.double())
+    if family == "llama":
+        gated = reference_gated_linear(x.double(), w.gate_proj.weight.double(), w.up_proj.weight.double(),
+                                       activation="silu")
+    else:
+        gated = reference_gated_linear(x.double(), w.gate_up_proj.weight.double(), activation="silu")
+    ref = torch.nn.functional.linear(gated, w.down_proj.weight.double())
     assert_close(got, ref, torch.bfloat16, scale=4.0)
     assert_close(want, ref, torch.bfloat16, scale=4.0)
 
