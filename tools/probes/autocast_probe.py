@@ -31,6 +31,7 @@ import sys
 import time
 
 import torch
+from kernel_split import kernel_ms  # (tools/probes/: run as a script, its folder is on sys.path)
 
 import xkernels
 from xkernels.harness import model_zoo
@@ -59,20 +60,6 @@ class _Originals:
         from xkernels import blocks
 
         blocks._is_compiling = self.real
-
-
-def _kernel_ms(step, steps: int) -> dict:
-    """CUDA kernel ms per step by kernel name (torch.profiler), over ``steps`` steps."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    out: dict = {}
-    for e in prof.key_averages():
-        ms = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1e3 / steps
-        if ms > 0:
-            out[e.key] = out.get(e.key, 0.0) + ms
-    return out
 
 
 def run(name: str, rounds: int, steps: int, profile: int = 0, originals: bool = False, kernels: int = 0) -> dict:
@@ -129,7 +116,7 @@ def run(name: str, rounds: int, steps: int, profile: int = 0, originals: bool = 
     row["ms"] = {w: {"wall": (statistics.median(a), min(a), max(a)), "device": (statistics.median(b), min(b), max(b))}
                  for w, (a, b) in per.items()}
     if kernels:
-        per_kernel = {way: _kernel_ms(lambda way=way: one(way), steps) for way in ways}
+        per_kernel = {way: kernel_ms(lambda way=way: one(way), steps) for way in ways}
         row["kernel_ms"] = {way: sum(k.values()) for way, k in per_kernel.items()}
         names = set().union(*per_kernel.values())
         diff = sorted(((per_kernel["patch"].get(n, 0.0) - per_kernel["torch"].get(n, 0.0), n) for n in names),

@@ -44,13 +44,14 @@ def group(name: str) -> str:
 
 
 def kernel_ms(call, steps: int) -> dict[str, float]:
+    """CUDA kernel ms per call of ``call`` by kernel name (torch.profiler), over ``steps`` calls."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             call()
         torch.cuda.synchronize()
     out: dict[str, float] = {}
     for e in prof.key_averages():
-        ms = getattr(e, "self_device_time_total", 0) / 1e3 / steps
+        ms = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0)) / 1e3 / steps
         if ms > 0:
             out[e.key] = out.get(e.key, 0.0) + ms
     return out
