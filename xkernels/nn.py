@@ -114,6 +114,8 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
             # autograd Function, cost compiled BERT-base's training step 10% of wall for 1% of
             # device time (H100, results/2026-11-27-h100-compiled-ffn-kernel)
             fused = matmul_compiled.linear_activation(x, weight, bias, activation, negative_slope)
+            if fused is None:  # relu / gelu_tanh: the BLAS's GEMM with its epilogue, as eager runs them
+                fused = matmul_compiled.blas_epilogue(x, weight, bias, activation)
             if fused is not None:
                 return fused
         # PyTorch's own F.linear + activation, which Inductor fuses itself: as xkernels::linear

@@ -20,7 +20,10 @@ mode plans it. It is used where
   activation (``worst_ratio``) is at least :data:`MIN_RATIO`;
 * every dim is static (a dynamic dim keeps PyTorch's ops).
 
-Elsewhere ``None``, and the caller traces ``F.linear`` + activation.
+Elsewhere ``None``. An inference call whose activation eager mode leaves to the device BLAS's
+epilogue (relu and gelu_tanh on cuda: GPT-2's MLP) then traces ``torch._addmm_activation``
+(:func:`blas_epilogue`), which Inductor keeps as one BLAS call; any other call traces
+``F.linear`` + activation.
 """
 
 from __future__ import annotations
@@ -128,3 +131,47 @@ def linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
         TensorDescriptor.from_tensor(c, list(spec.c_block)), bias if bias is not None else c, m, n, k, float(slope),
         **dict(spec.constexprs), **dict(spec.options))
     return c.view(*x.shape[:-1], n)
+
+
+def vendor_epilogue(dtype: torch.dtype, device: torch.device, activation: str) -> bool:
+    """Whether an inference call of ``activation(x @ W.T + b)`` traces as the device BLAS's GEMM
+    with the bias and activation in its own epilogue (``torch._addmm_activation``, which Inductor
+    keeps as one call of the BLAS), as eager mode runs it: fp16 / bf16, an activation the BLAS
+    applies (``vendor.BLAS_EPILOGUES``) and the backend lists (``Backend.vendor_epilogues``: relu
+    and gelu_tanh on cuda), no forced config. Inductor's own form of ``F.linear`` + activation is
+    its GEMM and one more pass over the output for the bias and the activation. A Dynamo constant,
+    as :func:`launch_spec`."""
+    from xkernels.ops.matmul.vendor import BLAS_EPILOGUES
+
+    if tuning.forced_config() is not None or activation not in BLAS_EPILOGUES or dtype not in (torch.float16,
+                                                                                                 torch.bfloat16):
+        return False
+    try:
+        backend = dispatch.select(device)
+    except Exception:  # noqa: BLE001 - no backend for this device: PyTorch's ops
+        return False
+    return backend.runs_triton and activation in backend.vendor_epilogues
+
+
+vendor_epilogue._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def blas_epilogue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  activation: str) -> torch.Tensor | None:
+    """``act(x @ weight.T + bias)`` as the BLAS's GEMM with its epilogue in the graph being traced
+    (:func:`vendor_epilogue`), or ``None`` where PyTorch's ops should be traced. Any weight
+    layout (GPT-2's ``Conv1D`` passes its weight transposed); a missing bias is a zero one."""
+    if x.dim() < 2 or weight.dim() != 2 or (bias is not None and bias.dim() != 1):
+        return None
+    if not all(isinstance(s, int) for s in (*x.shape, *weight.shape)):  # a dynamic dim: PyTorch's ops
+        return None
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype) or x.shape[-1] != weight.shape[1]:
+        return None
+    if x.numel() == 0 or not vendor_epilogue(x.dtype, x.device, activation):
+        return None
+    from xkernels.ops.matmul.vendor import BLAS_EPILOGUES
+
+    n, k = weight.shape
+    b = bias if bias is not None else x.new_zeros(n)
+    y = torch._addmm_activation(b, x.reshape(-1, k), weight.t(), use_gelu=BLAS_EPILOGUES[activation])
+    return y.view(*x.shape[:-1], n)

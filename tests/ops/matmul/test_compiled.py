@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import xkernels
-from helpers import assert_close, rand
+from helpers import assert_close, rand, require_transformers
 from xkernels import dispatch, tuning
 from xkernels.ops.matmul import compiled, reference_linear
 
@@ -72,6 +72,30 @@ def test_the_decision_is_a_constant_to_dynamo():
     assert compiled.launch_spec(64, 32, 16, torch.float32, torch.device("cpu"), True, "gelu", 0.01) is None
 
 
+def test_a_compiled_patched_gpt2_mlp_runs_the_blas_epilogue_on_the_device(backend, device):
+    """On a GPU whose backend lists gelu_tanh among its BLAS epilogues: a patched GPT-2 MLP
+    (``Conv1D`` 768 -> 3072, gelu_tanh, ``Conv1D`` back) under torch.compile (Inductor),
+    inference: the compiled result matches float64 PyTorch as eager's does."""
+    if device.type != "cuda" or "gelu_tanh" not in backend.vendor_epilogues:
+        pytest.skip(f"backend {backend.name!r} on {device}: no BLAS gelu_tanh epilogue here")
+    tf = require_transformers()
+    from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
+
+    torch._dynamo.reset()
+    mlp = GPT2MLP(3072, tf.GPT2Config(n_embd=768, resid_pdrop=0.0)).to(device, torch.bfloat16).eval()
+    xkernels.patch(mlp)
+    x = rand((8, 128, 768), torch.bfloat16, device)
+    with torch.no_grad():
+        got = torch.compile(mlp, fullgraph=True)(x)
+        eager = mlp(x)
+    torch._dynamo.reset()
+    f = torch.nn.functional
+    h = f.gelu(x.double() @ mlp.c_fc.weight.double() + mlp.c_fc.bias.double(), approximate="tanh")
+    ref = h @ mlp.c_proj.weight.double() + mlp.c_proj.bias.double()
+    assert_close(got, ref, torch.bfloat16, scale=4.0)
+    assert_close(eager, ref, torch.bfloat16, scale=4.0)
+
+
 def test_a_compiled_patched_ffn_launches_the_kernel_on_the_device(backend, device):
     """On an sm90 GPU: a patched Linear(768, 3072) + GELU under torch.compile (Inductor), inference:
     the graph Dynamo hands Inductor holds one user-defined Triton kernel and no GEMM of its own for
@@ -100,3 +124,44 @@ def test_a_compiled_patched_ffn_launches_the_kernel_on_the_device(backend, devic
     ref = reference_linear(x.double(), lin.weight.double(), lin.bias.double(), "gelu")
     assert_close(got, ref, torch.bfloat16, scale=4.0)
     assert_close(eager, ref, torch.bfloat16, scale=4.0)
+
+
+def test_blas_epilogues_trace_where_eager_runs_them(sm90, monkeypatch):
+    """relu and gelu_tanh in fp16 / bf16 on a backend listing them: the BLAS's epilogue; gelu
+    (erf), fp32, a forced config or the cpu backend: PyTorch's ops."""
+    assert compiled.vendor_epilogue(torch.bfloat16, _CUDA, "gelu_tanh")
+    assert compiled.vendor_epilogue(torch.float16, _CUDA, "relu")
+    assert not compiled.vendor_epilogue(torch.bfloat16, _CUDA, "gelu")
+    assert not compiled.vendor_epilogue(torch.float32, _CUDA, "gelu_tanh")
+    with tuning.force({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}):
+        assert not compiled.vendor_epilogue(torch.bfloat16, _CUDA, "gelu_tanh")
+    monkeypatch.setattr(dispatch, "select", lambda device: xkernels.dispatch.get_backend("cpu"))
+    assert not compiled.vendor_epilogue(torch.bfloat16, _CUDA, "gelu_tanh")
+    assert getattr(compiled.vendor_epilogue, "_dynamo_marked_constant", False)
+
+
+def test_a_traced_gelu_tanh_linear_is_one_blas_call(monkeypatch):
+    """While Dynamo traces (here on the CPU, the decision forced): a patched GPT-2-style
+    ``Conv1D`` + gelu_tanh and a ``Linear`` + relu each trace one ``torch._addmm_activation`` and
+    no separate activation, with and without a bias; training calls trace ``F.linear`` + activation."""
+    from transformers.pytorch_utils import Conv1D
+
+    monkeypatch.setattr(compiled, "vendor_epilogue", lambda dtype, device, activation: True)
+    for layers in ((Conv1D(48, 16), torch.nn.GELU(approximate="tanh")), (torch.nn.Linear(16, 48), torch.nn.ReLU()),
+                   (torch.nn.Linear(16, 48, bias=False), torch.nn.ReLU())):
+        model = torch.nn.Sequential(*layers)
+        xkernels.patch(model)
+        for grad in (False, True):
+            targets = []
+
+            def recording(gm, example_inputs, targets=targets):
+                targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+                return gm.forward
+
+            torch._dynamo.reset()
+            with torch.set_grad_enabled(grad):
+                torch.compile(model, fullgraph=True, backend=recording)(torch.randn(2, 5, 16))
+            torch._dynamo.reset()
+            fused = [t for t in targets if "_addmm_activation" in t]
+            assert len(fused) == (0 if grad else 1), (grad, targets)
+            assert grad or not [t for t in targets if "gelu" in t or "relu" in t or "linear" in t], targets
