@@ -144,8 +144,7 @@ def test_a_traced_gelu_tanh_linear_is_one_blas_call(monkeypatch):
     """While Dynamo traces (here on the CPU, the decision forced): a patched GPT-2-style
     ``Conv1D`` + gelu_tanh and a ``Linear`` + relu each trace one ``torch._addmm_activation`` and
     no separate activation, with and without a bias; training calls trace ``F.linear`` + activation."""
-    from transformers.pytorch_utils import Conv1D
-
+    Conv1D = require_transformers("pytorch_utils").Conv1D
     monkeypatch.setattr(compiled, "vendor_epilogue", lambda dtype, device, activation: True)
     for layers in ((Conv1D(48, 16), torch.nn.GELU(approximate="tanh")), (torch.nn.Linear(16, 48), torch.nn.ReLU()),
                    (torch.nn.Linear(16, 48, bias=False), torch.nn.ReLU())):
