@@ -62,7 +62,8 @@ def as_written(x: Any) -> bool:
     """Whether a fused forward runs the code it replaces for the input ``x``: while torch.compile
     traces (the compiler fuses the adds, norms, gates and rotations itself) and where ``x``'s
     backend runs no kernels (``dispatch.runs_kernels``: the cpu backend; add + LayerNorm training
-    at 4 x 64 on a CPU host cost 398 us that way against 86 for ``x + r`` and ``F.layer_norm``)."""
+    at 4 x 64 on a CPU host cost 398 us that way against 86 for ``x + r`` and ``F.layer_norm``).
+    Decided once per fused forward, before any step is called: the steps do not ask again."""
     return _is_compiling() or isinstance(x, torch.Tensor) and not runs_kernels(x.device)
 
 
@@ -106,7 +107,7 @@ class NormStep:
         params = norm._parameters
         w = (params["weight"] if "weight" in params else norm.weight) if self.weighted else None
         b = (params["bias"] if "bias" in params else norm.bias) if self.layer else None
-        if not same_math(x, residual, w, b) or not runs_kernels(x.device):
+        if not same_math(x, residual, w, b):
             return self.unfused(norm, x, residual)
         rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
         if self.layer:
@@ -235,11 +236,10 @@ class GatedStep:
         return None if y is None else self.finish(block, y)
 
     def __call__(self, block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``,
-        x's backend runs no kernels (``dispatch.runs_kernels``) or an inference call runs under
-        autocast (the caller then runs the class's own forward)."""
+        """The gated product, or ``None`` where a projection is no longer a plain ``nn.Linear``
+        or an inference call runs under autocast (the caller then runs the class's own forward)."""
         act = self.activation
-        ops = self.operands(block) if runs_kernels(x.device) else None
+        ops = self.operands(block)
         if ops is None:
             return None
         w, uw, b, ub = ops

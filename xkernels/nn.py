@@ -123,9 +123,6 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
         # (H100, BERT-base under torch.compile: wall 0.52x forward, 0.64x training, for 1.05x /
         # 0.96x of device time; results/2026-11-24-h100-model-modes-masks)
         return activate(torch.nn.functional.linear(x, weight, bias), activation, negative_slope)
-    if not runs_kernels(x.device):  # the cpu backend: PyTorch's ops either way, without the op's front door
-        y = torch.nn.functional.linear(x, weight, bias)  # (autocast casts as nn.Linear's)
-        return y if activation is None else activate(y, activation, negative_slope)
     if autocasting():  # the GEMM in the autocast dtype, as nn.Linear's under autocast (ops/autocast.py)
         if (_grad_enabled() and _any_requires_grad(x, weight, bias) and not _trains_through_xkernels(x, weight)
                 and not _capturing(x)):
@@ -142,10 +139,13 @@ def _linear(routes: RouteCache, x: torch.Tensor, weight: torch.Tensor, bias: tor
             table(x, weight, bias, activation)
         if result is not None:
             return result
-        if not (_grad_enabled() and _any_requires_grad(x, weight, bias)):  # a miss: the op teaches the table
-            return linear.call_no_grad(x, weight, bias, activation, negative_slope=negative_slope) if leaky else \
-                linear.call_no_grad(x, weight, bias, activation)
+    if not runs_kernels(x.device):  # the cpu backend: PyTorch's ops either way, without the op's front door
+        y = torch.nn.functional.linear(x, weight, bias)  # (checked after the table: a hit never pays for it)
+        return y if activation is None else activate(y, activation, negative_slope)
     training = _grad_enabled() and _any_requires_grad(x, weight, bias)
+    if table is not None and not training:  # a miss: the op teaches the table
+        return linear.call_no_grad(x, weight, bias, activation, negative_slope=negative_slope) \
+            if activation == "leaky_relu" else linear.call_no_grad(x, weight, bias, activation)
     if training and not _trains_through_xkernels(x, weight) and not _capturing(x):
         # PyTorch's F.linear and activation, its own autograd: see training_pays (not while a CUDA
         # graph is captured: its replays cost no host time). The native table runs the repeats.
