@@ -13,6 +13,7 @@ import xkernels
 from helpers import TMA_FORMS, assert_model_close, require_transformers
 from xkernels import blocks
 from xkernels.ops.fused import rotary
+from xkernels.patching import ADD_NORM_SITES, PRE_NORM_SITES
 
 ATTN = {"attn_implementation": "eager"}
 
@@ -34,14 +35,15 @@ def _llama_like(tf, family: str):
 
 
 #: per family: the block fusions patch() makes in a 2-layer model (the RMSNorms: 2 per layer + the
-#: final one; Phi-3's decoder layer adds dropout to its residuals, so it keeps its own forward)
+#: final one; Phi-3's decoder layer adds dropout to its residuals, so it is not Llama's layer: its
+#: source's pre-norm site is rewritten instead, ``xkernels/add_norm_forms.py``)
 EXPECTED = {
     "llama": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5, "rotary embedding": 2},
     "mistral": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
                 "rotary embedding": 2},
     "qwen2": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5, "rotary embedding": 2},
     "gemma": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5, "rotary embedding": 2},
-    "phi3": {"gated mlp (gate_up)": 2, "rms norm": 5, "rotary embedding": 2},
+    "phi3": {"residual add + norm (pre-norm)": 2, "gated mlp (gate_up)": 2, "rms norm": 5, "rotary embedding": 2},
 }
 
 def _counts(report) -> dict[str, int]:
@@ -72,7 +74,8 @@ def test_decoder_families(backend, device, family):
     ref, ref_grads = _run(ref64, ids, train)
     report = xkernels.patch(model)
     assert _counts(report) == EXPECTED[family], str(report)
-    assert not [b.note for b in report.blocks if b.note], "RMSNorm blocks always train fused"
+    assert not [b.note for b in report.blocks if b.note and b.note != f"{ADD_NORM_SITES}; {PRE_NORM_SITES}"], \
+        "RMSNorm blocks always train fused"
     assert list(model.state_dict()) == keys
     got, got_grads = _run(model, ids, train)
     assert_model_close(got, want.detach(), ref.detach())
@@ -776,6 +779,7 @@ def test_blocks_run_their_own_code_on_a_backend_that_runs_no_kernels(monkeypatch
 
     called = []
     for name in ("add_rms_norm", "add_layer_norm", "gated_linear", "rotary_embedding", "linear"):
+        getattr(ops, name)._forget()  # no route from an earlier test: the interpreter's first calls check
         cls = type(getattr(ops, name))
         real = cls.check  # every call of an op on a backend without routes (a first call on the others)
 

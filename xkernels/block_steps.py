@@ -264,19 +264,33 @@ class GatedStep:
 
 @dataclass(frozen=True)
 class AddNormSteps:
-    """The add + norm sites of one rewritten forward (``xkernels.add_norm_forms``): a
-    :class:`NormStep` (without the sum) per norm child that takes the fused op."""
+    """The add + norm sites of one rewritten forward (``xkernels.add_norm_forms``): per norm child
+    that takes the fused op, a :class:`NormStep` without the sum (post-norm sites) and one
+    returning it (pre-norm sites)."""
 
     steps: dict[str, NormStep]
+    summed: dict[str, NormStep] = field(default_factory=dict)
 
     @property
     def layer(self) -> bool:
         """Whether any is a LayerNorm (its training calls follow ``NormStep.training_pays``)."""
-        return any(step.layer for step in self.steps.values())
+        return any(step.layer for steps in (self.steps, self.summed) for step in steps.values())
 
 
 #: the dtypes the fused norms run in a rewritten forward or for T5's RMSNorm (others keep the source)
 FUSED_NORM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _site_step(block: torch.nn.Module, name: str, a: Any, b: Any, summed: bool) -> NormStep | None:
+    """The fused step of a rewritten forward's site, or ``None`` where it runs as written."""
+    steps = block.__dict__.get("_xkernels_block")
+    step = (steps.summed if summed else steps.steps).get(name) if type(steps) is AddNormSteps else None
+    if (step is None or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
+            or type(block._modules.get(name)) is not step.cls or a.shape != b.shape
+            or a.dtype not in FUSED_NORM_DTYPES or b.dtype not in FUSED_NORM_DTYPES or a.device != b.device
+            or not runs_kernels(a.device)):  # (never while compiling: the rewritten forward is not traced)
+        return None
+    return step  # the sum's and parameters' dtypes are checked there (same_math)
 
 
 def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
@@ -285,14 +299,26 @@ def add_then_norm(block: torch.nn.Module, name: str, a: Any, b: Any) -> Any:
     whose sum has the norm's parameter dtype (fp32 under autocast: :func:`same_math`); else that
     expression itself (a broadcast, a number, a replaced child, other dtypes, under
     ``torch.compile``, on a backend that runs no kernels)."""
-    steps = block.__dict__.get("_xkernels_block")
-    step = steps.steps.get(name) if type(steps) is AddNormSteps else None
-    if (step is None or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor)
-            or type(block._modules.get(name)) is not step.cls or a.shape != b.shape
-            or a.dtype not in FUSED_NORM_DTYPES or b.dtype not in FUSED_NORM_DTYPES or a.device != b.device
-            or as_written(a)):
-        return getattr(block, name)(a + b)
-    return step(block, a, b)  # the sum's and parameters' dtypes are checked there (same_math)
+    step = _site_step(block, name, a, b, False)
+    return getattr(block, name)(a + b) if step is None else step(block, a, b)
+
+
+def add_norm_and_sum(block: torch.nn.Module, name: str, a: Any, b: Any) -> tuple[Any, Any]:
+    """``(s, self.<name>(s))`` for ``s = a + b`` in a forward ``add_norm_forms`` rewrote (a
+    pre-norm site: the sum is the next residual), fused as :func:`add_then_norm` decides, and only
+    where a gradient is required or a CUDA graph is being captured. An inference call runs as
+    written: the fused op saves one pass over the sum, a few µs of device time, and its Python
+    path cost more host time than PyTorch's add and norm (mBART-large's forward, 8 x 512 on an
+    H200, host-bound: 0.96x of torch's wall with its 36 sites fused, 1.03x with them as written;
+    results/2026-12-01-h200-pre-norm-sites)."""
+    step = _site_step(block, name, a, b, True)
+    if step is not None and not (_grad_enabled() and (a.requires_grad or b.requires_grad)) and not _capturing(a):
+        step = None
+    if step is None:
+        s = a + b
+        return s, getattr(block, name)(s)
+    y, s = step(block, a, b)
+    return s, y
 
 
 def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = (),

@@ -12,7 +12,9 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   pre-norm decoder layer (Llama family), BERT's self-output/output, GPT-2's block, ViT's layer;
   and in any other forward, each ``self.<norm>(a + b)`` and ``h = a + b; h = self.<norm>(h)``
   (``residual add + norm (post-norm)``: ``xkernels/add_norm_forms.py`` rewrites the forward's
-  source; BART and its copies, DistilBERT, GTE, wav2vec2, DETR, ... and BERT's embeddings), fused
+  source; BART and its copies, DistilBERT, GTE, wav2vec2, DETR, ... and BERT's embeddings) and
+  each ``s = a + b`` whose sum is kept as the next residual before ``self.<norm>(s)``
+  (``residual add + norm (pre-norm)``: Whisper, mBART, Pegasus, M2M-100, BioGPT, ...), fused
   per call where the two operands share a shape and dtype;
 * ``rms norm``: a Llama-, Helium- (Flint-) or Gemma-style RMSNorm module (six PyTorch passes) as
   one kernel, the weightless one of NanoChat and HRM (the op's ``weight=None``), or T5's where
@@ -62,6 +64,7 @@ from xkernels.block_steps import (
     AddNormSteps,
     FeedForwardStep,
     NormStep,
+    add_norm_and_sum,
     add_then_norm,
     as_written,
     checkpointed,
@@ -514,7 +517,8 @@ class BlockFusion:
     feed_forward: FeedForwardStep | None = None  # the training block's children (feed-forward fusions)
     candidate: Callable[[torch.nn.Module], bool] | None = None  # False: not this fusion's kind of module
     gated: GatedForm | None = None  # a gated MLP's children and what follows the product (gated_forms)
-    add_norms: tuple[str, ...] = ()  # the norm children of a rewritten forward's add + norm sites (add_norm_forms)
+    add_norms: tuple[str, ...] = ()  # the norm children of a rewritten forward's post-norm sites (add_norm_forms)
+    add_norms_summed: tuple[str, ...] = ()  # ... and of its pre-norm sites (the sum kept)
 
 
 FUSIONS = (
@@ -640,12 +644,18 @@ def _has_a_norm(norms: tuple[str, ...]) -> Callable[[torch.nn.Module], bool]:
     return candidate
 
 
+#: a rewritten forward's fusion, by its sites: all post-norm, all pre-norm (the sum kept), or both
+ADD_NORM_SITE_FUSIONS = {(True, False): "residual add + norm (post-norm)", (False, True): "residual add + norm (pre-norm)",
+                         (True, True): "residual add + norm (post- and pre-norm)"}
+
+
 @cache
 def _add_norm_fusion(cls: type) -> BlockFusion | None:
-    found = add_norm_form(cls, add_then_norm)
+    found = add_norm_form(cls, add_then_norm, add_norm_and_sum)
     if found is None:
         return None
-    rewritten, norms = found
+    rewritten, plain, summed = found
+    norms = found.norms
     original = inspect.unwrap(cls.forward)
 
     @functools.wraps(original)
@@ -654,8 +664,8 @@ def _add_norm_fusion(cls: type) -> BlockFusion | None:
             return original(self, *args, **kwargs)
         return rewritten(self, *args, **kwargs)
 
-    return BlockFusion("residual add + norm (post-norm)", "", forward, _add_norm_problem(norms),
-                       candidate=_has_a_norm(norms), add_norms=norms)
+    return BlockFusion(ADD_NORM_SITE_FUSIONS[bool(plain), bool(summed)], "", forward, _add_norm_problem(norms),
+                       candidate=_has_a_norm(norms), add_norms=plain, add_norms_summed=summed)
 
 
 @cache
@@ -705,9 +715,11 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
     (``xkernels/block_steps.py``; undo: ``restore``)."""
     if fusion.feed_forward is not None:
         module._xkernels_block = fusion.feed_forward
-    elif fusion.add_norms:
-        module._xkernels_block = AddNormSteps({n: _norm_step(module, n, False) for n in fusion.add_norms
-                                               if _site_norm_problem(module, n) is None})
+    elif fusion.add_norms or fusion.add_norms_summed:
+        module._xkernels_block = AddNormSteps(*({n: _norm_step(module, n, summed) for n in names
+                                                 if _site_norm_problem(module, n) is None}
+                                                for names, summed in ((fusion.add_norms, False),
+                                                                      (fusion.add_norms_summed, True))))
     elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it

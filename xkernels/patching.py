@@ -71,6 +71,8 @@ LAYER_NORM_TRAINING = ("in eager training, PyTorch's add + LayerNorm where the f
 #: a FusedBlock's note for a forward whose add + norm sites were rewritten (``block_steps.add_then_norm``)
 ADD_NORM_SITES = ("a site whose operands differ in shape (a broadcast, as BERT's position embeddings over a batch) or "
                   "device, or whose sum's dtype is not its norm's parameters' (fp32 under autocast), runs as written")
+#: a FusedBlock's note for a forward with pre-norm sites (``block_steps.add_norm_and_sum``)
+PRE_NORM_SITES = "its pre-norm sites fuse where a gradient is required or a CUDA graph is captured (docs/patching.md)"
 #: a FusedBlock's note for a feed-forward block (``block_steps.FeedForwardStep``)
 FEED_FORWARD_TRAINING = ("in training where its layers train through xkernels (xkernels.nn.training_pays; always "
                          "under CUDA-graph capture) and the fused block's plan exists (docs/patching.md); otherwise "
@@ -196,7 +198,9 @@ def patch(model: torch.nn.Module) -> PatchReport:
         patch_saving.keep(module, fusion.name)
         report._forwards.append(module)
         step = module.__dict__.get("_xkernels_block")
-        notes = [ADD_NORM_SITES] if fusion.add_norms else []
+        notes = [ADD_NORM_SITES] if fusion.add_norms or fusion.add_norms_summed else []
+        if fusion.add_norms_summed:
+            notes.append(PRE_NORM_SITES)
         if getattr(step, "layer", False):
             notes.append(LAYER_NORM_TRAINING)
         elif fusion.feed_forward is not None:

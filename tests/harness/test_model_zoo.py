@@ -117,7 +117,29 @@ def test_inputs_follow_the_model_and_the_arguments():
     built = model_zoo.build(t5, "t5", torch.float32, CPU, seq=6, layers=1)  # an encoder-decoder: both inputs
     assert sorted(built.inputs) == ["decoder_input_ids", "input_ids"]
     assert model_zoo.output_of(built.model(**built.inputs)).shape == (1, 6, 32)
+
+
+def test_speech_models_take_audio_inputs():
+    """A speech encoder gets one second of 16 kHz samples (its frames counted from its feature
+    extractor); an encoder-decoder log-mel features over its whole window and --seq decoder tokens."""
+    require_transformers()
     audio = {"model_type": "wav2vec2", "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
              "intermediate_size": 64}
-    with pytest.raises(ValueError, match="Wav2Vec2Model takes 'input_values' as its main input"):
-        model_zoo.build(audio, "wav2vec2", torch.float32, CPU)
+    built = model_zoo.build(audio, "wav2vec2", torch.float32, CPU, batch=2)
+    assert built.kind == "audio" and list(built.inputs) == ["input_values"] and built.seq is None
+    assert built.inputs["input_values"].shape == (2, model_zoo.AUDIO_SAMPLES)
+    out = model_zoo.output_of(built.model(**built.inputs))
+    assert built.tokens == 2 * out.shape[1] == 2 * 49  # 16000 samples -> 49 frames of wav2vec2's extractor
+    with pytest.raises(ValueError, match="--seq does not apply to Wav2Vec2Model"):
+        model_zoo.build(audio, "wav2vec2", torch.float32, CPU, seq=8)
+    whisper = {"model_type": "whisper", "architectures": ["WhisperModel"], "d_model": 32, "encoder_layers": 1,
+               "decoder_layers": 1, "encoder_attention_heads": 4, "decoder_attention_heads": 4,
+               "encoder_ffn_dim": 64, "decoder_ffn_dim": 64, "num_mel_bins": 8, "max_source_positions": 16,
+               "max_target_positions": 32, "vocab_size": 64, "pad_token_id": 0}
+    built = model_zoo.build(whisper, "whisper", torch.float32, CPU, batch=2, seq=5)
+    assert sorted(built.inputs) == ["decoder_input_ids", "input_features"] and built.seq == 5
+    assert built.inputs["input_features"].shape == (2, 8, 32) and built.tokens == 2 * (16 + 5)
+    assert model_zoo.output_of(built.model(**built.inputs)).shape == (2, 5, 32)
+    with pytest.raises(ValueError, match="--seq 33 exceeds the decoder's 32 positions"):
+        model_zoo.build(whisper, "whisper", torch.float32, CPU, seq=33)
+    assert model_zoo.build(whisper, "whisper", torch.float32, CPU).seq == 32  # the default 64, capped

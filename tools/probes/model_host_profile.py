@@ -57,7 +57,8 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--size", default="base", help="the zoo's size: base, or tiny (a CPU smoke run)")
-    ap.add_argument("--ways", default="torch,patch", help="among torch, enable, patch (the first is the reference)")
+    ap.add_argument("--ways", default="torch,patch",
+                    help="among torch, enable, patch, patch-sites-as-written (--alternate only; the first is the reference)")
     ap.add_argument("--aten", action="store_true", help="also profile the aten ops' host time (torch.profiler)")
     ap.add_argument("--alternate", type=int, default=0, help="rounds that switch way every step (0: none)")
     args = ap.parse_args()
@@ -99,7 +100,7 @@ def main() -> int:
         alternate(ways, args.alternate, model, call, sync)
     per_way: dict[str, dict[str, float]] = {}
     per_aten: dict[str, dict[str, tuple[float, float]]] = {}
-    for way in ways:
+    for way in (w for w in ways if w != "patch-sites-as-written"):  # (that way: --alternate only)
         report = xkernels.patch(model) if way == "patch" else None
         routing = xkernels.enabled() if way == "enable" else contextlib.nullcontext()
         with routing:
@@ -149,7 +150,7 @@ def main() -> int:
         if report is not None:
             report.undo()
     first = ways[0]
-    for way in ways[1:]:
+    for way in (w for w in ways[1:] if w in per_way):
         a, b = per_way[first], per_way[way]
         diff = sorted(((b.get(k, 0.0) - a.get(k, 0.0), k) for k in set(a) | set(b)), key=lambda t: -abs(t[0]))
         print(f"== own ms per step, {way} minus {first} (largest first)")
@@ -163,6 +164,20 @@ def main() -> int:
             for d, n, k in diff2[:args.top]:
                 print(f"  {d:+9.1f} µs  {n:+6.1f}  {k}")
     return 0
+
+
+@contextlib.contextmanager
+def sites_as_written(on: bool) -> Any:
+    """The ``patch-sites-as-written`` way: patched, but every add + norm site of a rewritten forward
+    (``xkernels/add_norm_forms.py``) runs as written: the host cost of those sites alone."""
+    from xkernels import block_steps
+    saved = block_steps._site_step
+    if on:
+        block_steps._site_step = lambda *a: None
+    try:
+        yield
+    finally:
+        block_steps._site_step = saved
 
 
 def alternate(ways: list[str], rounds: int, model: Any, call: Callable[[], None], sync: Callable[[], None]) -> None:
@@ -183,9 +198,9 @@ def alternate(ways: list[str], rounds: int, model: Any, call: Callable[[], None]
     try:
         for r in range(rounds):
             for way in ways if r % 2 == 0 else ways[::-1]:
-                report = xkernels.patch(model) if way == "patch" else None
+                report = xkernels.patch(model) if way.startswith("patch") else None
                 routing = xkernels.enabled() if way == "enable" else contextlib.nullcontext()
-                with routing:
+                with routing, sites_as_written(way == "patch-sites-as-written"):
                     call()
                     sync()
                     gc_s[0] = 0.0

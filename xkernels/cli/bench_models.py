@@ -116,7 +116,8 @@ def run(spec: Spec, dtype: torch.dtype, target: Target, batch: int | None = None
     built = model_zoo.build(spec.data, spec.source, dtype, target.device, batch, seq, layers, seed,
                             spec.zoo_name, spec.size, text_seq_only)
     log(f"{spec.name}: {built.description}, batch {built.batch}"
-        f"{f' x seq {built.seq}' if built.seq else ' images'} ({built.tokens} tokens), {str(dtype)[6:]}, {target}")
+        f"{f' x seq {built.seq}' if built.seq else ' clips' if built.kind == 'audio' else ' images'} "
+        f"({built.tokens} tokens), {str(dtype)[6:]}, {target}")
     quick = fast or spec.size == "tiny"
     settings = TINY_SETTINGS if quick else MODEL_SETTINGS
     rounds = rounds or (1 if quick else ROUNDS)

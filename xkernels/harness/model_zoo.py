@@ -12,9 +12,11 @@ the Auto class for its ``model_type`` (``AutoModelForCausalLM`` for a ``...ForCa
 downloaded, every dropout probability is set to 0 (so the ways a bench compares compute the same
 function) and ``use_cache`` off. Inputs follow the model's main input: ``input_ids`` (and
 ``decoder_input_ids`` for an encoder-decoder) for text models, ``pixel_values`` of the config's
-``num_channels`` x ``image_size`` for vision models. A config transformers cannot build, or a
-model taking other inputs (audio features, text and image together), is a ``ValueError`` saying
-so.
+``num_channels`` x ``image_size`` for vision models, and for speech models log-mel
+``input_features`` (``num_mel_bins`` x the encoder's whole window, ``2 * max_source_positions``
+frames: Whisper, Speech2Text's takes the same) or one second of 16 kHz ``input_values`` (wav2vec2,
+HuBERT, WavLM), with ``--seq`` decoder tokens for an encoder-decoder. A config transformers cannot
+build, or a model taking other inputs (text and image together), is a ``ValueError`` saying so.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import torch
 ZOO_JSON = Path(__file__).with_name("model_zoo.json")
 SIZES = ("base", "tiny")
 #: the model's main input (``PreTrainedModel.main_input_name``) -> the kind of inputs made for it
-INPUT_KINDS = {"input_ids": "text", "pixel_values": "vision"}
+INPUT_KINDS = {"input_ids": "text", "pixel_values": "vision", "input_features": "audio", "input_values": "audio"}
+#: samples of ``input_values`` (one second at 16 kHz)
+AUDIO_SAMPLES = 16000
 
 
 class ModelsUnavailable(RuntimeError):
@@ -44,10 +48,11 @@ class Built:
 
     model: torch.nn.Module
     inputs: dict[str, torch.Tensor]
-    kind: str  # "text" or "vision"
+    kind: str  # "text", "vision" or "audio"
     batch: int
-    seq: int | None  # tokens per sequence (text); None for vision
-    tokens: int  # per call: batch x seq (text), batch x patches (vision; images where no patch_size)
+    seq: int | None  # tokens per sequence (text; an audio encoder-decoder's decoder); None for vision
+    tokens: int  # per call: batch x seq (text), batch x patches (vision; images where no patch_size),
+    # batch x (encoder positions + decoder tokens) (audio)
     layers: int | None
     description: str
     info: dict[str, Any] = field(default_factory=dict)  # class, model_type, layers, hidden: for the rows
@@ -186,7 +191,7 @@ def build(data: dict[str, Any], source: str, dtype: torch.dtype, device: torch.d
     kind = INPUT_KINDS.get(getattr(model, "main_input_name", None))
     if kind is None:
         raise ValueError(f"{source}: {type(model).__name__} takes {model.main_input_name!r} as its main input; "
-                         f"bench makes {sorted(INPUT_KINDS)} only (text and vision models)")
+                         f"bench makes {sorted(INPUT_KINDS)} only (text, vision and speech models)")
     batch_d, seq_d = default_shape(zoo_name, size, kind)
     batch = batch or batch_d
     if kind == "text":
@@ -202,6 +207,11 @@ def build(data: dict[str, Any], source: str, dtype: torch.dtype, device: torch.d
         if getattr(config, "is_encoder_decoder", False):
             inputs["decoder_input_ids"] = ids
         tokens = batch * seq
+    elif kind == "audio":
+        if seq is not None and text_seq_only and not getattr(config, "is_encoder_decoder", False):
+            how += f"; --seq {seq} applies to text models and decoders only"
+            seq = None
+        inputs, seq, tokens = _audio_inputs(model, config, source, batch, seq, seq_d, device, dtype)
     else:
         if seq is not None and text_seq_only:
             how += f"; --seq {seq} applies to text models only"
@@ -222,7 +232,38 @@ def build(data: dict[str, Any], source: str, dtype: torch.dtype, device: torch.d
     info = {"class": type(model).__name__, "model_type": config.model_type, "layers": layer_count, "hidden": hidden}
     description = (f"{type(model).__name__} ({how}; {layer_count} layers, hidden {hidden}, attention "
                    f"{getattr(config, '_attn_implementation', None) or 'default'})")
-    return Built(model, inputs, kind, batch, seq if kind == "text" else None, tokens, layer_count, description, info)
+    return Built(model, inputs, kind, batch, seq if kind != "vision" else None, tokens, layer_count, description, info)
+
+
+def _audio_inputs(model: torch.nn.Module, config: Any, source: str, batch: int, seq: int | None, seq_d: int | None,
+                  device: torch.device, dtype: torch.dtype) -> tuple[dict[str, torch.Tensor], int | None, int]:
+    """A speech model's inputs (module doc), its decoder's tokens per sequence and the tokens per call."""
+    seq2seq = getattr(config, "is_encoder_decoder", False)
+    if seq is not None and not seq2seq:
+        raise ValueError(f"--seq does not apply to {type(model).__name__} (a speech encoder): its frames come from "
+                         f"one second of audio; set --batch")
+    if model.main_input_name == "input_features":
+        mels, positions = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", None)
+        if not mels or not positions:
+            raise ValueError(f"{source}: a speech model's config needs num_mel_bins and max_source_positions for "
+                             f"input_features")
+        inputs = {"input_features": torch.randn(batch, mels, 2 * positions, device=device, dtype=dtype)}
+        frames = positions
+    else:
+        inputs = {"input_values": torch.randn(batch, AUDIO_SAMPLES, device=device, dtype=dtype)}
+        lengths = getattr(model, "_get_feat_extract_output_lengths", None)
+        frames = int(lengths(torch.tensor(AUDIO_SAMPLES))) if lengths else AUDIO_SAMPLES
+    if not seq2seq:
+        return inputs, None, batch * frames
+    limit = getattr(config, "max_target_positions", None) or getattr(config, "max_position_embeddings", None)
+    seq = seq or (min(seq_d, limit) if limit else seq_d)
+    if limit and seq > limit:
+        raise ValueError(f"--seq {seq} exceeds the decoder's {limit} positions")
+    vocab = getattr(config, "vocab_size", None)
+    if not vocab:
+        raise ValueError(f"{source}: a speech encoder-decoder's config needs vocab_size to make decoder_input_ids")
+    inputs["decoder_input_ids"] = torch.randint(0, vocab, (batch, seq), device=device)
+    return inputs, seq, batch * (frames + seq)
 
 
 def output_of(out: Any) -> torch.Tensor:
