@@ -311,9 +311,9 @@ def add_norm_and_sum(block: torch.nn.Module, name: str, a: Any, b: Any) -> tuple
     path cost more host time than PyTorch's add and norm (mBART-large's forward, 8 x 512 on an
     H200, host-bound: 0.96x of torch's wall with its 36 sites fused, 1.03x with them as written;
     results/2026-12-01-h200-pre-norm-sites)."""
-    step = _site_step(block, name, a, b, True)
-    if step is not None and not (_grad_enabled() and (a.requires_grad or b.requires_grad)) and not _capturing(a):
-        step = None
+    tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+    fuses = tensors and (_grad_enabled() and (a.requires_grad or b.requires_grad) or _capturing(a))
+    step = _site_step(block, name, a, b, True) if fuses else None  # (decided first: inference pays no more)
     if step is None:
         s = a + b
         return s, getattr(block, name)(s)

@@ -76,7 +76,7 @@ from xkernels.block_steps import (
 )
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.ops import add_layer_norm, add_rms_norm
-from xkernels.ops.op import _is_compiling
+from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
 
 # -- the originals, as read in transformers 5.23 ----------------------------------------------------
@@ -662,7 +662,13 @@ def _add_norm_fusion(cls: type) -> BlockFusion | None:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _is_compiling():  # Dynamo guards a function's globals as its module's: never shown the copy
             return original(self, *args, **kwargs)
+        if pre_norm_only and not _grad_enabled():  # no site would fuse (add_norm_and_sum) unless a graph is captured
+            x = args[0] if args else next(iter(kwargs.values()), None)
+            if not (isinstance(x, torch.Tensor) and _capturing(x)):
+                return original(self, *args, **kwargs)
         return rewritten(self, *args, **kwargs)
+
+    pre_norm_only = not plain
 
     return BlockFusion(ADD_NORM_SITE_FUSIONS[bool(plain), bool(summed)], "", forward, _add_norm_problem(norms),
                        candidate=_has_a_norm(norms), add_norms=plain, add_norms_summed=summed)
