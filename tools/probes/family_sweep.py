@@ -122,7 +122,6 @@ def sweep_one(model_type, device, seconds):
     import xkernels
     from helpers import assert_model_close
     signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(seconds)
     try:
         try:
             cfg = shrink(tf.AutoConfig.for_model(model_type))
@@ -130,6 +129,9 @@ def sweep_one(model_type, device, seconds):
             model = tf.AutoModel.from_config(cfg).to(device).train()
             inputs = inputs_for(model, cfg, device)
             ref64 = copy.deepcopy(model).double()
+            # the alarm only from here: raised inside transformers' lazy imports it would leave the
+            # modules half-imported for every later type
+            signal.alarm(seconds)
             want, want_grads = step(model, inputs)
             ref, ref_grads = step(ref64, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
             if not torch.isfinite(want).all() or not torch.isfinite(ref).all():
