@@ -117,6 +117,29 @@ def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
                                    "linear + activation": 2, "linear": 11}
 
 
+def test_several_model_configs_run_in_one_process_and_one_that_cannot_be_built_is_its_own_error_row(
+        tmp_path, capsys):
+    """--model-config repeated and comma-separated: each file is a model of the run, in order; a
+    file transformers cannot build gives an error row naming it, the others still run, exit 1."""
+    require_transformers()
+    vit = _write(tmp_path, "vit.json", {
+        "model_type": "vit", "architectures": ["ViTModel"], "hidden_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "intermediate_size": 64, "image_size": 16, "patch_size": 8, "num_channels": 3})
+    bert = _write(tmp_path, "bert.json", {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 1,
+                                          "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 64})
+    bad = _write(tmp_path, "bad.json", {"model_type": "no-such-model-type"})
+    rc, rows, _ = _bench(tmp_path, "--model-config", f"{vit},{bad}", "--model-config", bert, "--backend", "cpu",
+                         "--batch", "1", "--seq", "4", "--way", "torch", "--fast")
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert [(r["model"], r["pass"]) for r in rows] == [
+        ("ViTModel", "forward"), ("ViTModel", "forward+backward"), ("no-such-model-type", "-"),
+        ("bert", "forward"), ("bert", "forward+backward")]
+    assert rows[0]["seq"] is None  # --seq is for the text model of the run
+    assert rows[2]["error"] == f"--model-config {bad}: transformers {rows[0]['transformers']} knows no model_type " \
+                               "'no-such-model-type'" and "ERROR --model-config" in out
+
+
 def test_cudagraph_on_cpu_is_skipped_with_its_reason(tmp_path, capsys):
     require_transformers()
     rc, rows, _ = _bench(tmp_path, "--model", "bert-base", "--config", "tiny", "--backend", "cpu", "--batch", "1",

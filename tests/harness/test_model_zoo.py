@@ -143,3 +143,27 @@ def test_speech_models_take_audio_inputs():
     with pytest.raises(ValueError, match="--seq 33 exceeds the decoder's 32 positions"):
         model_zoo.build(whisper, "whisper", torch.float32, CPU, seq=33)
     assert model_zoo.build(whisper, "whisper", torch.float32, CPU).seq == 32  # the default 64, capped
+
+
+def test_every_random_part_of_a_training_forward_is_off():
+    """wav2vec2's defaults drop whole layers (LayerDrop 0.1: their parameters then get no gradient)
+    and mask frames (SpecAugment) at random in training; BEiT's drop paths. The ways must compute one
+    function, so each such probability is 0 in the built model, and two training forwards agree."""
+    require_transformers()
+    audio = {"model_type": "wav2vec2", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 64, "layerdrop": 0.5, "mask_time_prob": 0.5, "mask_time_length": 2,
+             "mask_feature_prob": 0.3, "mask_feature_length": 2, "hidden_dropout": 0.2}
+    built = model_zoo.build(audio, "wav2vec2", torch.float32, CPU, batch=2)
+    cfg = built.model.config
+    assert (cfg.layerdrop, cfg.mask_time_prob, cfg.mask_feature_prob, cfg.hidden_dropout) == (0.0, 0.0, 0.0, 0.0)
+    model = built.model.train()
+    first = model_zoo.output_of(model(**built.inputs))
+    first.pow(2).mean().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    assert torch.equal(first, model_zoo.output_of(model(**built.inputs)))
+    beit = {"model_type": "beit", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 64, "image_size": 16, "patch_size": 8, "drop_path_rate": 0.3}
+    assert model_zoo.build(beit, "beit", torch.float32, CPU).model.config.drop_path_rate == 0.0
+    assert [k for k in ("mask_time_prob", "mask_time_length", "layerdrop", "drop_path_rate", "attention_dropout",
+                        "resid_pdrop", "router_jitter_noise", "layer_norm_eps") if model_zoo.random_part(k)] == [
+        "mask_time_prob", "layerdrop", "drop_path_rate", "attention_dropout", "resid_pdrop", "router_jitter_noise"]

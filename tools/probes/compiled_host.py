@@ -7,6 +7,7 @@ whether the switching itself costs the compiled call.
 
     python tools/probes/compiled_host.py --cases llama:16,llama:2048,bert-base:128 --json compiled-host.json
     python tools/probes/compiled_host.py --cases llama:16 --mode default --mode reduce-overhead
+    python tools/probes/compiled_host.py --cases tools/probes/data/families/phi-3-mini.json:2048
 
 ``--mode reduce-overhead`` compiles with CUDA graphs (the host cost of a replay is small, so the
 wall time is about the device's); the re-patching part is then left out.
@@ -97,8 +98,11 @@ def frames():
 
 
 def measure(name, seq, rounds, size, device, backend, mode=None):
-    built = model_zoo.build(model_zoo.zoo_config(name, size), f"--model {name}", torch.bfloat16,
-                            torch.device(device), seq=seq)
+    if name.endswith(".json"):  # a config.json (bench --model-config's), at its own size
+        data, source, name = model_zoo.read_config(name), f"--model-config {name}", name.rsplit("/", 1)[-1][:-5]
+    else:
+        data, source = model_zoo.zoo_config(name, size), f"--model {name}"
+    built = model_zoo.build(data, source, torch.bfloat16, torch.device(device), seq=seq)
     base = built.model.eval()
     mine = copy.deepcopy(base)
     report = xkernels.patch(mine)
@@ -160,7 +164,8 @@ def measure(name, seq, rounds, size, device, backend, mode=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", default="llama:16,llama:2048", help="model:seq, comma-separated")
+    ap.add_argument("--cases", default="llama:16,llama:2048",
+                    help="model:seq, comma-separated (model: a --model name or a config.json)")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--size", default="base", help="tiny: a dry run of the probe itself")
     ap.add_argument("--device", default="cuda")

@@ -50,6 +50,8 @@ SIZES = {
 
 def shrink(cfg, depth=0):
     from transformers import PretrainedConfig
+
+    from xkernels.harness.model_zoo import random_part
     for name, value in list(vars(cfg).items()):
         if isinstance(value, PretrainedConfig) and depth < 3:
             shrink(value, depth + 1)
@@ -57,8 +59,7 @@ def shrink(cfg, depth=0):
             continue
         elif name in SIZES and isinstance(value, int) and value > SIZES[name]:
             setattr(cfg, name, SIZES[name])
-        elif isinstance(value, float) and ("dropout" in name or name.endswith("_pdrop") or "drop_path" in name
-                                           or "layerdrop" in name or name.startswith("mask_") and name.endswith("_prob")):
+        elif isinstance(value, float) and random_part(name):
             # every random part off (dropout, stochastic depth, layer drop, SpecAugment's masks)
             setattr(cfg, name, 0.0)
     cfg._attn_implementation = "eager"

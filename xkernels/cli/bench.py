@@ -3,7 +3,7 @@
     python -m xkernels.bench [--device D] [--backend NAME] [--op OP] [--dtype DT]
                              [--size small|medium|large|models|all] [--model M] [--fast] [--seed N]
                              [--json PATH] [--csv PATH] [--plot PATH] [--compare OLD.json]
-    python -m xkernels.bench --model NAME[,NAME]|all | --model-config CONFIG.json [--layers N]
+    python -m xkernels.bench --model NAME[,NAME]|all | --model-config CONFIG.json[,...] [--layers N]
                              [--mode eager,cudagraph,compile] [--way W] [--config base|tiny] [--batch B]
                              [--seq S] [--dtype DT] [--rounds R] [--fast] [--json PATH] [--csv PATH]
     python -m xkernels.bench --host [--device cuda|cpu] [--rounds R] [--calls N]
@@ -212,8 +212,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         f"({', '.join(model_names())}); without --size: whole transformers models "
                         f"({', '.join(whole_models())}, or all) timed four ways: torch, enable(), patch(), both "
                         "(docs/models.md)")
-    p.add_argument("--model-config", metavar="CONFIG.json",
-                   help="a whole model from any transformers config.json (random weights, no download)")
+    p.add_argument("--model-config", metavar="CONFIG.json", action="append",
+                   help="a whole model from any transformers config.json (random weights, no download); repeat or "
+                        "comma-separate for several, run one after another in one process")
     p.add_argument("--layers", type=int, help="whole model: override num_hidden_layers (e.g. 2 of an 8B model)")
     p.add_argument("--mode", action="append",
                    help="whole model: eager (default), cudagraph, compile; comma-separate several")

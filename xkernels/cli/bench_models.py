@@ -369,7 +369,8 @@ def _split(values: list[str] | str | None) -> list[str]:
 
 def main(args: Any, target: Target) -> int:
     """``bench --model`` / ``--model-config``: print the rows, write ``--json`` / ``--csv``; exit 1
-    if a way failed, 2 if the arguments are wrong or a model cannot be built here."""
+    if a way failed (or, of several models, one cannot be built here: its row says why), 2 if the
+    arguments are wrong or the one model cannot be built here."""
     import sys
 
     from xkernels import dispatch
@@ -397,7 +398,7 @@ def main(args: Any, target: Target) -> int:
     try:
         names = model_zoo.model_names() if names == ["all"] else names
         specs = [zoo_spec(n, args.config or "base") for n in names]
-        specs += [file_spec(args.model_config)] if args.model_config else []
+        specs += [file_spec(path) for path in _split(args.model_config)]
         dtype = parse_dtype(dtypes[0]) if dtypes else (torch.float32 if target.device.type == "cpu" else torch.bfloat16)
         # a backend other than the device's own is forced for the run; the device's own needs no
         # use_backend block (a user's model runs without one, and enable()'s C++ overrides defer
@@ -406,8 +407,14 @@ def main(args: Any, target: Target) -> int:
         own = dispatch.select(target.device).name == target.backend.name
         with contextlib.nullcontext() if own else use_backend(target.backend):
             for spec in specs:
-                mine = run(spec, dtype, target, args.batch, args.seq, args.layers, modes, ways, args.rounds,
-                           bool(args.fast), args.seed, text_seq_only=len(specs) > 1)
+                try:
+                    mine = run(spec, dtype, target, args.batch, args.seq, args.layers, modes, ways, args.rounds,
+                               bool(args.fast), args.seed, text_seq_only=len(specs) > 1)
+                except ValueError as exc:
+                    if len(specs) == 1:
+                        raise
+                    # one of several models cannot be built here: its error row, and the others run
+                    mine = [{"model": spec.name, "mode": "-", "way": "-", "pass": "-", "error": str(exc)}]
                 for r in mine:
                     print(format_row(r), flush=True)
                 rows += mine

@@ -112,9 +112,19 @@ def _first_line(exc: BaseException, limit: int = 400) -> str:
     return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
+def random_part(key: str) -> bool:
+    """Whether a config's float ``key`` is the probability of a random part of a training forward:
+    dropout, stochastic depth (``drop_path_rate``), LayerDrop (wav2vec2's ``layerdrop``: a dropped
+    layer's parameters get no gradient), SpecAugment's masks (``mask_time_prob``) or a router's
+    jitter (Mixtral's ``router_jitter_noise``). Each is set to 0 so that every way computes the same
+    function."""
+    return ("dropout" in key or "pdrop" in key or "drop_path" in key or "layerdrop" in key or "jitter" in key
+            or key.startswith("mask_") and key.endswith("_prob"))
+
+
 def make_config(data: dict[str, Any], source: str, layers: int | None = None) -> Any:
     """The transformers config of ``data`` (a config.json's dict), ``num_hidden_layers`` set to
-    ``layers`` where given, dropout 0, no KV cache."""
+    ``layers`` where given, every random part off (:func:`random_part`), no KV cache."""
     transformers = _transformers()
     version = transformers.__version__
     data = dict(data)
@@ -148,7 +158,7 @@ def make_config(data: dict[str, Any], source: str, layers: int | None = None) ->
         raise ValueError(f"{source}: --layers {layers} did not reach the config "
                          f"(num_hidden_layers is {config.num_hidden_layers})")
     for key, value in config.to_dict().items():
-        if isinstance(value, float) and ("dropout" in key or "pdrop" in key) and value != 0.0:
+        if isinstance(value, float) and random_part(key) and value != 0.0:
             setattr(config, key, 0.0)
     if hasattr(config, "use_cache"):
         config.use_cache = False
