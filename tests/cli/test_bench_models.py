@@ -200,7 +200,7 @@ def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
         seen.append(_way_state(runner.model))
         return {p: (1.0, 2.0 * len(seen)) for p in ("forward", "forward+backward")}
 
-    def fake_walls(ways, runners, model, target, rounds):
+    def fake_walls(ways, runners, models, kept, target, rounds):
         assert rounds == 3  # a tiny model: one step round per round (else STEP_ROUNDS_PER_ROUND)
         return {(w, p): [float(i + 1 + 10 * ways.index(w)) for i in range(rounds)]
                 for w in ways for p in ("forward", "forward+backward")}
@@ -218,6 +218,47 @@ def test_rounds_interleave_the_ways_on_one_model(monkeypatch):
     assert fwd["speedup"] == pytest.approx(statistics.median((1.0 + i) / (11.0 + i) for i in range(n)))
     assert fwd["host_round_ms"] == [4.0, 10.0, 16.0] and fwd["device_speedup"] == 1.0
     assert fwd["host_speedup"] == sorted([1 / 2, 6 / 5, 7 / 8])[1]
+
+
+def test_under_compile_each_way_runs_on_its_own_copy_patched_once(monkeypatch):
+    """A user compiles a model patched once: in compile mode the patched ways get their own copy of
+    the model, patched before anything runs and undone at the end, never switched; the torch way
+    keeps the model itself, unpatched. (Eager and CUDA-graph modes switch one model.)"""
+    require_transformers()
+    import xkernels
+    from xkernels.harness import resolve_target
+
+    seen, patches = [], []
+    real_patch = xkernels.patch
+
+    def counting_patch(model, *a, **k):
+        patches.append(id(model))
+        return real_patch(model, *a, **k)
+
+    def fake_runner(mode, model, inputs, target):
+        from xkernels.harness.model_runs import Runner
+        return Runner(model, inputs)
+
+    def fake_time(runner, target, settings):
+        seen.append((id(runner.model), _way_state(runner.model)))
+        return {p: (1.0, 1.0) for p in ("forward", "forward+backward")}
+
+    monkeypatch.setattr(xkernels, "patch", counting_patch)
+    monkeypatch.setattr(bench_models, "make_runner", fake_runner)
+    monkeypatch.setattr(bench_models, "unavailable_reason", lambda mode, target: None)
+    monkeypatch.setattr(bench_models, "_time", fake_time)
+    built = []
+    real_build = bench_models.model_zoo.build
+    monkeypatch.setattr(bench_models.model_zoo, "build", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    rows = bench_models.run(bench_models.zoo_spec("gpt2", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
+                            modes=("compile",), rounds=2, ways=("torch", "patch"), log=lambda s: None)
+    model = built[0].model
+    assert [r["way"] for r in rows] == ["torch", "torch", "patch", "patch"] and "error" not in rows[0]
+    assert len(patches) == 1 and patches[0] != id(model)  # one copy, patched once
+    copy_id = patches[0]
+    assert seen == [(id(model), "torch"), (copy_id, "patch"), (copy_id, "patch"), (id(model), "torch")]
+    assert _way_state(model) == "torch"
+    assert rows[-1]["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6}
 
 
 def test_alternating_walls_switch_way_every_step():
@@ -241,7 +282,8 @@ def test_alternating_walls_switch_way_every_step():
             seen.append(("forward+backward", _way_state(built.model)))
 
     ways = ["torch", "patch"]
-    walls = bench_models._alternating_walls(ways, {w: Runner() for w in ways}, built.model, target, 2)
+    walls = bench_models._alternating_walls(ways, {w: Runner() for w in ways}, dict.fromkeys(ways, built.model), {},
+                                            target, 2)
     assert set(walls) == {(w, p) for w in ways for p in ("forward", "forward+backward")}
     assert all(len(v) == 2 and all(t >= 0 for t in v) for v in walls.values())
     steps = [(p, w) for r in range(2) for p in ("forward", "forward+backward")
