@@ -85,8 +85,8 @@ def summarize(results: Path) -> str:
         runs.append([link, describe(folder)])
         for f in sorted(folder.glob("*.json")):
             data = json.loads(f.read_text())
-            if not isinstance(data, dict):
-                continue  # a sweep's raw measurements
+            if not isinstance(data, dict) or not isinstance(data.get("rows", []), list):
+                continue  # a sweep's raw measurements; family_sweep's rows by model type
             if "summary" in data:
                 other.append([folder.name, f.name, summary_text(data["summary"])])
             elif data.get("rows") and "model" in data["rows"][0]:
