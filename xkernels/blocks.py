@@ -75,6 +75,7 @@ from xkernels.block_steps import (
     own_forward,
 )
 from xkernels.gated_forms import GatedForm, gated_form
+from xkernels.linear_forms import computes_linear
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
@@ -438,7 +439,7 @@ def _norms(*names: str) -> Callable[[torch.nn.Module], str | None]:
 
 
 def _plain_linear(m: Any) -> bool:
-    return type(m) is torch.nn.Linear and not hooked(m)
+    return (type(m) is torch.nn.Linear or computes_linear(type(m))) and not hooked(m)
 
 
 def _gate_activation(act: Any) -> str | None:
@@ -452,7 +453,7 @@ def _gated_problem(proj: tuple[str, ...], act: str) -> Callable[[torch.nn.Module
     def problem(m: torch.nn.Module) -> str | None:
         for name in proj:
             if not _plain_linear(getattr(m, name, None)):
-                return f"{name} is not a plain torch.nn.Linear without hooks"
+                return f"{name} is not a plain torch.nn.Linear (or a subclass computing F.linear) without hooks"
         if _gate_activation(getattr(m, act, None)) is None:
             return f"{act} ({type(getattr(m, act, None)).__name__}) is not relu/gelu/gelu_tanh/silu"
         if len(proj) == 2 and getattr(m, proj[0]).weight.shape != getattr(m, proj[1]).weight.shape:
@@ -477,7 +478,7 @@ def _mlp_problem(up: str, act: str, down: str) -> Callable[[torch.nn.Module], st
     def problem(m: torch.nn.Module) -> str | None:
         for name in (up, down):
             if not _plain_linear(getattr(m, name, None)):
-                return f"{name} is not a plain torch.nn.Linear without hooks"
+                return f"{name} is not a plain torch.nn.Linear (or a subclass computing F.linear) without hooks"
         if _linear_activation(getattr(m, act, None)) is None:
             return f"{act} ({type(getattr(m, act, None)).__name__}) is not an activation xkernels.ops.linear fuses"
         return None

@@ -24,9 +24,10 @@ Rules, in order:
    approximation), ``nn.SiLU``, ``nn.LeakyReLU`` and transformers' GELU / tanh-GELU / SiLU
    classes; any other activation stays as it is (reported) and the layer is swapped unfused.
 2. Every other ``nn.Linear`` (exactly that class) and transformers ``Conv1D`` becomes the xkernels
-   module without activation.
-3. Left, with the reason: subclasses of ``nn.Linear`` (their forward or users may differ), modules
-   with hooks (the fused output would change what a hook sees), the root module itself.
+   module without activation; so does a subclass of ``nn.Linear`` that only rewrites its forward as
+   ``F.linear`` (``xkernels/linear_forms.py``: Falcon's ``FalconLinear``).
+3. Left, with the reason: other subclasses of ``nn.Linear`` (their forward or users may differ),
+   modules with hooks (the fused output would change what a hook sees), the root module itself.
 
 Parameters are shared, never copied: ``state_dict`` keys and an optimiser built before the patch
 stay valid. Known module classes are looked up only among modules already imported.
@@ -42,6 +43,7 @@ import torch
 from xkernels import blocks, patch_saving, rotary_fusion
 from xkernels import nn as xnn
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
+from xkernels.linear_forms import computes_linear
 from xkernels.patterns import activation_of, loaded, patterns
 
 __all__ = ["FusedBlock", "Left", "PatchReport", "Replaced", "patch"]
@@ -162,9 +164,15 @@ def _conv1d_classes() -> tuple[type, ...]:
 
 
 def _swap(layer: torch.nn.Module, activation: str | None, slope: float) -> torch.nn.Module:
-    if type(layer) is torch.nn.Linear:
+    if isinstance(layer, torch.nn.Linear):  # nn.Linear, or a subclass computing F.linear (linear_forms)
         return xnn.Linear.from_linear(layer, activation, negative_slope=slope)
     return xnn.Conv1D.from_conv1d(layer, activation, negative_slope=slope)
+
+
+def _swappable(m: Any, swappable: tuple[type, ...]) -> bool:
+    """``nn.Linear`` or GPT-2's ``Conv1D`` exactly, or a ``Linear`` subclass whose forward is
+    ``F.linear``'s (``xkernels.linear_forms``: Falcon's ``FalconLinear``)."""
+    return type(m) in swappable or computes_linear(type(m))
 
 
 def _first_line(m: torch.nn.Module) -> str:
@@ -231,10 +239,10 @@ def patch(model: torch.nn.Module) -> PatchReport:
         if isinstance(parent, torch.nn.Sequential):
             keys = list(parent._modules)
             for a, b in zip(keys, keys[1:]):
-                if type(parent._modules[a]) in swappable and _looks_like_activation(parent._modules[b]):
+                if _swappable(parent._modules[a], swappable) and _looks_like_activation(parent._modules[b]):
                     pairs.append((parent, a, b))
         for cls, e in known:
-            if type(parent) is cls and type(parent._modules.get(e["linear"])) in swappable:
+            if type(parent) is cls and _swappable(parent._modules.get(e["linear"]), swappable):
                 pairs.append((parent, e["linear"], e["activation"]))
     for parent, lin, act in pairs:
         layer, act_mod = parent._modules[lin], parent._modules.get(act)
@@ -264,7 +272,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
             name = qual(parent, attr)
             if isinstance(child, xnn.Linear | xnn.Conv1D):
                 report.left.append(Left(name, type(child).__name__, "already an xkernels module"))
-            elif type(child) not in swappable:
+            elif not _swappable(child, swappable):
                 report.left.append(Left(name, type(child).__name__, f"a subclass of {type(child).__mro__[1].__name__}: "
                                                                     "its forward or its users may differ"))
             elif hooked(child):

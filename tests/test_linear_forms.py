@@ -1,0 +1,122 @@
+"""``xkernels.linear_forms``: ``nn.Linear`` subclasses whose forward is ``F.linear``'s are swapped by
+``patch()`` like ``nn.Linear`` (Falcon's ``FalconLinear``); any other subclass is left, reported."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xkernels
+from helpers import assert_model_close, require_transformers
+from xkernels.linear_forms import computes_linear
+
+
+class Functional(torch.nn.Linear):
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        """F.linear, annotated and documented."""
+        return F.linear(inp, self.weight, self.bias)
+
+
+class Matmul(torch.nn.Linear):  # FalconLinear's form, other names
+    def forward(self, hidden):
+        out = hidden @ self.weight.T
+        if self.bias is None:
+            return out
+        return out + self.bias
+
+
+class Scaled(torch.nn.Linear):
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias) * 2
+
+
+class AddsInput(torch.nn.Linear):
+    def forward(self, x):
+        out = x @ self.weight.T
+        if self.bias is None:
+            return out
+        return out + x
+
+
+class WithAttribute(Functional):
+    scale = 2.0  # read by other code, maybe
+
+
+class OwnInit(torch.nn.Linear):
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.extra = 1
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class Marker(torch.nn.Linear):
+    """nn.Linear's forward, a type of its own (as NonDynamicallyQuantizableLinear): others read it."""
+
+
+class KeywordOnly(torch.nn.Linear):
+    def forward(self, x, *, scale=1.0):
+        return F.linear(x, self.weight, self.bias)
+
+
+@pytest.mark.parametrize("cls, expected", [
+    (Functional, True), (Matmul, True), (Scaled, False), (AddsInput, False), (WithAttribute, False),
+    (OwnInit, False), (Marker, False), (KeywordOnly, False), (torch.nn.Linear, False), (torch.nn.Conv1d, False),
+    (torch.nn.modules.linear.NonDynamicallyQuantizableLinear, False)])
+def test_which_subclasses_compute_linear(cls, expected):
+    assert computes_linear(cls) is expected
+
+
+def test_falcon_linear_is_read_as_linear():
+    tf = require_transformers()
+    from transformers.models.falcon.modeling_falcon import FalconLinear
+
+    assert tf is not None and computes_linear(FalconLinear)
+
+
+def test_patch_swaps_such_subclasses_fusing_their_activation(backend, device):
+    """In a Sequential: the F.linear-form subclass followed by GELU becomes one fused xkernels
+    linear, the matmul-form one a plain one; the scaled one is left with its reason. Output and
+    gradients match the float64 model; undo() gives back the subclass instances."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(Functional(16, 32), torch.nn.GELU(), Matmul(32, 24, bias=False), Scaled(24, 8)).to(device)
+    x = torch.randn(4, 16, device=device)
+    ref = copy.deepcopy(model).double()
+    want = model(x)
+    want.square().mean().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    r = ref(x.double())
+    r.square().mean().backward()
+    model.zero_grad(set_to_none=True)
+    layers = list(model)
+    report = xkernels.patch(model)
+    assert [(e.name, e.old, e.activation) for e in report.replaced] == [
+        ("0", "Functional", "gelu"), ("2", "Matmul", None)]
+    assert isinstance(model[0], xkernels.nn.Linear) and model[0].activation == "gelu"
+    assert isinstance(model[1], torch.nn.Identity) and isinstance(model[2], xkernels.nn.Linear)
+    assert [(e.name, e.reason) for e in report.left] == [
+        ("3", "a subclass of Linear: its forward or its users may differ")]
+    got = model(x)
+    assert_model_close(got, want, r)
+    got.square().mean().backward()
+    for g, w, p in zip((p.grad for p in model.parameters()), want_grads, ref.parameters()):
+        assert_model_close(g, w, p.grad)
+    report.undo()
+    assert list(model) == layers
+
+
+def test_falcon_feed_forward_and_linears_fuse():
+    """Falcon's MLP (two FalconLinear around a GELU) is a feed-forward block now, every FalconLinear
+    a swapped layer; nothing is left (tests/test_patch_families.py checks its numbers)."""
+    tf = require_transformers()
+    cfg = tf.FalconConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, vocab_size=64,
+                          new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False)
+    report = xkernels.patch(tf.FalconForCausalLM(cfg))
+    assert not report.left, report
+    assert report.counts() == {"feed-forward (training)": 2, "rotary embedding": 2, "linear + activation": 2,
+                               "linear": 7}
+    assert {e.old for e in report.replaced} == {"FalconLinear", "Linear"}
