@@ -18,7 +18,9 @@ Rules, in order:
    ``xkernels.ops.rotary_embedding`` (``xkernels/rotary_fusion.py``), reported as ``rotary embedding``.
 1. *Fusions*: in an ``nn.Sequential``, a linear layer directly followed by an activation module;
    in a known module class (``data/patch_patterns.json``: BertIntermediate, GPT2MLP, LlamaMLP,
-   ViTMLP, ...), its projection and the activation its forward applies to it. The layer becomes
+   ViTMLP, ...), its projection and the activation its forward applies to it; in any other
+   module, a linear layer whose forward applies an activation module straight to its output and
+   uses neither elsewhere (``xkernels/activation_forms.py``: OPT's ``fc1`` and ``activation_fn``). The layer becomes
    ``xkernels.nn.Linear`` / ``xkernels.nn.Conv1D`` with ``activation=``, the activation slot
    ``nn.Identity``. Recognised activations (by class): ``nn.ReLU``, ``nn.GELU`` (either
    approximation), ``nn.SiLU``, ``nn.LeakyReLU`` and transformers' GELU / tanh-GELU / SiLU
@@ -42,6 +44,7 @@ import torch
 
 from xkernels import blocks, patch_saving, rotary_fusion
 from xkernels import nn as xnn
+from xkernels.activation_forms import linear_activation_pairs
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
 from xkernels.linear_forms import computes_linear
 from xkernels.patterns import activation_of, loaded, patterns
@@ -192,6 +195,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
     names = {id(m): n for n, m in model.named_modules()}
     qual = lambda parent, attr: f"{names[id(parent)]}.{attr}".lstrip(".")
     done: set[tuple[int, str]] = set()  # (id(parent), attr) of slots already handled
+    as_its_class: set[int] = set()  # modules whose forward applies their class's modules as its source does
 
     # 0. block fusions: a module whose forward is one of xkernels.blocks' known forwards
     for module in list(model.modules()):
@@ -215,6 +219,8 @@ def patch(model: torch.nn.Module) -> PatchReport:
             notes.append(FEED_FORWARD_TRAINING)
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, "; ".join(notes)))
         done.update((id(module), attr) for attr in fusion.consumed)
+        if fusion.name in blocks.ADD_NORM_SITE_FUSIONS.values():
+            as_its_class.add(id(module))  # its class's source with the sites rewritten: the rest as written
     for module in list(model.modules()):  # attention: the rotary embedding's call bound to the fused op
         found, why = rotary_fusion.fusion_for(module)
         if not found or any(m is module for m in report._forwards):
@@ -235,6 +241,7 @@ def patch(model: torch.nn.Module) -> PatchReport:
         step = module.__dict__.get("_xkernels_block")
         if isinstance(step, FeedForwardStep) and step.up[:-1] == step.act[:-1]:
             pairs.append((child_at(module, step.up[:-1]), step.up[-1], step.act[-1]))
+    rewritten = {id(m) for m in report._forwards}
     for parent in model.modules():
         if isinstance(parent, torch.nn.Sequential):
             keys = list(parent._modules)
@@ -244,6 +251,15 @@ def patch(model: torch.nn.Module) -> PatchReport:
         for cls, e in known:
             if type(parent) is cls and _swappable(parent._modules.get(e["linear"]), swappable):
                 pairs.append((parent, e["linear"], e["activation"]))
+        if "forward" not in parent.__dict__ and id(parent) not in rewritten or id(parent) in as_its_class:
+            for lin, act in linear_activation_pairs(type(parent)):
+                # only an activation xkernels fuses: the module after a layer may be anything (a
+                # dropout, a pooler's tanh), which the layer's swap alone (rule 2) serves as well
+                act_mod = parent._modules.get(act)
+                found = activation_of(act_mod) if isinstance(act_mod, torch.nn.Module) else None
+                if (_swappable(parent._modules.get(lin), swappable) and isinstance(found, tuple)
+                        and found[0] in supported):
+                    pairs.append((parent, lin, act))
     for parent, lin, act in pairs:
         layer, act_mod = parent._modules[lin], parent._modules.get(act)
         if (id(parent), lin) in done:
