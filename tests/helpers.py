@@ -142,6 +142,30 @@ def assert_model_close(got: torch.Tensor, torch_result: torch.Tensor, ref64: tor
         f"+ atol {atol:.0e}")
 
 
+def patch_matches_float64(model: torch.nn.Module, x: torch.Tensor):
+    """``xkernels.patch(model)`` (returned, the model left patched) after checking that the patched
+    model's output and every parameter's gradient (of the output's mean square) are as close to
+    the float64 model's as PyTorch's own (``assert_model_close``)."""
+    import copy
+
+    import xkernels
+
+    ref = copy.deepcopy(model).double()
+    want = model(x)
+    want.square().mean().backward()
+    want_grads = [p.grad.clone() for p in model.parameters()]
+    r = ref(x.double())
+    r.square().mean().backward()
+    model.zero_grad(set_to_none=True)
+    report = xkernels.patch(model)
+    got = model(x)
+    assert_model_close(got, want, r)
+    got.square().mean().backward()
+    for g, w, p in zip((p.grad for p in model.parameters()), want_grads, ref.parameters()):
+        assert_model_close(g, w, p.grad)
+    return report
+
+
 def nudged(tensors: Iterable[torch.Tensor], rel: float = 2.0**-16) -> list[torch.Tensor]:
     """Detached CPU copies of ``tensors``, each element moved by ``rel`` * N(0, 1) of itself (about
     2**7 float32 ulps): the same problem to that accuracy, with fresh rounding errors all the way
