@@ -120,3 +120,12 @@ def test_opts_decoder_layer_fuses_fc1_with_its_activation():
     assert report.counts() == {"residual add + norm (post-norm)": 2, "linear + activation": 2, "linear": 11}
     assert [e.name for e in report.replaced if e.activation == "relu"] == [
         "model.decoder.layers.0.fc1", "model.decoder.layers.1.fc1"]
+
+
+def test_blooms_mlp_fuses_its_tanh_gelu():
+    """BLOOM applies its own GELU module (``BloomGelu``: the tanh formula, with that formula's
+    derivative as its backward) straight to ``dense_h_to_4h``'s output."""
+    tf = require_transformers()
+    report = xkernels.patch(tf.BloomForCausalLM(tf.BloomConfig(hidden_size=32, n_head=4, n_layer=2, vocab_size=64)))
+    assert report.counts() == {"linear + activation": 2, "linear": 7} and not report.left
+    assert {e.activation for e in report.replaced if e.activation} == {"gelu_tanh"}
