@@ -60,6 +60,13 @@ class ActivationTwice(Inline):
         return self.act(self.fc2(h))
 
 
+class HelperReadsLayer(Inline):
+    """Other code may call ``pre_activation``: fusing fc1 with act would change what it returns."""
+
+    def pre_activation(self, x):
+        return self.fc1(x)
+
+
 class OtherNames(Inline):
     def forward(self, x):
         y = self.fc1(x)
@@ -70,7 +77,8 @@ class OtherNames(Inline):
 @pytest.mark.parametrize("cls, pairs", [
     (Inline, (("norm", "fc1"), ("fc1", "act"), ("act", "fc2"))),  # patch checks which are (linear, activation)
     (Nested, (("fc1", "act"), ("act", "fc2"), ("norm", "fc1"))),
-    (ReadsPreActivation, ()), (StatementBetween, ()), (LayerTwice, ()), (ActivationTwice, ()), (OtherNames, ()),
+    (ReadsPreActivation, ()), (StatementBetween, ()), (HelperReadsLayer, (("act", "fc2"),)),
+    (LayerTwice, ()), (ActivationTwice, ()), (OtherNames, ()),
     (torch.nn.Linear, ())])
 def test_pairs_read_from_the_forward(cls, pairs):
     assert set(linear_activation_pairs(cls)) == set(pairs)
@@ -88,7 +96,7 @@ def test_patch_fuses_an_inline_pair_exactly(backend, device, cls):
     assert isinstance(model[0].act, torch.nn.GELU) and type(model[0].fc1) is torch.nn.Linear
 
 
-@pytest.mark.parametrize("cls", [ReadsPreActivation, StatementBetween, LayerTwice])
+@pytest.mark.parametrize("cls", [ReadsPreActivation, StatementBetween, LayerTwice, HelperReadsLayer])
 def test_other_forwards_keep_their_activation(cls):
     model = cls()
     report = xkernels.patch(model)

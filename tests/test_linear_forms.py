@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import linecache
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -59,6 +61,24 @@ class Marker(torch.nn.Linear):
 class KeywordOnly(torch.nn.Linear):
     def forward(self, x, *, scale=1.0):
         return F.linear(x, self.weight, self.bias)
+
+
+class _NotTorch:
+    @staticmethod
+    def linear(x, w, b):
+        return x
+
+
+def test_a_form_calling_through_another_F_is_not_read_as_linear():
+    """The same source, with ``F`` bound to something other than torch.nn.functional in the
+    forward's module, is no linear layer; with PyTorch's ``F`` it is."""
+    source = "class Other(torch.nn.Linear):\n    def forward(self, x):\n        return F.linear(x, self.weight, self.bias)\n"
+    linecache.cache["<other-F>"] = (len(source), None, source.splitlines(True), "<other-F>")  # getsource reads it
+    code = compile(source, "<other-F>", "exec")
+    for bound, expected in ((_NotTorch, False), (F, True)):
+        scope = {"torch": torch, "F": bound}
+        exec(code, scope)  # noqa: S102
+        assert computes_linear(scope["Other"]) is expected
 
 
 @pytest.mark.parametrize("cls, expected", [

@@ -11,7 +11,10 @@ of ``forward(self, ...)`` is read here when either
   both times, so the pre-activation is never read again);
 
 and each of ``self.lin`` and ``self.act`` occurs nowhere else in the forward (a second use of the
-layer would get the activation too; a second use of the activation would lose it). Whether the
+layer would get the activation too; a second use of the activation would lose it), nor is read by
+any other method of the class or its bases (an ``__init__`` assigning them aside). Code outside
+the class that calls ``module.fc1`` itself is not seen: the same holds for the classes
+``patch_patterns.json`` lists. Whether the
 attributes are a linear layer and a recognised activation is ``patch``'s to check on the instance.
 A forward whose source cannot be read has no pairs. Decorators (transformers' ``deprecate_kwarg``,
 ``can_return_tuple``, ...) wrap a forward without changing which module is applied to what.
@@ -78,15 +81,51 @@ def pairs_of(fn: ast.FunctionDef) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _parsed(fn: object) -> ast.FunctionDef | None:
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]  # type: ignore[arg-type]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return None
+    return node if isinstance(node, ast.FunctionDef) else None
+
+
+def _read_elsewhere(cls: type, forward: object) -> collections.Counter | None:
+    """How often each ``self.<attr>`` is read in the methods of ``cls`` and its bases below
+    ``nn.Module`` other than ``forward`` (a helper that other code calls, reading ``self.fc1``,
+    would see the fused layer); ``None`` where a method's source cannot be read."""
+    import torch
+
+    reads: collections.Counter = collections.Counter()
+    mro = cls.__mro__
+    seen: set[str] = set()
+    for c in mro[:mro.index(torch.nn.Module)] if torch.nn.Module in mro else mro:
+        for name, value in vars(c).items():
+            if name in seen:  # overridden below: the instance runs the subclass's
+                continue
+            seen.add(name)
+            fn = value.__func__ if isinstance(value, staticmethod | classmethod) else value
+            if not inspect.isfunction(fn) or fn is forward:
+                continue
+            node = _parsed(fn)
+            if node is None:
+                return None
+            reads.update(n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
+                         and isinstance(n.value, ast.Name) and n.value.id == "self")
+    return reads
+
+
 @lru_cache(maxsize=512)
 def linear_activation_pairs(cls: type) -> tuple[tuple[str, str], ...]:
-    """``(linear attribute, activation attribute)`` pairs of ``cls.forward`` (module doc)."""
+    """``(linear attribute, activation attribute)`` pairs of ``cls.forward`` (module doc), where no
+    other method of the class reads either attribute."""
     forward = getattr(cls, "forward", None)
-    try:
-        source = textwrap.dedent(inspect.getsource(forward))
-        fn = ast.parse(source).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
+    fn = _parsed(forward)
+    if fn is None:
         return ()
-    if not isinstance(fn, ast.FunctionDef):
+    pairs = pairs_of(fn)
+    if not pairs:
         return ()
-    return pairs_of(fn)
+    elsewhere = _read_elsewhere(cls, forward)
+    if elsewhere is None:
+        return ()
+    return tuple((lin, act) for lin, act in pairs if not elsewhere[lin] and not elsewhere[act])

@@ -10,7 +10,8 @@ bias, which is ``F.linear`` up to rounding (PyTorch rounds the product before ad
 * its class (and every class between it and ``nn.Linear``) defines nothing but ``forward``
   (besides a docstring), so that its parameters, ``extra_repr`` and state are ``nn.Linear``'s;
 * its ``forward(self, x)``, read from source, is one of :data:`FORMS`, up to the names of its
-  argument and locals, its annotations and docstring.
+  argument and locals, its annotations and docstring, and the names ``F``, ``nn`` and ``torch``
+  are PyTorch's in the forward's module.
 
 Everything else (another body, a class attribute, an ``__init__`` of its own, a source that
 cannot be read) stays a subclass that ``patch`` reports as left.
@@ -77,9 +78,15 @@ def computes_linear(cls: type) -> bool:
     owner = next((c for c in between if "forward" in vars(c)), None)
     if owner is None:  # nn.Linear's own forward: a subclass only to mark its layers for other code
         return False
+    forward = vars(owner)["forward"]
     try:
-        source = textwrap.dedent(inspect.getsource(vars(owner)["forward"]))
+        source = textwrap.dedent(inspect.getsource(forward))
         fn = ast.parse(source).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):
         return False
-    return isinstance(fn, ast.FunctionDef) and not fn.decorator_list and _canonical(fn) in _forms()
+    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or _canonical(fn) not in _forms():
+        return False
+    # the names the forms call through are PyTorch's in the forward's module (not another ``F``)
+    scope = getattr(forward, "__globals__", {})
+    return (scope.get("F", torch.nn.functional) is torch.nn.functional and scope.get("nn", torch.nn) is torch.nn
+            and scope.get("torch", torch) is torch)
