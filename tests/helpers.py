@@ -22,6 +22,11 @@ TOL = {
 }
 
 
+def dot_scale(k: int) -> float:
+    """Tolerance scale for a result summed over ``k`` products: rounding grows like sqrt(k)."""
+    return max(1.0, k ** 0.5)
+
+
 def rand(shape, dtype, device) -> torch.Tensor:
     if dtype.is_floating_point:
         return torch.randn(shape, dtype=torch.float32).to(dtype).to(device)

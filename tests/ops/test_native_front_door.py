@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import xkernels
-from helpers import Unchanged, assert_close, every_matmul_to_vendor, rand
+from helpers import Unchanged, assert_close, dot_scale, every_matmul_to_vendor, rand
 from xkernels import tuning
 from xkernels.backends import native
 from xkernels.ops import add, broadcast, linear, matmul
@@ -289,18 +289,18 @@ def test_module_forward_repeats_from_the_table_and_follows_its_parameters(backen
         for _ in range(4):
             x = rand((6, 40), torch.float32, device)
             assert_close(layer(x), reference_linear(x.double(), layer.weight.double(), layer.bias.double(), "gelu",
-                                                    0.01), torch.float32)
+                                                    0.01), torch.float32, scale=dot_scale(40))
         assert linear._native.take_hits() >= 2
         layer.weight = torch.nn.Parameter(rand((24, 40), torch.float32, device))
         layer.to(torch.bfloat16)
         for _ in range(3):
             x = rand((6, 40), torch.bfloat16, device)
             assert_close(layer(x), reference_linear(x.double(), layer.weight.double(), layer.bias.double(), "gelu",
-                                                    0.01), torch.bfloat16)
+                                                    0.01), torch.bfloat16, scale=dot_scale(40))
         torch.nn.utils.parametrize.register_parametrization(layer, "weight", _Double())
         x = rand((6, 40), torch.bfloat16, device)
         assert_close(layer(x), reference_linear(x.double(), 2 * layer.parametrizations.weight.original.double(),
-                                                layer.bias.double(), "gelu", 0.01), torch.bfloat16)
+                                                layer.bias.double(), "gelu", 0.01), torch.bfloat16, scale=dot_scale(40))
 
 
 class _Double(torch.nn.Module):

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from helpers import Unchanged, assert_close, every_matmul_to_vendor, planted_tables, poisoned, rand
+from helpers import Unchanged, assert_close, dot_scale, every_matmul_to_vendor, planted_tables, poisoned, rand
 from xkernels import tuning
 from xkernels.backends.interpreter import InterpreterBackend
 from xkernels.ops import linear, matmul
@@ -29,10 +29,6 @@ SHAPES = [
 ]
 
 
-def _tol_scale(k: int) -> float:
-    return max(1.0, k ** 0.5)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("sa,sb", SHAPES, ids=str)
 def test_shapes(backend, device, dtype, sa, sb):
@@ -40,7 +36,7 @@ def test_shapes(backend, device, dtype, sa, sb):
     with Unchanged(a, b):
         got = matmul(a, b)
     ref = torch.matmul(a.double().cpu(), b.double().cpu())
-    assert_close(got, ref, dtype, scale=_tol_scale(sa[-1]))
+    assert_close(got, ref, dtype, scale=dot_scale(sa[-1]))
 
 
 def _empty_dim_cases():
@@ -88,13 +84,13 @@ def test_layouts_and_out(backend, device, dtype):
     at = rand((40, 33), dtype, device).t()        # transposed operand
     bs = rand((80, 90), dtype, device)[::2, ::2]  # step-sliced operand (40, 45)
     ref = at.double().cpu() @ bs.double().cpu()
-    assert_close(matmul(at, bs), ref, dtype, scale=_tol_scale(40))
+    assert_close(matmul(at, bs), ref, dtype, scale=dot_scale(40))
     out = poisoned((33, 45), dtype, device)
     assert matmul(at, bs, out=out) is out
-    assert_close(out, ref, dtype, scale=_tol_scale(40))
+    assert_close(out, ref, dtype, scale=dot_scale(40))
     out_t = poisoned((45, 33), dtype, device).t()
     matmul(at, bs, out=out_t)
-    assert_close(out_t, ref, dtype, scale=_tol_scale(40))
+    assert_close(out_t, ref, dtype, scale=dot_scale(40))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -104,10 +100,10 @@ def test_linear(backend, device, dtype, activation):
     with Unchanged(x, w, b):
         got = linear(x, w, b, activation)
     ref = reference_linear(x.double().cpu(), w.double().cpu(), b.double().cpu(), activation)
-    assert_close(got, ref, dtype, scale=_tol_scale(48))
+    assert_close(got, ref, dtype, scale=dot_scale(48))
     got = linear(x, w, None, activation, negative_slope=0.2)
     ref = reference_linear(x.double().cpu(), w.double().cpu(), None, activation, 0.2)
-    assert_close(got, ref, dtype, scale=_tol_scale(48))
+    assert_close(got, ref, dtype, scale=dot_scale(48))
 
 
 def test_fallback_dtypes(backend, device):
@@ -147,7 +143,7 @@ def test_misaligned_leading_stride_is_realigned(backend, device, transposed):
     b = rand((257, 300), torch.float16, device)
     with Unchanged(a, b):
         got = matmul(a, b)
-    assert_close(got, a.double().cpu() @ b.double().cpu(), torch.float16, scale=_tol_scale(257))
+    assert_close(got, a.double().cpu() @ b.double().cpu(), torch.float16, scale=dot_scale(257))
     exp = matmul.explain(a, b)
     if backend.runs_triton and backend.misaligned_to_vendor:  # cuda: the device's BLAS reads them in place
         assert exp.route == "vendor BLAS" and "misaligned" in exp.why, exp
@@ -157,7 +153,7 @@ def test_misaligned_leading_stride_is_realigned(backend, device, transposed):
         with tuning.force({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}):
             exp = matmul.explain(a, b)
             assert "realign_a" in exp.config and "realign_b" in exp.config, exp
-            assert_close(matmul(a, b), a.double().cpu() @ b.double().cpu(), torch.float16, scale=_tol_scale(257))
+            assert_close(matmul(a, b), a.double().cpu() @ b.double().cpu(), torch.float16, scale=dot_scale(257))
 
 
 def test_misaligned_operands_go_to_the_vendor_blas_where_the_backend_says(backend, device, monkeypatch):
@@ -174,7 +170,7 @@ def test_misaligned_operands_go_to_the_vendor_blas_where_the_backend_says(backen
     with Unchanged(x, w, bias):
         assert linear(x, w, bias, "gelu", out=out) is out
     assert_close(out, reference_linear(x.double(), w.double(), bias.double(), "gelu"), torch.float32,
-                 scale=_tol_scale(263))
+                 scale=dot_scale(263))
     xg = x.clone().requires_grad_(True)
     linear(xg, w, bias, "gelu").sum().backward()
     xr = x.clone().requires_grad_(True)  # the gradient is torch's own: compared with its float32 run
@@ -385,12 +381,12 @@ def test_split_k_matches_torch(backend, device, dtype, M, K, N):
                 got_lin = linear(a, w, bias, "silu")
                 got_tanh = linear(a, w, bias, "gelu_tanh")
             assert_close(got_tanh, reference_linear(a.double(), w.double(), bias.double(), "gelu_tanh"), dtype,
-                         scale=_tol_scale(K))
-            assert_close(got, a.double() @ b.double(), dtype, scale=_tol_scale(K))
+                         scale=dot_scale(K))
+            assert_close(got, a.double() @ b.double(), dtype, scale=dot_scale(K))
             assert_close(out, reference_linear(a.double(), w.double(), bias.double(), "gelu"), dtype,
-                         scale=_tol_scale(K))
+                         scale=dot_scale(K))
             assert_close(got_lin, reference_linear(a.double(), w.double(), bias.double(), "silu"), dtype,
-                         scale=_tol_scale(K))
+                         scale=dot_scale(K))
 
 
 def test_split_k_applies_to_one_2d_product_only(backend, device):
@@ -420,13 +416,13 @@ def test_vendor_blas_rule_runs_the_torch_call_and_stays_hot(backend, device, mon
             w, bias = rand((45, 70), torch.float32, device), rand((45,), torch.float32, device)
             with Unchanged(a, b, w, bias):
                 got, got_lin = matmul(a, b), linear(a, w, bias, "leaky_relu")
-            assert_close(got, a.double() @ b.double(), torch.float32, scale=_tol_scale(70))
+            assert_close(got, a.double() @ b.double(), torch.float32, scale=dot_scale(70))
             assert_close(got_lin, reference_linear(a.double(), w.double(), bias.double(), "leaky_relu"),
-                         torch.float32, scale=_tol_scale(70))
+                         torch.float32, scale=dot_scale(70))
         assert matmul._hot and linear._hot
         out = poisoned((33, 45), torch.float32, device)
         assert matmul(a, b, out=out) is out
-        assert_close(out, a.double() @ b.double(), torch.float32, scale=_tol_scale(70))
+        assert_close(out, a.double() @ b.double(), torch.float32, scale=dot_scale(70))
 
 
 def _blas_epilogue_activations(backend, monkeypatch) -> tuple[str, ...]:
@@ -469,11 +465,11 @@ def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, has_bi
             x, w, b = args()
             with Unchanged(x, w, *([b] if has_bias else [])):
                 got = linear(x, w, b, act)
-            assert_close(got, ref64(x, w, b, act), dtype, scale=_tol_scale(40))
+            assert_close(got, ref64(x, w, b, act), dtype, scale=dot_scale(40))
         assert linear.hot_entry(x, w, b, act) is not None
         out = poisoned((2, 9, 24), dtype, device)
         assert linear(x, w, b, act, out=out) is out
-        assert_close(out, ref64(x, w, b, act), dtype, scale=_tol_scale(40))
+        assert_close(out, ref64(x, w, b, act), dtype, scale=dot_scale(40))
         inputs = [t for t in args(gradients=True) if t is not None]
         ref = [t.detach().double().requires_grad_() for t in inputs]
         ref64(*ref, *([] if has_bias else [None]), act).square().sum().backward()
@@ -485,7 +481,7 @@ def test_bias_and_activation_in_the_blas_epilogue(backend, device, dtype, has_bi
             assert y.grad_fn is not None and "Addmm" not in type(y.grad_fn).__name__  # no _addmm_activation
             y.float().square().sum().backward()
             for mine, want in zip(leaves, ref):
-                assert_close(mine.grad, want.grad, dtype, scale=4 * _tol_scale(40))
+                assert_close(mine.grad, want.grad, dtype, scale=4 * dot_scale(40))
     # not for: float32, an activation not listed, a forced config
     x, w, b = args()
     assert "vendor_epilogues" not in (linear.explain(x.float(), w.float(), None if b is None else b.float(),
@@ -532,9 +528,9 @@ def test_a_graph_capture_makes_its_own_zero_bias(backend, device):
     x.copy_(rand((64, 40), torch.bfloat16, device))
     graph.replay()
     torch.cuda.synchronize()
-    assert_close(y, reference_linear(x.double(), w.double(), None, "relu"), torch.bfloat16, scale=_tol_scale(40))
+    assert_close(y, reference_linear(x.double(), w.double(), None, "relu"), torch.bfloat16, scale=dot_scale(40))
     assert_close(linear(x, w, None, "relu"), reference_linear(x.double(), w.double(), None, "relu"), torch.bfloat16,
-                 scale=_tol_scale(40))  # outside the graph: a zero bias of its own, kept
+                 scale=dot_scale(40))  # outside the graph: a zero bias of its own, kept
 
 
 def test_the_cuda_blas_gelu_epilogue_is_the_tanh_approximation(backend, device):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import xkernels
-from helpers import Unchanged, assert_close, poisoned, rand
+from helpers import Unchanged, assert_close, dot_scale, poisoned, rand
 from xkernels import tuning
 from xkernels.ops import linear, matmul
 from xkernels.ops.matmul.plan import ACTIVATIONS, MatmulPlan
@@ -57,7 +57,7 @@ def test_blocks_tiles_and_grid_of_a_small_matmul():
     assert plan.config["BLOCK_M"] == 64 and plan.source == "forced by xkernels.tuning.force()"
     with Unchanged(a, b):
         got = _run(plan, call)
-    assert_close(got, a.double() @ b.double())
+    assert_close(got, a.double() @ b.double(), scale=dot_scale(17))
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "leaky_relu"])
@@ -68,7 +68,7 @@ def test_linear_epilogue_constexprs_and_result(activation):
     assert plan.constexprs["ACT"] == ACTIVATIONS[activation] and plan.constexprs["HAS_BIAS"]
     assert plan.constexprs["EVEN_K"]  # K = 32, BLOCK_K = 16
     got = _run(plan, call)
-    assert_close(got, reference_linear(x.double(), w.double(), bias.double(), activation, 0.2))
+    assert_close(got, reference_linear(x.double(), w.double(), bias.double(), activation, 0.2), scale=dot_scale(32))
 
 
 def test_a_bfloat16_dot_is_upcast_where_the_backend_has_no_native_one():
@@ -83,17 +83,17 @@ def test_batches_run_as_they_are_or_are_materialised():
     a, b = rand((3, 16, 17), torch.float32, "cpu"), rand((3, 17, 8), torch.float32, "cpu")
     plan, call = _plan(matmul, a, b)
     assert not plan.materialize and plan.dims[3] == 3 and plan.dims[6] == 3  # 3 batches x 1 tile
-    assert_close(_run(plan, call), a.double() @ b.double())
+    assert_close(_run(plan, call), a.double() @ b.double(), scale=dot_scale(a.shape[-1]))
 
     a, b = rand((2, 1, 16, 17), torch.float32, "cpu"), rand((3, 17, 8), torch.float32, "cpu")
     plan, call = _plan(matmul, a, b)  # broadcast batch dims: stride 0, no copies
     assert not plan.materialize and plan.strides[0] != 0 and plan.strides[1] == 0
-    assert_close(_run(plan, call), a.double() @ b.double())
+    assert_close(_run(plan, call), a.double() @ b.double(), scale=dot_scale(a.shape[-1]))
 
     a, b = rand((2, 2, 2, 8, 9), torch.float32, "cpu"), rand((2, 1, 9, 5), torch.float32, "cpu")
     plan, call = _plan(matmul, a, b)  # three batch dims that do not collapse: copied contiguous
     assert plan.materialize and plan.dims[3] == 8
-    assert_close(_run(plan, call), a.double() @ b.double())
+    assert_close(_run(plan, call), a.double() @ b.double(), scale=dot_scale(a.shape[-1]))
 
 
 def test_divisibility_hints_follow_the_shape():
