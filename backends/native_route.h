@@ -78,8 +78,10 @@ struct Route {
   std::vector<std::tuple<int, int64_t, bool>> overlap;  // (input parameter, extent in bytes, same layout as out)
   int64_t out_extent = 0;
   // linear: the activation after the GEMM (applied in place, as reference_linear's PyTorch op
-  // computes it), or in the BLAS epilogue (torch._addmm_activation's: relu, tanh GELU)
-  enum Act { kNone, kRelu, kGelu, kGeluTanh, kSilu, kLeakyRelu } act = kNone;
+  // computes it), or in the BLAS epilogue (torch._addmm_activation's: relu, tanh GELU);
+  // kQuickGelu: y * sigmoid(1.702 y), CLIP's QuickGELUActivation; kRelu2: square(relu(y)), the
+  // squared ReLU; both as xkernels' activate()
+  enum Act { kNone, kRelu, kGelu, kGeluTanh, kSilu, kLeakyRelu, kQuickGelu, kRelu2 } act = kNone;
   double slope = 0.01;
   bool epilogue = false;
 
@@ -94,6 +96,8 @@ inline at::Tensor activate(Route::Act act, double slope, const at::Tensor& y) {
     case Route::kGeluTanh: return at::gelu(y, "tanh");
     case Route::kSilu: return at::silu(y);
     case Route::kLeakyRelu: return at::leaky_relu(y, slope);
+    case Route::kQuickGelu: return y * at::sigmoid(y * 1.702);
+    case Route::kRelu2: return at::square(at::relu(y));
     default: return y;
   }
 }
@@ -149,6 +153,16 @@ struct LinearBackward : public torch::autograd::Node {
         case Route::kGeluTanh: dy = at::gelu_backward(dy, h, "tanh"); break;
         case Route::kSilu: dy = at::silu_backward(dy, h); break;
         case Route::kLeakyRelu: dy = at::leaky_relu_backward(dy, h, slope, false); break;
+        case Route::kQuickGelu: {  // autograd's steps through h * sigmoid(1.702 h), as activation_grad's
+          const at::Tensor s = at::sigmoid(h * 1.702);
+          dy = dy * s + at::sigmoid_backward(dy * h, s) * 1.702;
+          break;
+        }
+        case Route::kRelu2: {  // autograd's steps through square(relu(h)): pow's backward, then relu's
+          const at::Tensor r = at::relu(h);
+          dy = at::threshold_backward(dy * (r * 2.0), r, 0);
+          break;
+        }
         default: break;
       }
     }
@@ -314,6 +328,8 @@ at::Tensor run_route(const Route& r, Get&& get) {
     case Route::kGeluTanh: at::gelu_(result, "tanh"); break;
     case Route::kSilu: at::silu_(result); break;
     case Route::kLeakyRelu: at::leaky_relu_(result, r.slope); break;
+    case Route::kQuickGelu: result.mul_(at::sigmoid(result * 1.702)); break;
+    case Route::kRelu2: at::relu_(result).square_(); break;
     default: break;
   }
   return result;
@@ -343,7 +359,8 @@ inline std::shared_ptr<const Route> make_route(const py::tuple& spec) {
   if (!spec[9].is_none()) {
     const std::string act = spec[9].cast<std::string>();
     r->act = act == "relu" ? Route::kRelu : act == "gelu" ? Route::kGelu : act == "gelu_tanh" ? Route::kGeluTanh
-           : act == "silu" ? Route::kSilu : act == "leaky_relu" ? Route::kLeakyRelu : Route::kNone;
+           : act == "silu" ? Route::kSilu : act == "leaky_relu" ? Route::kLeakyRelu
+           : act == "quick_gelu" ? Route::kQuickGelu : act == "relu2" ? Route::kRelu2 : Route::kNone;
     TORCH_CHECK(r->act != Route::kNone, "xkernels native: unknown activation ", act);
   }
   r->slope = spec[10].cast<double>();

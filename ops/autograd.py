@@ -9,9 +9,10 @@ through the ``torch.autograd.Function`` subclasses here: the forward is the op's
 * ``matmul``: ``grad @ b^H`` and ``a^H @ grad`` through ``xkernels.ops.matmul`` (so they use the
   tuned kernels), 1-D operands promoted and broadcast batch dims summed;
 * ``linear``: the activation's derivative (aten's own backward kernels: ``threshold_backward``,
-  ``gelu_backward``, ``silu_backward``, ``leaky_relu_backward``), then the two GEMMs through
+  ``gelu_backward``, ``silu_backward``, ``leaky_relu_backward``; quick_gelu's and relu2's as
+  autograd steps through ``z * sigmoid(1.702 z)`` and ``square(relu(z))``), then the two GEMMs through
   ``xkernels.ops.matmul`` and the bias gradient as a sum over rows. relu and leaky_relu with a
-  slope >= 0 read their derivative off the output. gelu, gelu_tanh, silu and a negative slope
+  slope >= 0 read their derivative off the output. gelu, gelu_tanh, silu, quick_gelu, relu2 and a negative slope
   need the pre-activation: eagerly, one kernel stores it next to the output where that pays
   (``ops/matmul/pre_activation.py``), else ``Linear.autograd`` runs them as ``linear`` +
   PyTorch's activation, so autograd keeps it; the registered custom op (``library.py``, one fused node
@@ -129,6 +130,12 @@ def activation_grad(grad: torch.Tensor, activation: str | None, slope: float, y:
         return aten.gelu_backward(grad, z, approximate="tanh")
     if activation == "silu":
         return aten.silu_backward(grad, z)
+    if activation == "quick_gelu":  # autograd's steps through z * sigmoid(1.702 z), so its very bits
+        s = torch.sigmoid(1.702 * z)
+        return grad * s + aten.sigmoid_backward(grad * z, s) * 1.702
+    if activation == "relu2":  # autograd's steps through square(relu(z)): pow's backward, then relu's
+        r = torch.relu(z)
+        return aten.threshold_backward(grad * (2.0 * r), r, 0)
     raise ValueError(f"xkernels.ops.linear: no derivative for activation {activation!r}")
 
 

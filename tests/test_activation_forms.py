@@ -137,3 +137,30 @@ def test_blooms_mlp_fuses_its_tanh_gelu():
     report = xkernels.patch(tf.BloomForCausalLM(tf.BloomConfig(hidden_size=32, n_head=4, n_layer=2, vocab_size=64)))
     assert report.counts() == {"linear + activation": 2, "linear": 7} and not report.left
     assert {e.activation for e in report.replaced if e.activation} == {"gelu_tanh"}
+
+
+@pytest.mark.parametrize("family", ["clip", "convnext", "t5_relu", "persimmon"])
+def test_families_whose_first_layer_an_activation_follows_fuse_it(family):
+    """CLIP's MLP (fc1 then QuickGELU, adjacent statements), ConvNeXt's block (pwconv1 then GELU,
+    with a layer norm and a permute around them), the original T5's ``DenseReluDense`` (wi then
+    ReLU) and Persimmon's MLP (dense_h_to_4h then the squared ReLU) fuse their first layer with its
+    activation (tests/test_patch_families.py checks the numbers)."""
+    tf = require_transformers()
+    models = {
+        "clip": lambda: tf.CLIPVisionModel(tf.CLIPVisionConfig(hidden_size=32, intermediate_size=48,
+                                                                num_hidden_layers=2, num_attention_heads=4,
+                                                                image_size=32, patch_size=8)),
+        "convnext": lambda: tf.ConvNextModel(tf.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                                                image_size=32, patch_size=4)),
+        "t5_relu": lambda: tf.T5Model(tf.T5Config(d_model=32, d_ff=48, num_layers=1, num_heads=4, d_kv=8,
+                                                  vocab_size=64, feed_forward_proj="relu")),
+        "persimmon": lambda: tf.PersimmonForCausalLM(tf.PersimmonConfig(hidden_size=32, intermediate_size=48,
+                                                                        num_hidden_layers=2, num_attention_heads=4,
+                                                                        vocab_size=64)),
+    }
+    want = {"clip": ("mlp.fc1", "quick_gelu", 2), "convnext": ("pwconv1", "gelu", 2),
+            "t5_relu": ("DenseReluDense.wi", "relu", 2), "persimmon": ("mlp.dense_h_to_4h", "relu2", 2)}[family]
+    report = xkernels.patch(models[family]())
+    fused = [(e.name, e.activation) for e in report.replaced if e.activation]
+    assert not report.left and len(fused) == want[2], report
+    assert all(name.endswith(want[0]) and act == want[1] for name, act in fused), fused

@@ -4,12 +4,13 @@ and every parameter's gradient match the unpatched model's float64 run as closel
 own float32 run does (``assert_model_close``). Whatever ``patch()`` recognises is fused, the rest
 keeps its own forward; either way nothing may change but the speed.
 
-Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Helium, Nemotron, Flint,
+Families: decoder LMs (Qwen3 with q/k norms, Gemma2/3/4 with sandwich norms, Helium, Flint, Nemotron,
+Persimmon and Arcee with the squared ReLU,
 NanoChat and HRM with weightless RMSNorms, RecurrentGemma, Granite's scaled residuals, Cohere's parallel block, Falcon,
 GPT-NeoX, GPT-J, CodeGen, GPT-Neo, Bloom, OPT, Phi, StableLM,
 Starcoder2, OLMo 1/2, Exaone4, Ernie 4.5, Apertus, GPT-BigCode; Mixtral, Qwen2-MoE, Llama 4 and GPT-OSS experts),
-encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, DINOv3, BEiT, CLIP, SigLIP,
-Swin) and encoder-decoders (T5 with gated-gelu, BART).
+encoders (RoBERTa, Electra, DistilBERT, ModernBERT), vision (DeiT, DINOv2, DINOv3, BEiT, CLIP with its
+QuickGELU, SigLIP, Swin, ConvNeXt) and encoder-decoders (T5 with gated-gelu and with ReLU, BART).
 
 Every causal LM among them, and the families ``patch()``'s block forwards were written from
 (Llama, Mistral, Qwen2, Gemma, Phi-3, GPT-2), also generates: ``model.generate()`` with the KV
@@ -37,6 +38,8 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(LM, head_dim=8)),
     "helium": ("HeliumConfig", "HeliumForCausalLM", dict(LM, head_dim=8)),
     "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(LM, partial_rotary_factor=0.5)),
+    "persimmon": ("PersimmonConfig", "PersimmonForCausalLM", dict(H, vocab_size=64)),
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", LM),
     "flint": ("FlintConfig", "FlintForCausalLM", LM),
     "nanochat": ("NanoChatConfig", "NanoChatForCausalLM", LM),
     "hrm_text": ("HrmTextConfig", "HrmTextForCausalLM", dict(LM, num_hidden_layers=1, H_cycles=1, L_cycles=1)),
@@ -85,8 +88,12 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
     "siglip_vision": ("SiglipVisionConfig", "SiglipVisionModel", VISION),
     "swin": ("SwinConfig", "SwinModel", dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2], image_size=32,
                                              patch_size=4, window_size=4)),
+    "convnext": ("ConvNextConfig", "ConvNextModel", dict(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1],
+                                                         image_size=32, patch_size=4)),
     "t5": ("T5Config", "T5Model", dict(d_model=32, d_ff=48, num_layers=2, num_heads=4, d_kv=8, vocab_size=64,
                                        feed_forward_proj="gated-gelu")),
+    "t5_relu": ("T5Config", "T5Model", dict(d_model=32, d_ff=48, num_layers=2, num_heads=4, d_kv=8, vocab_size=64,
+                                            feed_forward_proj="relu")),
     "bart": ("BartConfig", "BartModel", dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_layers=2,
                                              decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
                                              vocab_size=64, max_position_embeddings=64)),
@@ -122,10 +129,10 @@ def _build(tf, family: str, families: dict[str, tuple[str, str, dict]] = FAMILIE
 
 def _inputs(family: str, device: torch.device) -> dict[str, torch.Tensor]:
     torch.manual_seed(1)
-    if FAMILIES[family][2] is VISION or family in ("dinov2", "dinov3", "swin"):
+    if FAMILIES[family][2] is VISION or family in ("dinov2", "dinov3", "swin", "convnext"):
         return {"pixel_values": torch.randn(2, 3, 32, 32, device=device)}
     ids = {"input_ids": torch.randint(3, 64, (2, 7), device=device)}
-    if family in ("t5", "bart"):
+    if family in ("t5", "t5_relu", "bart"):
         ids["decoder_input_ids"] = torch.randint(3, 64, (2, 5), device=device)
     return ids
 

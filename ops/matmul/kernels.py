@@ -29,7 +29,9 @@ added in fp32, one rounding to C's dtype. The entry points without a residual ar
 
 Activations (``ACT``): 0 none, 1 relu, 2 gelu (erf form, as F.gelu), 3 silu, 4 leaky_relu,
 5 gelu_tanh (``F.gelu(approximate="tanh")``, GPT-2's), 6 the same erf GELU with erf by
-Abramowitz & Stegun 7.1.26 (below), 7 ACT 6 as NVIDIA GPUs run it best (below). Every
+Abramowitz & Stegun 7.1.26 (below), 7 ACT 6 as NVIDIA GPUs run it best (below), 8 quick_gelu
+(``x * sigmoid(1.702 x)``, CLIP's ``QuickGELUActivation``), 9 relu2 (``relu(x) ** 2``, the squared
+ReLU of Nemotron, Persimmon and Arcee). Every
 epilogue (pointer, TMA, split-K reduction) applies them through ``_activation``.
 
 The fast erf (``ACT`` 6): ``erfc(z) ~= t * poly5(t) * exp(-z^2)``, ``t = 1 / (1 + 0.3275911 z)``,
@@ -103,6 +105,11 @@ def _activation(x, slope, ACT: tl.constexpr):
         p = t * (0.127414796 + t * (-0.142248368 + t * (0.7107068705 + t * (-0.7265760135 + t * 0.5307027145))))
         q = p * _exp2(x * x * -0.7213475204444817, ACT == 7)
         x = x * tl.where(x >= 0, 1.0 - q, q)  # no cancellation for negative x
+    elif ACT == 8:  # quick_gelu: x sigmoid(1.702 x)
+        x = x / (1.0 + tl.exp(-1.702 * x))
+    elif ACT == 9:  # relu2: relu(x)^2
+        x = tl.where(x > 0, x, 0.0)
+        x = x * x
     return x
 
 
@@ -136,6 +143,11 @@ def _activation_grad(h, slope, ACT: tl.constexpr):
         e = _exp2(h * h * -0.7213475204444817, ACT == 7)
         q = p * e
         d = tl.where(h >= 0, 1.0 - q, q) + h * e * 0.3989422804014327
+    elif ACT == 8:  # s (1 + 1.702 h (1 - s)), s = sigmoid(1.702 h)
+        s = 1.0 / (1.0 + tl.exp(-1.702 * h))
+        d = s * (1.0 + 1.702 * h * (1.0 - s))
+    elif ACT == 9:  # 2 relu(h)
+        d = tl.where(h > 0, 2.0 * h, 0.0)
     else:
         d = tl.full(h.shape, 1.0, tl.float32)
     return d

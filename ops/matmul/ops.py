@@ -223,8 +223,8 @@ def _foldable(a: torch.Tensor) -> bool:
 
 
 class Linear(_MatmulBase):
-    """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, gelu_tanh, silu, leaky_relu),
-    with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's.
+    """``F.linear(x, weight, bias)`` followed by ``activation`` (relu, gelu, gelu_tanh, silu, leaky_relu,
+    quick_gelu, relu2), with bias and activation fused into the matmul epilogue. ``negative_slope`` is leaky_relu's.
     ``residual`` (broadcastable to the result, never growing it) is added after the activation,
     in the epilogue too; the result dtype is torch's promotion of the sum (``matmul/residual.py``)."""
 
@@ -294,7 +294,7 @@ class Linear(_MatmulBase):
 
     def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
         """Where a gradient is required: relu and leaky_relu with a slope >= 0 stay fused (their
-        derivative is read off the output); gelu, gelu_tanh, silu and a negative slope run as one
+        derivative is read off the output); gelu, gelu_tanh, silu, quick_gelu, relu2 and a negative slope run as one
         kernel writing the output and the pre-activation where that pays
         (``matmul/pre_activation.py``), else as ``linear`` without activation followed by
         PyTorch's activation, so the backward reads
@@ -331,7 +331,7 @@ class Linear(_MatmulBase):
     @staticmethod
     def splits(activation: Any, slope: Any) -> bool:
         """Whether a call requiring a gradient runs as ``linear`` without activation followed by
-        PyTorch's ``activation`` (``autograd``): gelu, gelu_tanh, silu, leaky_relu with a negative
+        PyTorch's ``activation`` (``autograd``): gelu, gelu_tanh, silu, quick_gelu, relu2, leaky_relu with a negative
         slope. False for an activation ``linear`` does not know (the call then raises)."""
         return (activation in ACTIVATIONS and activation is not None and activation != "relu"
                 and not (activation == "leaky_relu" and slope >= 0))

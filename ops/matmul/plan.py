@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from xkernels.ops.matmul.ops import MatmulCall
 
 #: Epilogue activation codes of the kernels (``ACT`` constexpr).
-ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4, "gelu_tanh": 5}
+ACTIVATIONS = {None: 0, "relu": 1, "gelu": 2, "silu": 3, "leaky_relu": 4, "gelu_tanh": 5, "quick_gelu": 8, "relu2": 9}
 #: ``ACT`` of gelu with erf by Abramowitz & Stegun 7.1.26 (``ops/matmul/kernels.py``'s module doc).
 GELU_FAST_ERF = 6
 #: ``ACT`` of the same GELU as NVIDIA GPUs run it best: folded constants, SFU rcp / ex2 by inline PTX.

@@ -1,7 +1,7 @@
 """Training's ``linear`` + activation in one kernel: the GEMM's epilogue writes both
 ``act(x @ W.T + b)`` and the pre-activation ``x @ W.T + b`` that the backward reads.
 
-Where a gradient is required, gelu, gelu_tanh, silu and leaky_relu with a negative slope need the
+Where a gradient is required, gelu, gelu_tanh, silu, quick_gelu, relu2 and leaky_relu with a negative slope need the
 pre-activation in the backward (``ops/autograd.py``). Unfused, ``linear`` writes it and PyTorch's
 activation reads it back and writes the output: one more pass over the (M, N) result. Here the
 TMA kernel (``kernels.matmul_tma_pre_kernel``, the inference kernel plus one more tensor-descriptor

@@ -58,4 +58,8 @@ def activate(y: torch.Tensor, activation: str | None, negative_slope: float = 0.
         return torch.nn.functional.silu(y)
     if activation == "leaky_relu":
         return torch.nn.functional.leaky_relu(y, negative_slope)
+    if activation == "quick_gelu":  # as transformers' QuickGELUActivation
+        return y * torch.sigmoid(1.702 * y)
+    if activation == "relu2":  # as transformers' ReLUSquaredActivation
+        return torch.square(torch.relu(y))
     return y

@@ -382,7 +382,7 @@ def _grads_equal(layer, ref, x, xr, y, want, create_graph=False):
     return got, exp
 
 
-ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu", "leaky_relu"]
+ACTIVATIONS = [None, "relu", "gelu", "gelu_tanh", "silu", "leaky_relu", "quick_gelu", "relu2"]
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)

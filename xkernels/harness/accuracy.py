@@ -109,6 +109,8 @@ def reference(op: str, inputs: Inputs, dtype: torch.dtype,
         abs_args = abs_args[:3]
         kwargs = {"bias": kwargs["bias"].abs()} if "bias" in kwargs else {}
     mag = spec.torch_fn(*abs_args, **kwargs)
+    if op == "linear" and _activation(op, inputs) == "relu2":  # slope 2 relu(h) <= 2 mag: the error scales by it
+        mag = 2 * mag * mag
     return ref, mag, k
 
 

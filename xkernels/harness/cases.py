@@ -183,7 +183,7 @@ def linear_cases(d: torch.dtype) -> list[Case]:
     C = lambda *a, layout, **kw: Case("linear", a, layout, Q, **kw)  # noqa: E731
     cases = [C(T((5, 17), d), T((9, 17), d), T((9,), d), layout="bias")]
     cases += [C(T((8, 32), d), T((16, 32), d), T((16,), d), act, layout=f"bias + {act}")
-              for act in ("relu", "gelu", "gelu_tanh", "silu", "leaky_relu")]
+              for act in ("relu", "gelu", "gelu_tanh", "silu", "leaky_relu", "quick_gelu", "relu2")]
     cases += [
         C(T((8, 32), d), T((16, 32), d), T((16,), d), "leaky_relu", layout="leaky_relu slope 0.2",
           kwargs=(("negative_slope", 0.2),)),

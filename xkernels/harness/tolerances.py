@@ -146,6 +146,9 @@ ACTIVATION_SLOPE: dict[str | None, tuple[float, str]] = {
     "silu": (1.1, "SiLU x*sigmoid(x): max slope 1.0998 at x = 2.3994"),
     "gelu_tanh": (1.13, "GELU tanh form 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))): max slope 1.129 at x = 1.4185 "
                         "(d/dx of torch.nn.functional.gelu(approximate='tanh') over [-5, 5] in float64)"),
+    "quick_gelu": (1.1, "QuickGELU x*sigmoid(1.702x): SiLU's slope at u = 1.702x, max 1.0998 at x = 1.4097"),
+    "relu2": (1.0, "relu(x)^2: slope 2 relu(x), unbounded; carried by the magnitude instead, 2 m^2 for "
+                   "m = |A||B| (harness/accuracy.py's reference)"),
 }
 
 

@@ -18,6 +18,7 @@ import torch
 from xkernels import tuning
 from xkernels.backends.cuda import CudaBackend
 from xkernels.ops import linear, matmul
+from xkernels.ops.matmul.plan import ACTIVATIONS
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -162,8 +163,9 @@ def test_large_sm90_calls_load_through_tensor_descriptors(op, args):
 
 
 @pytest.mark.parametrize("dtype,act,ptx_gelu", [(torch.bfloat16, "gelu", True), (torch.float16, "gelu", True),
-                                                (torch.float32, "gelu", False), (torch.bfloat16, "silu", False)],
-                         ids=["bf16 gelu", "fp16 gelu", "fp32 gelu", "bf16 silu"])
+                                                (torch.float32, "gelu", False), (torch.bfloat16, "silu", False),
+                                                (torch.bfloat16, "quick_gelu", False), (torch.bfloat16, "relu2", False)],
+                         ids=["bf16 gelu", "fp16 gelu", "fp32 gelu", "bf16 silu", "bf16 quick_gelu", "bf16 relu2"])
 def test_tma_gelu_into_half_precision_takes_the_sfu_by_ptx(dtype, act, ptx_gelu):
     """On NVIDIA the TMA kernel's GELU into an fp16/bf16 C is the fast erf with one SFU reciprocal
     and one SFU exponential per element (``ACT`` 7: inline ``rcp.approx.ftz`` / ``ex2.approx.ftz``),
@@ -459,12 +461,14 @@ def test_the_training_forward_stores_the_pre_activation_and_still_fits_two_progr
         assert 2 * res["REG"] * 32 * kernel.metadata.num_warps <= SM_REGS, res
 
 
+@pytest.mark.parametrize("grad", ["gelu", "quick_gelu", "relu2"])
 @pytest.mark.parametrize("m", [8192, 12608])
-def test_the_training_backward_applies_the_derivative_and_keeps_two_programs_resident(m):
+def test_the_training_backward_applies_the_derivative_and_keeps_two_programs_resident(m, grad):
     """``matmul_tma_act_grad_kernel`` (training's feed-forward backward, ``ops/matmul/feed_forward.py``)
     on the FFN rule's plan with ``resident_options``: H's tile loaded through a tensor descriptor,
-    the SFU's reciprocal and exponential, wgmma; one stage fewer and at most 128 registers keep
-    two programs on an SM with nothing spilled, where the plan's own 3 stages would not."""
+    the SFU's reciprocal and exponential (gelu's derivative; quick_gelu's and relu2's have their own), wgmma; one
+    stage fewer and at most 128 registers keep two programs on an SM with nothing spilled, where the
+    plan's own 3 stages would not."""
     from xkernels.ops.matmul import feed_forward
     from xkernels.ops.matmul import kernels as K
 
@@ -476,8 +480,9 @@ def test_the_training_backward_applies_the_derivative_and_keeps_two_programs_res
     sig = {"a_desc": desc([bm, bk]), "b_desc": desc([bk, bn]), "c_desc": desc(plan.tma["c"]),
            "h_desc": desc(plan.tma["c"]), "dbias_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "slope": "fp32",
            **{n: "constexpr" for n in K.matmul_tma_act_grad_kernel.arg_names[9:]}}
+    code = plan.constexprs["ACT"] if grad == "gelu" else ACTIVATIONS[grad]  # the FFN rule's plan, another derivative
     constexprs = {**{k: plan.constexprs[k] for k in feed_forward._SHARED}, "B_KMAJOR": False,
-                  "GRAD": plan.constexprs["ACT"], "DBIAS": True}
+                  "GRAD": code, "DBIAS": True}
     attrs = {(4,): [["tt.divisibility", 16]], (6,): [["tt.divisibility", 16]], (7,): [["tt.divisibility", 16]]}
     kernels = {}
     for name, opts in (("resident", options), ("plan", dict(plan.options))):
@@ -486,7 +491,7 @@ def test_the_training_backward_applies_the_derivative_and_keeps_two_programs_res
     kernel = kernels["resident"]
     ptx = kernel.asm["ptx"]
     assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
-    assert "rcp.approx.ftz.f32" in ptx and "ex2.approx.ftz.f32" in ptx
+    assert ("rcp.approx.ftz.f32" in ptx and "ex2.approx.ftz.f32" in ptx) == (grad == "gelu")
     assert ".maxnreg 128" in ptx
     assert 2 * (kernel.metadata.shared + BLOCK_RESERVED) <= SM_SMEM, kernel.metadata.shared
     assert 2 * (kernels["plan"].metadata.shared + BLOCK_RESERVED) > SM_SMEM, kernels["plan"].metadata.shared
