@@ -6,7 +6,7 @@ Question: do the tables' rules and the wave-model fallback generalise to shapes 
 Prediction: no held-out shape below 0.9x torch (a class where every kernel loses is routed to
 the vendor BLAS; a shape between measured classes gets a neighbour's or the model's config).
 
-    python tools/probes/unseen_gemms.py --json unseen.json [--dtype bfloat16]
+    python tools/probes/unseen_gemms.py --json unseen.json [--dtype bfloat16] [--models clip-vit-b16,clip-vit-l14]
 
 Caveat printed with the results: the calibration runs the cuda tables were built from
 (results/2026-11-22-h100-gemm-calibration, -seeds) contain a few of these (N, K) at other token counts
@@ -42,14 +42,18 @@ LAYERS = [
     ("gemma-2b", "gate", 2048, 16384, "gelu_tanh", False),
     ("gemma-2b", "down", 16384, 2048, None, False),
     ("mlp-3000", "fc", 1000, 5000, None, True),
+    ("clip-vit-b16", "fc1", 768, 3072, "quick_gelu", True),
+    ("clip-vit-l14", "fc1", 1024, 4096, "quick_gelu", True),
 ]
 TOKENS = [1, 77, 1000, 4000]
 SEEN_NK = {(5000, 1000), (50257, 768), (11008, 2048), (13824, 5120)}  # in the calibration runs
 
 
-def cases(dtype: torch.dtype) -> list[tuple[str, Case]]:
+def cases(dtype: torch.dtype, models: set[str] | None = None) -> list[tuple[str, Case]]:
     out = []
     for model, layer, k, n, act, bias in LAYERS:
+        if models and model not in models:
+            continue
         for m in TOKENS:
             args = (T((m, k), dtype), T((n, k), dtype), T((n,), dtype) if bias else None) + ((act,) if act else ())
             # up to 77 tokens also the wall time per back-to-back call (the bench's host column):
@@ -64,12 +68,17 @@ def main() -> int:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--models", default="", help="comma-separated model names of LAYERS to run (default: all)")
     args = ap.parse_args()
+    models = {m for m in args.models.split(",") if m}
+    unknown = models - {layer[0] for layer in LAYERS}
+    if unknown:
+        ap.error(f"--models: unknown {sorted(unknown)}; known: {sorted({layer[0] for layer in LAYERS})}")
     target = resolve_target(args.device, None)
     ceil = perf.ceilings(target)
     rows = []
     for dt in args.dtype.split(","):
-        for label, case in cases(parse_dtype(dt)):
+        for label, case in cases(parse_dtype(dt), models):
             row = perf.bench_case(case, target, ceil, seed=0)
             m, k = case.args[0].shape
             n = case.args[1].shape[0]
@@ -82,7 +91,8 @@ def main() -> int:
     ratios = [r["speedup"] for r in rows]
     unseen = [r["speedup"] for r in rows if not r["seen_nk"]]
     summary = {"geomean": statistics.geometric_mean(ratios), "worst": min(ratios), "n": len(ratios),
-               "geomean_unseen_nk": statistics.geometric_mean(unseen), "worst_unseen_nk": min(unseen),
+               "geomean_unseen_nk": statistics.geometric_mean(unseen) if unseen else None,
+               "worst_unseen_nk": min(unseen) if unseen else None,
                "below_0.9": sum(x < 0.9 for x in ratios)}
     print(json.dumps(summary))
     args.json.write_text(json.dumps({"header": {"device": torch.cuda.get_device_name() if torch.cuda.is_available()
