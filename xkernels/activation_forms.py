@@ -25,8 +25,9 @@ from __future__ import annotations
 import ast
 import collections
 import inspect
-import textwrap
 from functools import lru_cache
+
+from xkernels.source_forms import function_node
 
 
 def _self_call(node: ast.AST) -> tuple[str, ast.Call] | None:
@@ -81,14 +82,6 @@ def pairs_of(fn: ast.FunctionDef) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _parsed(fn: object) -> ast.FunctionDef | None:
-    try:
-        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]  # type: ignore[arg-type]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    return node if isinstance(node, ast.FunctionDef) else None
-
-
 def _read_elsewhere(cls: type, forward: object) -> collections.Counter | None:
     """How often each ``self.<attr>`` is read in the methods of ``cls`` and its bases below
     ``nn.Module`` other than ``forward`` (a helper that other code calls, reading ``self.fc1``,
@@ -106,7 +99,7 @@ def _read_elsewhere(cls: type, forward: object) -> collections.Counter | None:
             fn = value.__func__ if isinstance(value, staticmethod | classmethod) else value
             if not inspect.isfunction(fn) or fn is forward:
                 continue
-            node = _parsed(fn)
+            node = function_node(fn)
             if node is None:
                 return None
             reads.update(n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load)
@@ -119,7 +112,7 @@ def linear_activation_pairs(cls: type) -> tuple[tuple[str, str], ...]:
     """``(linear attribute, activation attribute)`` pairs of ``cls.forward`` (module doc), where no
     other method of the class reads either attribute."""
     forward = getattr(cls, "forward", None)
-    fn = _parsed(forward)
+    fn = function_node(forward)
     if fn is None:
         return ()
     pairs = pairs_of(fn)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
-import textwrap
 from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
+
+from xkernels.source_forms import drop_annotations, first_function, located_tree
 
 __all__ = ["HELPER", "HELPER_SUM", "AddNormForm", "add_norm_form"]
 
@@ -227,21 +228,15 @@ def add_norm_form(cls: type, helper: Callable[..., Any], helper_sum: Callable[..
         # around the rewritten forward by ``xkernels.block_steps.checkpointed``)
     if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__") or fn.__code__.co_freevars:
         return None
-    try:
-        lines, first = inspect.getsourcelines(fn)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        filename = inspect.getsourcefile(fn) or "<unknown>"
-    except (OSError, TypeError, SyntaxError):
+    located = located_tree(fn)
+    if located is None:
         return None
-    node = tree.body[0] if tree.body else None
-    if not isinstance(node, ast.FunctionDef) or node.decorator_list or any(
+    tree, first, filename = located
+    node = first_function(tree)
+    if node is None or node.decorator_list or any(
             isinstance(n, ast.Name) and n.id in ("super", "__class__", HELPER, HELPER_SUM) for n in ast.walk(node)):
         return None
-    args = node.args  # annotations are not evaluated again (a name only imported for type checking)
-    for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-        if a is not None:
-            a.annotation = None
-    node.returns = None
+    drop_annotations(node)  # annotations are not evaluated again (a name only imported for type checking)
     sites = _Sites()
     node.body = sites._statements(node.body)
     if not sites.plain and not sites.summed:

@@ -49,7 +49,6 @@ from __future__ import annotations
 import ast
 import functools
 import inspect
-import textwrap
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +78,7 @@ from xkernels.linear_forms import computes_linear
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
+from xkernels.source_forms import drop_annotations, first_function, function_node, parse_source, without_docstring
 
 # -- the originals, as read in transformers 5.23 ----------------------------------------------------
 LLAMA_DECODER_LAYER = '''
@@ -223,21 +223,11 @@ def forward(self, hidden_states):
 def canonical(source_or_fn: str | Callable[..., Any]) -> str | None:
     """A function's source reduced to what it does: the AST without annotations, docstring,
     decorators and comments (``None`` where the source cannot be read)."""
-    try:
-        src = source_or_fn if isinstance(source_or_fn, str) else inspect.getsource(source_or_fn)
-        fn = ast.parse(textwrap.dedent(src)).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
+    fn = first_function(parse_source(source_or_fn)) if isinstance(source_or_fn, str) else function_node(source_or_fn)
+    if fn is None:
         return None
-    if not isinstance(fn, ast.FunctionDef):
-        return None
-    args = fn.args
-    for a in [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]:
-        if a is not None:
-            a.annotation = None
-    fn.returns, fn.decorator_list, fn.name = None, [], "f"
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        fn.body = body[1:]
+    drop_annotations(fn)
+    fn.decorator_list, fn.name, fn.body = [], "f", without_docstring(fn.body)
     return ast.dump(fn, include_attributes=False)
 
 
@@ -544,28 +534,19 @@ _RMS_NORM_SAME_DTYPE = BlockFusion("rms norm", T5_LAYER_NORM, _rms_norm_same_dty
 METHODS = tuple(sorted({f.method for f in FUSIONS}))
 
 
-def _parsed(fn: Any) -> ast.FunctionDef | None:
-    try:
-        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    return node if isinstance(node, ast.FunctionDef) else None
-
-
 @cache
 def mlp_chain(cls: type) -> tuple[str, ...] | None:
     """The child modules ``cls.forward`` applies to its one input, in order, where that is all it
     does: ``x = self.a(x); x = self.b(x); return self.c(x)``, nested calls (``self.b(self.a(x))``)
     or any mix, any names; ``None`` for any other forward (another argument, a keyword, a second
     use of an earlier value, any other statement)."""
-    fn = _parsed(getattr(cls, "forward", None))
+    fn = function_node(getattr(cls, "forward", None))
     if fn is None:
         return None
     a = fn.args
     if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 2:
         return None
-    body = fn.body[1:] if fn.body and isinstance(fn.body[0], ast.Expr) and isinstance(
-        fn.body[0].value, ast.Constant) else fn.body
+    body = without_docstring(fn.body)
     live = a.args[1].arg  # the one name holding the chain's value
 
     def applied(e: ast.expr) -> list[str] | None:

@@ -20,13 +20,13 @@ the ops.
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
+
+from xkernels.source_forms import function_node, without_docstring
 
 __all__ = ["GatedForm", "gated_form"]
 
@@ -233,18 +233,14 @@ def _product(e: ast.expr, x: str) -> tuple[tuple[str, ...], str, bool] | None:
 def gated_form(cls: type) -> GatedForm | None:
     """``cls.forward`` as a :class:`GatedForm`, or ``None`` where it is anything else (module doc)."""
     fn = getattr(cls, "forward", None)
-    try:
-        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return None
-    if not isinstance(node, ast.FunctionDef):
+    node = function_node(fn)
+    if node is None:
         return None
     a = node.args
     if a.vararg or a.kwarg or a.kwonlyargs or a.posonlyargs or a.defaults or len(a.args) != 2:
         return None
     x = a.args[1].arg
-    body = node.body[1:] if node.body and isinstance(node.body[0], ast.Expr) and isinstance(
-        node.body[0].value, ast.Constant) else node.body
+    body = without_docstring(node.body)
     if not body or not isinstance(body[-1], ast.Return) or body[-1].value is None:
         return None
     env: dict[str, ast.expr] = {}

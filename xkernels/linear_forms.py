@@ -20,11 +20,11 @@ cannot be read) stays a subclass that ``patch`` reports as left.
 from __future__ import annotations
 
 import ast
-import inspect
-import textwrap
 from functools import lru_cache
 
 import torch
+
+from xkernels.source_forms import function_node, without_docstring
 
 #: forwards equal to ``F.linear(x, self.weight, self.bias)``, as written in model code
 FORMS = (
@@ -46,9 +46,7 @@ def _canonical(fn: ast.FunctionDef) -> str | None:
     if (a.posonlyargs or a.kwonlyargs or a.vararg or a.kwarg or a.defaults or len(a.args) != 2
             or a.args[0].arg != "self"):
         return None
-    body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-        body = body[1:]  # the docstring
+    body = without_docstring(fn.body)
     names = {a.args[1].arg: "x"}
 
     class Rename(ast.NodeTransformer):
@@ -79,12 +77,8 @@ def computes_linear(cls: type) -> bool:
     if owner is None:  # nn.Linear's own forward: a subclass only to mark its layers for other code
         return False
     forward = vars(owner)["forward"]
-    try:
-        source = textwrap.dedent(inspect.getsource(forward))
-        fn = ast.parse(source).body[0]
-    except (OSError, TypeError, SyntaxError, IndexError):
-        return False
-    if not isinstance(fn, ast.FunctionDef) or fn.decorator_list or _canonical(fn) not in _forms():
+    fn = function_node(forward)
+    if fn is None or fn.decorator_list or _canonical(fn) not in _forms():
         return False
     # the names the forms call through are PyTorch's in the forward's module (not another ``F``)
     scope = getattr(forward, "__globals__", {})

@@ -44,8 +44,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import inspect
-import textwrap
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -58,6 +56,7 @@ from xkernels.block_steps import as_written
 from xkernels.blocks import canonical
 from xkernels.ops import rotary_embedding
 from xkernels.ops.op import _capturing, _is_compiling
+from xkernels.source_forms import source_tree
 
 NAME = "apply_rotary_pos_emb"
 #: the global names a forward's rotary call may have: the text models', and the vision towers'
@@ -337,9 +336,8 @@ def _rotations() -> dict[str | None, tuple[bool, bool]]:
 
 def _calls(fn: Any, name: str) -> bool:
     """Whether ``fn``'s source calls the global ``name``."""
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (OSError, TypeError, SyntaxError):
+    tree = source_tree(fn)
+    if tree is None:
         return False
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(tree))
 
