@@ -91,3 +91,22 @@ def test_rotary_rounds_once_in_the_kernel_and_per_product_in_torch():
         assert torch_route.dot_coefficient(2) - kernel.dot_coefficient(2) == pytest.approx(u * (1 + u))
         assert ("runs PyTorch" in torch_route.source) == (dtype != torch.float32)
     assert "|x||cs|" in kernel.describe(2, magnitude="|x||cs|")
+
+
+def test_relu2s_slope_is_carried_by_its_magnitude():
+    """relu(h)^2 moves an error e in h by 2 relu(h) e, unbounded in h: its magnitude is 2 m^2 for
+    the inner product's m = |x| @ |W|.T + |b| (>= |h|), so a result far from zero gets the room its
+    slope gives it, and the description says so."""
+    from xkernels.harness.accuracy import reference
+    from xkernels.harness.case import Inputs
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 8) * 3, torch.randn(5, 8), torch.randn(5)
+    _, plain, k = reference("linear", Inputs((x, w, b, "relu"), {}), torch.float32)
+    ref, mag, _ = reference("linear", Inputs((x, w, b, "relu2"), {}), torch.float32)
+    assert k == 8 and torch.equal(mag, 2 * plain * plain)
+    h = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    assert torch.allclose(ref, torch.relu(h) ** 2) and bool((2 * h.abs() * plain <= mag * (1 + 1e-12)).all())
+    tol = T.MATMUL[(torch.float32, "ieee")]
+    assert tol.dot_coefficient(8, "relu2") == tol.dot_coefficient(8, "relu")
+    assert "*2(|A||B|)^2" in tol.describe(8, "relu2")

@@ -67,6 +67,8 @@ class Tolerance:
     def describe(self, k: int | None = None, activation: str | None = None, residual: bool = False,
                  magnitude: str = "|A||B|") -> str:
         text = f"rtol {self.rtol:.1e} atol {self.atol:.0e}" if self.rtol or self.atol else "exact"
+        if activation == "relu2":  # its slope is carried by the magnitude (ACTIVATION_SLOPE)
+            magnitude = f"*2({magnitude})^2"
         if k is not None and self.dot_coefficient(k, activation, residual):
             text += f" +{self.dot_coefficient(k, activation, residual):.1e}{magnitude}"
         return text
