@@ -499,8 +499,9 @@ def test_the_training_backward_applies_the_derivative_and_keeps_two_programs_res
     if res is not None:
         # residency is the property (registers for two programs, no local arrays); no stack at all
         # on the Triton measured (3.6, results/2026-11-27-h100-feed-forward-backward), where
-        # Triton 3.9 under the same 128-register cap keeps an 8-byte stack frame
-        stack = 0 if triton.__version__.startswith("3.6.") else 16
+        # Triton 3.9 under the same 128-register cap keeps a stack frame of 8 bytes (gelu's
+        # derivative) to 24 (quick_gelu's)
+        stack = 0 if triton.__version__.startswith("3.6.") else 32
         assert res.get("LOCAL", 0) == 0 and res.get("STACK", 0) <= stack, res
         assert 2 * res["REG"] * 32 * kernel.metadata.num_warps <= SM_REGS, res
 
