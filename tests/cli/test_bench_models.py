@@ -65,6 +65,26 @@ def test_tiny_llama_patched_on_the_interpreter(tmp_path, capsys):
     assert "gated mlp 2" in out and "llama            eager     patch        forward " in out
 
 
+def test_the_run_waits_for_the_native_extension_and_records_it(tmp_path, capsys, monkeypatch):
+    """Timing starts once the native extension's build is settled (a fresh process builds it in
+    the background): the first model is asked for only after the wait, and the header and the
+    printed line say what ran."""
+    require_transformers()
+    from xkernels.backends import native
+
+    order: list[str] = []
+    real_module, real_run = native.module, bench_models.run
+    monkeypatch.setattr(native, "module", lambda wait=False: order.append(f"native wait={wait}") or real_module(wait))
+    monkeypatch.setattr(bench_models, "run", lambda *a, **k: order.append("model") or real_run(*a, **k))
+    rc, rows, path = _bench(tmp_path, "--model", "vit", "--config", "tiny", "--way", "torch", "--rounds", "1")
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert order[0] == "native wait=True" and "model" in order and rows
+    head = json.loads(open(path).read())["header"]
+    assert head["native"] == native.status() and head["native"] in out
+    assert f"native extension {native.status()}" in out
+
+
 def test_every_way_and_both_outputs_on_cpu(tmp_path, capsys):
     require_transformers()
     csv_path = tmp_path / "rows.csv"

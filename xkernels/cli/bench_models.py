@@ -21,6 +21,12 @@ every step (a warm-up step after each switch; ``STEP_ROUNDS_PER_ROUND`` such rou
 Per way: the median over rounds and the 20th/80th percentiles; speedups: the median of per-round
 ratios to torch. Each way first runs once for its output and gradients, compared with the torch
 way's.
+
+Before the first model, the run waits for the native extension (``xkernels/backends/native.py``),
+which an ordinary process builds in the background on first use and then loads from its cache:
+timing while it builds would measure the first minute of a fresh install for the first models,
+and the steady state for the later ones (the fused ops' training policies differ between the
+two). The header's ``native`` says what ran: ``loaded``, or ``unavailable`` and why (``XKERNELS_NATIVE=0``: off).
 """
 
 from __future__ import annotations
@@ -376,10 +382,20 @@ def format_row(r: dict[str, Any]) -> str:
 
 
 def header(target: Target, args: dict[str, Any]) -> dict[str, Any]:
+    from xkernels.backends import native
+
     props = target.backend.properties(target.device)
     return {"device_name": props.name, "arch": props.arch, "device": str(target.device),
             "backend": target.backend.name, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **versions(),
-            "python": platform.python_version(), "host": platform.node(), "args": args}
+            "python": platform.python_version(), "host": platform.node(), "native": native.status(), "args": args}
+
+
+def settle_native() -> str:
+    """Wait for the native extension's build or load (the module doc); its status line."""
+    from xkernels.backends import native
+
+    native.module(wait=True)
+    return native.status()
 
 
 def write_csv(rows: list[dict[str, Any]], path: str) -> None:
@@ -437,6 +453,7 @@ def main(args: Any, target: Target) -> int:
         # every call to Python while a block is open anywhere: timing them inside one would time
         # the Python overrides)
         own = dispatch.select(target.device).name == target.backend.name
+        print(f"xkernels.bench: native extension {settle_native()}", flush=True)
         with contextlib.nullcontext() if own else use_backend(target.backend):
             for spec in specs:
                 try:
