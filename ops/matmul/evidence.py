@@ -213,6 +213,24 @@ def describe(v: dict[str, Any]) -> str:
             f"(needs {CHECK_MARGIN:g}x per call and {floor:g}x on the device{why}) -> {winner}")
 
 
+def verdict_record(v: dict[str, Any]) -> dict[str, Any]:
+    """What a kernel's winning first-use verdict measured, as a selection's ``record``: its device
+    ratio over the BLAS route (``F.linear`` + PyTorch's activation, the quantity a table rule's
+    ``worst_ratio`` holds) under ``"first_use_ratio"``; empty for a launch-bound call, whose
+    few-microsecond timings move by ~10% between the check and later runs (:data:`LAUNCH_BOUND_MARGIN`)."""
+    if v.get("winner") != "kernel" or "error" in v or v.get("launch_bound"):
+        return {}
+    return {"first_use_ratio": float(v["ratio"]), "m": v["m"], "rounds": v["rounds"]}
+
+
+def measured_ratio(sel: Selection) -> float | None:
+    """The kernel's measured speedup over the BLAS route behind a selection: its table rule's
+    ``worst_ratio``, or its first-use verdict's device ratio (:func:`verdict_record`); ``None``
+    where nothing measured it (the wave model, neighbours, the BLAS)."""
+    ratio = sel.record.get("worst_ratio") if sel.measured else sel.record.get("first_use_ratio")
+    return float(ratio) if isinstance(ratio, int | float) else None
+
+
 # -- neighbours ---------------------------------------------------------------------------------
 def _rule_for(op: str, backend: Backend, arch: str, key: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
     """The first table rule matching ``key`` (``tuning.lookup``'s order) and where it is."""
@@ -382,7 +400,7 @@ def gate(op: str, backend: Backend, device: torch.device, key: dict[str, Any], s
     if v is not None:
         text = describe(v)
         if v["winner"] == "kernel":
-            return Selection(dict(v["config"]), sel.source, text, False, sel.estimates_ms)
+            return Selection(dict(v["config"]), sel.source, text, False, sel.estimates_ms, record=verdict_record(v))
         return Selection({"VENDOR": True}, sel.source, text, False, sel.estimates_ms)
     points = neighbours(op, backend, device, key, ck, tma)
     near = agreeing(points, shape.m)
@@ -444,7 +462,8 @@ def first_use(call: Any, backend: Backend, plan: Any, make: Callable[[Any, Selec
         return plan
     text = describe(v)
     if v["winner"] == "kernel":
-        return make(call, Selection(dict(v["config"]), kernel_sel.source, text, False, kernel_sel.estimates_ms))
+        return make(call, Selection(dict(v["config"]), kernel_sel.source, text, False, kernel_sel.estimates_ms,
+                                    record=verdict_record(v)))
     return make(call, Selection({"VENDOR": True}, kernel_sel.source, text, False, kernel_sel.estimates_ms))
 
 

@@ -12,13 +12,16 @@ pre-activation instead of recomputing it.
 When it runs (:func:`plan_for`), everything else keeps the unfused form:
 
 * the call's plan, as the same call without a gradient would run it, is the TMA kernel: no split
-  K, no residual, no vendor BLAS, its config from a measured table rule;
-* that rule's measured speedup over PyTorch's ``F.linear`` + activation (``worst_ratio``) still
-  beats the unfused form after paying one more write of the result: with ``rho`` the result's
-  write time over the GEMM's (``result_write_fraction``), the fused kernel plus that write beats
-  the GEMM plus the activation's read and write when ``ratio > (1 + 2 rho) / (1 + rho)``
-  (:func:`pays`). At BERT's FFN shape (768 -> 3072, bf16) that asks for 1.21x on an H100; its
-  rule records 1.264x. Measured there, the one kernel ran 1.17-1.19x the unfused form
+  K, no residual, no vendor BLAS, its config from a measured table rule or from a first-use check
+  on this device that timed it against the BLAS route (``ops/matmul/evidence.py``; not for a
+  launch-bound call, whose timings move by ~10% between runs);
+* that measured speedup over PyTorch's ``F.linear`` + activation (the rule's ``worst_ratio``, the
+  check's device ratio: ``evidence.measured_ratio``) still beats the unfused form after paying one
+  more write of the result: with ``rho`` the result's write time over the GEMM's
+  (``result_write_fraction``), the fused kernel plus that write beats the GEMM plus the
+  activation's read and write when ``ratio > (1 + 2 rho) / (1 + rho)`` (:func:`pays`). At
+  BERT's FFN shape (768 -> 3072, bf16) that asks for 1.21x on an H100; its rule records 1.264x.
+  Measured there, the one kernel ran 1.17-1.19x the unfused form
   (results/2026-11-27-h100-training-pre-activation).
 """
 
@@ -35,6 +38,7 @@ from xkernels.dispatch import _override
 from xkernels.launch import Launcher
 from xkernels.ops.autograd import LinearFunction
 from xkernels.ops.matmul import config as matmul_config
+from xkernels.ops.matmul import evidence as matmul_evidence
 from xkernels.tuning import _forced
 
 #: Achieved GEMM throughput over the matmul peak the ridge point is computed from (cuBLAS runs
@@ -190,9 +194,10 @@ def describe(x: torch.Tensor, call: Any, backend: Any, plan: Any) -> str:
     if x.dtype not in (torch.float16, torch.bfloat16) or x.dim() < 2 or not x.is_contiguous():
         return f"{unfused}: the fused training form takes a contiguous fp16/bf16 x"
     if tuning.forced_config() is None and not eligible(plan, backend, call.device, x.element_size()):
-        ratio = plan.selection.record.get("worst_ratio") if plan.measured else None
+        ratio = matmul_evidence.measured_ratio(plan.selection)
         rho = result_write_fraction(backend, call.device, plan.dims[2], x.element_size())
-        return (f"{unfused}: the rule's measured speedup ({ratio}) does not pay for one more write of the result "
+        what = "a first-use check's" if plan.selection.record.get("first_use_ratio") is not None else "the rule's"
+        return (f"{unfused}: {what} measured speedup ({ratio}) does not pay for one more write of the result "
                 f"(needs > {(1 + 2 * rho) / (1 + rho):.3f})")
     return ("one kernel writes the output and the pre-activation the backward reads (ops/matmul/pre_activation.py): "
             + plan.variant.replace(", tiles loaded", " (the pre-activation stored too), tiles loaded", 1))
@@ -200,11 +205,13 @@ def describe(x: torch.Tensor, call: Any, backend: Any, plan: Any) -> str:
 
 def eligible(plan: Any, backend: Backend, device: torch.device, element_size: int) -> bool:
     """Whether a call with ``plan`` (its TMA plan, unforced) runs fused in training: the table
-    rule behind the plan measured a speedup that still pays for the extra write (:func:`pays`)."""
-    ratio = plan.selection.record.get("worst_ratio") if plan.measured else None
-    if not isinstance(ratio, int | float):
+    rule behind the plan, or the first-use check on this device that chose its kernel
+    (``evidence.measured_ratio``), measured a speedup that still pays for the extra write
+    (:func:`pays`)."""
+    ratio = matmul_evidence.measured_ratio(plan.selection)
+    if ratio is None:
         return False
-    return pays(float(ratio), result_write_fraction(backend, device, plan.dims[2], element_size))
+    return pays(ratio, result_write_fraction(backend, device, plan.dims[2], element_size))
 
 
 def recorded(op: Any, mm: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str,

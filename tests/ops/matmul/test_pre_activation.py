@@ -8,6 +8,8 @@ own sm90 rules with meta tensors; what it compiles to for sm90: tests/ops/matmul
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -240,3 +242,65 @@ def test_a_module_reused_with_new_shapes_and_strides_matches_torch_each_time(tma
         assert_close(xl.grad, ref_x.grad, torch.float16, scale=8.0)
         assert_close(mod.weight.grad, ref_w.grad, torch.float16, scale=8.0 + m_rows / 16)
         assert_close(mod.bias.grad, ref_b.grad, torch.float16, scale=8.0 + m_rows / 16)
+
+
+def _first_use_clock(kernel_ms: float, blas_ms: float):
+    """A fake first-use clock (``evidence.timer``): runs each route once, reports fixed times."""
+    from xkernels.ops.matmul import evidence
+
+    def timer(fns, backend, device):
+        for fn in fns:
+            fn()
+        return [[kernel_ms, blas_ms]] * evidence.CHECK_ROUNDS
+    return timer
+
+
+@pytest.mark.parametrize("blas_ms,fused", [(2.0, True), (1.1, False)])
+def test_a_first_use_checks_ratio_decides_where_no_rule_measured_the_call(tma_interpreter, tmp_path, monkeypatch,
+                                                                           blas_ms, fused):
+    """No table rule covers quick_gelu at this shape: on a backend with a BLAS alternative the call
+    waits for evidence, and the first-use check on the device (a fake clock here) settles it. Its
+    device ratio then stands for a rule's ``worst_ratio``: 2.0x pays for the extra write and the
+    training call runs the one kernel; 1.1x picks the kernel for inference but does not pay here
+    (explain says which). Either way the gradients are PyTorch's."""
+    from xkernels.ops.matmul import evidence
+
+    monkeypatch.setenv("XKERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("XKERNELS_FIRST_USE_CHECK", raising=False)
+    monkeypatch.delenv("XKERNELS_AUTOTUNE", raising=False)
+    monkeypatch.setattr(tma_interpreter, "kernel_needs_evidence", True, raising=False)
+    monkeypatch.setattr(pre_activation, "result_write_fraction", lambda *a: 0.26)  # BERT's FFN on an H100: 1.21x
+    monkeypatch.setattr(evidence, "timer", _first_use_clock(1.0, blas_ms))
+    from xkernels.ops.matmul import config as matmul_config
+
+    real_select = matmul_config.select  # the wave model's pick, made the TMA kernel (as on sm90)
+    monkeypatch.setattr(matmul_config, "select", lambda *a, **k: dataclasses.replace(
+        real_select(*a, **k), config=dict(_FORMS[1]), measured=False))
+    evidence.forget()
+    launches = []
+    real = pre_activation.PreActivationPlan.__call__
+    monkeypatch.setattr(pre_activation.PreActivationPlan, "__call__",
+                        lambda self, *a, **k: launches.append(1) or real(self, *a, **k))
+    torch.manual_seed(0)
+    x = rand((96, 40), torch.float16, "cpu").requires_grad_()
+    w, b = rand((72, 40), torch.float16, "cpu").requires_grad_(), rand((72,), torch.float16, "cpu").requires_grad_()
+    try:
+        with Unchanged(x, w, b):
+            y = linear(x, w, b, "quick_gelu")
+        plan = linear._decide(linear.check(x, w, b, "quick_gelu"))[1]
+        assert plan.tma is not None and not plan.measured, plan.selection.why  # the wave model's TMA kernel, checked
+        assert evidence.measured_ratio(plan.selection) == pytest.approx(blas_ms)
+        assert bool(launches) is fused
+        said = str(linear.explain(x, w, b, "quick_gelu"))
+        if fused:
+            assert "with a gradient: one kernel writes the output and the pre-activation" in said, said
+        else:
+            assert f"a first-use check's measured speedup ({blas_ms})" in said and "does not pay" in said, said
+        ref = activate(torch.nn.functional.linear(x.double(), w.double(), b.double()), "quick_gelu", 0.01)
+        assert_close(y.detach(), ref.detach(), torch.float16, scale=4.0)
+        grads = torch.autograd.grad(y.float().sum(), (x, w, b))
+        want = torch.autograd.grad(ref.sum(), (x, w, b))
+        for g, r in zip(grads, want, strict=True):
+            assert_close(g, r, torch.float16, scale=16.0)
+    finally:
+        evidence.forget()
