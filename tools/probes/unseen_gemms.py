@@ -6,7 +6,7 @@ Question: do the tables' rules and the wave-model fallback generalise to shapes 
 Prediction: no held-out shape below 0.9x torch (a class where every kernel loses is routed to
 the vendor BLAS; a shape between measured classes gets a neighbour's or the model's config).
 
-    python tools/probes/unseen_gemms.py --json unseen.json [--dtype bfloat16] [--models clip-vit-b16,clip-vit-l14]
+    python tools/probes/unseen_gemms.py --json unseen.json [--dtype bfloat16] [--models clip-vit-b16,minitron-8b]
 
 Caveat printed with the results: the calibration runs the cuda tables were built from
 (results/2026-11-22-h100-gemm-calibration, -seeds) contain a few of these (N, K) at other token counts
@@ -44,6 +44,8 @@ LAYERS = [
     ("mlp-3000", "fc", 1000, 5000, None, True),
     ("clip-vit-b16", "fc1", 768, 3072, "quick_gelu", True),
     ("clip-vit-l14", "fc1", 1024, 4096, "quick_gelu", True),
+    ("minitron-8b", "up", 4096, 16384, "relu2", False),
+    ("persimmon-8b", "fc1", 4096, 16384, "relu2", True),
 ]
 TOKENS = [1, 77, 1000, 4000]
 SEEN_NK = {(5000, 1000), (50257, 768), (11008, 2048), (13824, 5120)}  # in the calibration runs
