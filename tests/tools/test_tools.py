@@ -88,3 +88,24 @@ def test_selection_diff_runs_on_cpu(tmp_path):
                         "--diff", str(out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[-1].startswith("0 of "), r.stdout[-2000:]
+
+
+def test_family_sweep_builds_a_composite_models_part_and_trains_without_a_cache():
+    """``family_sweep.build``: a config AutoModel has no base model for (OWL-ViT's vision part) is
+    built as the class its modeling module declares for it; ``inputs_for`` asks a forward that
+    takes ``use_cache`` for none (a training step; hybrid linear-attention caches refuse one)."""
+    import runpy
+
+    from helpers import require_transformers
+
+    require_transformers()
+    import transformers as tf
+
+    sweep = runpy.run_path(str(TOOLS / "probes" / "family_sweep.py"), run_name="family_sweep")
+    with pytest.raises(ValueError, match="Unrecognized configuration class"):
+        tf.AutoModel.from_config(sweep["shrink"](tf.AutoConfig.for_model("owlvit_vision_model")))
+    model = sweep["build"](sweep["shrink"](tf.AutoConfig.for_model("owlvit_vision_model")))
+    assert type(model).__name__ == "OwlViTVisionModel"
+    cfg = sweep["shrink"](tf.AutoConfig.for_model("llama"))
+    inputs = sweep["inputs_for"](sweep["build"](cfg), cfg, "cpu")
+    assert inputs["use_cache"] is False and inputs["input_ids"].shape == (2, 7)

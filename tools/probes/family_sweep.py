@@ -1,6 +1,7 @@
 """Every model type transformers knows, shrunk to a tiny config, patched: does ``patch()`` keep
 it exact? For each ``model_type`` in transformers' config mapping the probe builds the base model
-(``AutoModel.from_config``) with every size field it recognises made small, runs one training step
+(``AutoModel.from_config``, or for a composite model's part the class its modeling module declares
+for that config: :func:`build`) with every size field it recognises made small, runs one training step
 unpatched (float32 and float64) and patched on the chosen backend, and compares the output and every
 parameter's gradient as the family suites do (``assert_model_close``).
 
@@ -68,6 +69,30 @@ def shrink(cfg, depth=0):
     return cfg
 
 
+def build(cfg):
+    """``AutoModel.from_config(cfg)``; for a config AutoModel has no base model for (a composite
+    model's vision, text or audio part: CLIP's, OWL-ViT's, Qwen2-VL's vision tower, ...) the model
+    class its own modeling module declares for exactly that config class, base models first
+    (a name ending in ``Model`` without a head), then the rest, by name."""
+    import importlib
+
+    import transformers as tf
+
+    try:
+        return tf.AutoModel.from_config(cfg)
+    except ValueError as e:
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        module = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
+        own = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, tf.PreTrainedModel)
+               and c.__dict__.get("config_class", getattr(c, "config_class", None)) is type(cfg)
+               and not c.__name__.endswith("PreTrainedModel")]
+        if not own:
+            raise
+        own.sort(key=lambda c: (not (c.__name__.endswith("Model") and "For" not in c.__name__), c.__name__))
+        return own[0]._from_config(cfg)
+
+
 def inputs_for(model, cfg, device):
     torch.manual_seed(1)
     params = inspect.signature(model.forward).parameters
@@ -89,6 +114,8 @@ def inputs_for(model, cfg, device):
         raise LookupError(f"main input {name!r}: no generic input")
     if "decoder_input_ids" in params:
         x["decoder_input_ids"] = torch.randint(3, 32, (2, 5), device=device)
+    if "use_cache" in params:  # a training step keeps no cache (hybrid linear-attention caches refuse one)
+        x["use_cache"] = False
     return x
 
 
@@ -127,7 +154,7 @@ def sweep_one(model_type, device, seconds):
         try:
             cfg = shrink(tf.AutoConfig.for_model(model_type))
             torch.manual_seed(0)
-            model = tf.AutoModel.from_config(cfg).to(device).train()
+            model = build(cfg).to(device).train()
             inputs = inputs_for(model, cfg, device)
             ref64 = copy.deepcopy(model).double()
             # the alarm only from here: raised inside transformers' lazy imports it would leave the
@@ -135,7 +162,8 @@ def sweep_one(model_type, device, seconds):
             signal.alarm(seconds)
             alarm_at = time.perf_counter()
             want, want_grads = step(model, inputs)
-            ref, ref_grads = step(ref64, {k: v.double() if v.is_floating_point() else v for k, v in inputs.items()})
+            ref, ref_grads = step(ref64, {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+                                  for k, v in inputs.items()})
             if not torch.isfinite(want).all() or not torch.isfinite(ref).all():
                 raise ValueError("non-finite output unpatched")
             bad = [n for (n, g), (_, r) in zip(want_grads, ref_grads)
