@@ -85,8 +85,7 @@ def build(cfg):
             raise
         module = importlib.import_module(type(cfg).__module__.replace(".configuration_", ".modeling_"))
         own = [c for c in vars(module).values() if isinstance(c, type) and issubclass(c, tf.PreTrainedModel)
-               and c.__dict__.get("config_class", getattr(c, "config_class", None)) is type(cfg)
-               and not c.__name__.endswith("PreTrainedModel")]
+               and getattr(c, "config_class", None) is type(cfg) and not c.__name__.endswith("PreTrainedModel")]
         if not own:
             raise
         own.sort(key=lambda c: (not (c.__name__.endswith("Model") and "For" not in c.__name__), c.__name__))
