@@ -191,8 +191,8 @@ def test_fused_forward_runs_the_forms_tail(backend, device, cls):
 
 
 def test_an_activation_the_op_does_not_take_is_left_with_its_reason(device):
-    """A gated form whose activation module the op has no kernel for (BitNet's squared ReLU,
-    here Softplus) keeps its own forward and is reported as left, naming the activation."""
+    """A gated form whose activation module the op has no kernel for (here Softplus) keeps its own
+    forward and is reported as left, naming the activation."""
     model = Llama().to(device)
     model.act_fn = nn.Softplus()
     x = torch.randn(2, 16, device=device)
@@ -200,7 +200,8 @@ def test_an_activation_the_op_does_not_take_is_left_with_its_reason(device):
     report = xkernels.patch(model)
     assert not report.blocks, report
     assert [(m.name, m.kind, m.reason) for m in report.left] == [
-        ("(root)", "Llama", "gated mlp not fused: act_fn (Softplus) is not relu/gelu/gelu_tanh/silu")], report
+        ("(root)", "Llama",
+         "gated mlp not fused: act_fn (Softplus) is not an activation xkernels.ops.gated_linear takes")], report
     torch.testing.assert_close(model(x), want)
 
 
@@ -241,11 +242,41 @@ FAMILIES = {
 }
 
 
+#: families whose gated MLP takes an activation other than SiLU / GELU: (config, model, arguments,
+#: the MLP's class, the activation gated_linear is called with)
+ACTIVATION_FAMILIES = {
+    # BitNet: relu(gate)^2 * up, then a norm before the down-projection
+    "bitnet": ("BitNetConfig", "BitNetForCausalLM", dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                                         bos_token_id=1, eos_token_id=2), "BitNetMLP", "relu2"),
+    "llama, quick_gelu": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=32, intermediate_size=48,
+                                                                  num_hidden_layers=1, num_attention_heads=4,
+                                                                  num_key_value_heads=2, vocab_size=64,
+                                                                  hidden_act="quick_gelu"), "LlamaMLP", "quick_gelu"),
+}
+
+
+@pytest.mark.parametrize("family", list(ACTIVATION_FAMILIES))
+def test_families_with_other_gate_activations_train_fused(backend, device, family):
+    """BitNet's squared ReLU and a QuickGELU gate are fused like SwiGLU: each MLP's product is
+    one ``gated_linear`` call with that activation, and a training step gives the unpatched model's
+    output and gradients."""
+    from xkernels.block_steps import GatedStep
+
+    cfg_name, model_name, kwargs, mlp, activation = ACTIVATION_FAMILIES[family]
+    fused = _assert_family_trains_fused(device, family, cfg_name, model_name, kwargs, mlp)
+    steps = [m._xkernels_block for m in fused.modules() if isinstance(getattr(m, "_xkernels_block", None), GatedStep)]
+    assert steps and {s.activation for s in steps} == {activation}
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_families_with_dropout_train_fused(backend, device, family):
     """Each family's MLPs are fused, and a training step with its dropout on gives the unpatched
     model's output and gradients (same seed, same masks)."""
-    cfg_name, model_name, kwargs, mlp = FAMILIES[family]
+    _assert_family_trains_fused(device, family, *FAMILIES[family])
+
+
+def _assert_family_trains_fused(device, family, cfg_name, model_name, kwargs, mlp):
     model, inputs = tiny_model(cfg_name, model_name, kwargs, device)
     fused = copy.deepcopy(model)
     report = xkernels.patch(fused)
@@ -266,3 +297,4 @@ def test_families_with_dropout_train_fused(backend, device, family):
     assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
     for (name, g), (_, w) in zip(got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4, msg=lambda m, name=name: f"{family} {name}: {m}")
+    return fused

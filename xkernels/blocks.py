@@ -33,7 +33,12 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   BERT's ``feed_forward_chunk`` over its intermediate and output blocks) as one
   autograd block where a gradient is required (``ops/matmul/feed_forward.py``: the backward
   applies the activation's derivative inside the down-projection's input-gradient GEMM). Without
-  a gradient the module's own forward runs, through the fused ``xkernels.nn.Linear`` layers.
+  a gradient the module's own forward runs, through the fused ``xkernels.nn.Linear`` layers;
+* ``experts gate``: a mixture-of-experts module's ``_apply_gate`` (transformers'
+  ``@use_experts_implementation`` default: ``act_fn(gate) * up`` of the chunked gate_up result of
+  every routed token) as one pass each way (``ops/fused/gated_activation.py``): Mixtral, Qwen2/3-MoE,
+  DeepSeek-V3, OLMoE, GLM-4-MoE, ... under transformers' ``grouped_mm`` (its default) and
+  ``batched_mm`` experts implementations; its ``eager`` loop computes the gate inline.
 
 What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
@@ -76,6 +81,7 @@ from xkernels.block_steps import (
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.linear_forms import computes_linear
 from xkernels.ops import add_layer_norm, add_rms_norm
+from xkernels.ops.fused.gated_activation import gated_activation
 from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
 from xkernels.source_forms import drop_annotations, first_function, function_node, parse_source, without_docstring
@@ -400,6 +406,18 @@ def _bert_feed_forward(self: Any, attention_output: torch.Tensor) -> torch.Tenso
     return out._modules["LayerNorm"](y + attention_output)
 
 
+EXPERTS_APPLY_GATE = '''
+def _apply_gate(self, gate_up_out):
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+'''
+
+
+def _experts_gate(self: Any, gate_up_out: torch.Tensor) -> torch.Tensor:
+    y = None if as_written(gate_up_out) else gated_activation(gate_up_out, self._xkernels_block)
+    return y if y is not None else type(self)._apply_gate(self, gate_up_out)
+
+
 # -- when each applies --------------------------------------------------------------------------------
 def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> NormStep:
     """The record of ``module``'s add + norm step (its norm: the child ``name``, or itself)."""
@@ -433,10 +451,19 @@ def _plain_linear(m: Any) -> bool:
 
 
 def _gate_activation(act: Any) -> str | None:
+    """The name of ``act``'s activation where ``xkernels.ops.gated_linear`` takes it, else ``None``."""
+    from xkernels.ops.fused.gated_linear import ACTIVATIONS
+
     found = activation_of(act) if isinstance(act, torch.nn.Module) else "not a module"
-    if isinstance(found, str) or found[0] not in ("relu", "gelu", "gelu_tanh", "silu") or hooked(act):
+    if isinstance(found, str) or found[0] not in ACTIVATIONS or hooked(act):
         return None
     return found[0]
+
+
+def _experts_gate_problem(m: torch.nn.Module) -> str | None:
+    if _gate_activation(getattr(m, "act_fn", None)) is None:
+        return f"act_fn ({type(getattr(m, 'act_fn', None)).__name__}) is not an activation xkernels.ops.gated_linear takes"
+    return None
 
 
 def _gated_problem(proj: tuple[str, ...], act: str) -> Callable[[torch.nn.Module], str | None]:
@@ -445,7 +472,7 @@ def _gated_problem(proj: tuple[str, ...], act: str) -> Callable[[torch.nn.Module
             if not _plain_linear(getattr(m, name, None)):
                 return f"{name} is not a plain torch.nn.Linear (or a subclass computing F.linear) without hooks"
         if _gate_activation(getattr(m, act, None)) is None:
-            return f"{act} ({type(getattr(m, act, None)).__name__}) is not relu/gelu/gelu_tanh/silu"
+            return f"{act} ({type(getattr(m, act, None)).__name__}) is not an activation xkernels.ops.gated_linear takes"
         if len(proj) == 2 and getattr(m, proj[0]).weight.shape != getattr(m, proj[1]).weight.shape:
             return f"{proj[0]} and {proj[1]} have different shapes"
         if len(proj) == 1 and getattr(m, proj[0]).weight.shape[0] % 2:
@@ -524,6 +551,8 @@ FUSIONS = (
                 method="feed_forward_chunk",
                 feed_forward=FeedForwardStep(("intermediate", "dense"), ("intermediate", "intermediate_act_fn"),
                                              ("output", "dense"))),
+    BlockFusion("experts gate", EXPERTS_APPLY_GATE, _experts_gate, _experts_gate_problem, method="_apply_gate",
+                candidate=lambda m: getattr(m, "has_gate", True) is not False),  # NemotronH's: no gate to apply
     BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
                 norm_itself=True),
 )
@@ -597,7 +626,7 @@ def _chain_fusion(chain: tuple[str, ...]) -> BlockFusion:
 def _looks_gated(form: GatedForm) -> Callable[[torch.nn.Module], bool]:
     """Whether a module whose forward is ``form`` is a gated MLP at all: its projections linear
     layers and its activation a module (else not a candidate, not reported). An activation the op
-    does not take (BitNet's squared ReLU) makes it a candidate left with that reason."""
+    does not take (a Softplus, say) makes it a candidate left with that reason."""
     def candidate(m: torch.nn.Module) -> bool:
         return (all(isinstance(getattr(m, n, None), torch.nn.Linear) for n in form.proj)
                 and isinstance(getattr(m, form.act, None), torch.nn.Module))
@@ -708,6 +737,8 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
                                                  if _site_norm_problem(module, n) is None}
                                                 for names, summed in ((fusion.add_norms, False),
                                                                       (fusion.add_norms_summed, True))))
+    elif fusion.method == "_apply_gate":  # the experts' gate: the activation's name
+        module._xkernels_block = _gate_activation(module.act_fn)
     elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it

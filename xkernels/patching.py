@@ -82,6 +82,9 @@ PRE_NORM_SITES = "its pre-norm sites fuse where a gradient is required or a CUDA
 FEED_FORWARD_TRAINING = ("in training where its layers train through xkernels (xkernels.nn.training_pays; always "
                          "under CUDA-graph capture) and the fused block's plan exists (docs/patching.md); otherwise "
                          "its fused linear layers")
+#: a FusedBlock's note for experts whose model runs transformers' eager experts loop
+EXPERTS_EAGER = ("the model's experts implementation is 'eager', whose loop computes the gate inline: used under "
+                 "'grouped_mm' (transformers' default) or 'batched_mm' (model.set_experts_implementation)")
 #: the report's note on the replaced linear layers (``xkernels.nn.training_pays``)
 LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host cost outweighs the GEMM time a kernel "
                    "could save, but under CUDA-graph capture; on a backend that runs no kernels (the cpu backend), "
@@ -217,6 +220,9 @@ def patch(model: torch.nn.Module) -> PatchReport:
             notes.append(LAYER_NORM_TRAINING)
         elif fusion.feed_forward is not None:
             notes.append(FEED_FORWARD_TRAINING)
+        if fusion.method == "_apply_gate" and getattr(getattr(module, "config", None), "_experts_implementation",
+                                                      None) == "eager":
+            notes.append(EXPERTS_EAGER)
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, "; ".join(notes)))
         done.update((id(module), attr) for attr in fusion.consumed)
         if fusion.name in blocks.ADD_NORM_SITE_FUSIONS.values():

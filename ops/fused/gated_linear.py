@@ -7,7 +7,8 @@ projection, ``act(x @ Wg.T + bg) * (x @ Wu.T + bu)``, as one op.
 * ``up_weight`` None: ``weight`` is Phi-3's concatenated (2*I, H) gate_up weight, gate rows
   first (``gate, up = gate_up_proj(x).chunk(2, dim=-1)``); ``bias`` then has 2*I entries likewise
   and ``up_bias`` must be None.
-* Result ``(*x.shape[:-1], I)``; ``activation`` one of relu | gelu (erf) | gelu_tanh | silu.
+* Result ``(*x.shape[:-1], I)``; ``activation`` one of relu | gelu (erf) | gelu_tanh | silu |
+  quick_gelu | relu2 (squared ReLU, BitNet's).
 
 float16, bfloat16 and float32 run a Triton route (``gated_linear_plan.py``: the fused kernel or
 the device's BLAS followed by a gate kernel; fp32 follows torch's TF32 setting, as ``linear``);
@@ -48,7 +49,8 @@ from xkernels.registry import registry
 
 __all__ = ["ACTIVATIONS", "GatedCall", "GatedLinear", "gated_linear", "reference_gated_linear"]
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+#: relu2 is BitNet's (``relu(gate)**2 * up``); quick_gelu ``g * sigmoid(1.702 g)`` as CLIP's
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "quick_gelu", "relu2")
 _NAME = "xkernels.ops.gated_linear"
 
 

@@ -1,8 +1,8 @@
 """``gated_linear``: its compile cases for the offline Ascend check (``Op.compile_cases``).
 
 A call's class is ``{"dtype", "activation", "bias", "weight"}`` (the table conditions of
-``gated_linear_plan.bucket_key`` other than the shape: fp16/bf16/fp32 x relu/gelu/gelu_tanh/silu
-x with/without biases x separate/concatenated weights; ``variant: tma`` never applies on npu,
+``gated_linear_plan.bucket_key`` other than the shape: fp16/bf16/fp32 x each activation of
+``gated_linear.ACTIVATIONS`` x with/without biases x separate/concatenated weights; ``variant: tma`` never applies on npu,
 which has no tensor descriptors). The ``gated_linear`` table's rules are walked per class in
 ``xkernels.tuning.lookup``'s order (``xkernels.compile_cases.rule_entries``; ``GATED_DEFAULT``
 where no rule takes every call of the class: the wave model is not used, see the plan's doc).
@@ -116,6 +116,8 @@ def gated_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                                   f"{shown(plan.config)}|{label}{loop}{idx}|{entry.where}")
                 if save:  # the backward's element-wise kernel, on the gate and up this forward kept
                     yield _grad_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}")
+                    if call.concatenated and not plan.vendor:  # the experts' gate pass at that (M, 2I)
+                        yield _gate_pass_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}")
 
 
 def _grad_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[str, Any], dtype: torch.dtype,
@@ -134,3 +136,19 @@ def _grad_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[str, An
     flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64") if plan.constexprs[k])
     return target.case(op.name, plan.jit_fn, plan.args(dy, g, u, dg, du), plan.constexprs, cls["dtype"],
                        f"gate grad kernel {plan.constexprs['BLOCK_M']}x{plan.constexprs['BLOCK_N']}{flags}|{label}")
+
+
+def _gate_pass_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[str, Any], dtype: torch.dtype,
+                    label: str) -> CompileCase:
+    """``gate_kernel`` as ``ops/fused/gated_activation.py`` launches it (the experts' gate pass):
+    the halves of an (M, 2I) gate_up result, y (M, I) written once."""
+    from xkernels.ops.fused.gated_activation import GatePlan
+
+    pair, y = meta((M, 2 * N), dtype), meta((M, N), dtype)
+    g, u = pair[:, :N], pair[:, N:]
+    strides = (*g.stride(), *u.stride(), *y.stride())
+    plan = GatePlan(target.backend, torch.device("meta"), M, N, cls["activation"], strides)
+    consts = plan.launcher.constexprs
+    flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64") if consts[k])
+    return target.case(op.name, plan.jit_fn, (g, u, y, *plan.tail), consts, cls["dtype"],
+                       f"gate pass kernel {consts['BLOCK_M']}x{consts['BLOCK_N']}{flags}|{label}")

@@ -219,7 +219,7 @@ def test_host_mode_on_cpu_times_every_form_with_the_launch_stubbed(capsys):
                  "matmul(a, b)", "linear(x, w)", "linear(x, w, b)", 'linear(x, w, b, "gelu")',
                  'linear(x, w, bias=b, activation="gelu")', "nn.Linear module (no_grad)", "enabled(): x + y",
                  "enabled(): x @ w", "enabled(): F.linear(x, w, b)", "Llama MLP",
-                 "Llama attention's rotary embedding"):
+                 "Llama attention's rotary embedding", "MoE experts' gate"):
         assert rows[form] == "0.00", (form, out)
     # the patched blocks' rows: one full path per add + norm call until add_norm has routes
     for form, norms in (("BERT output block", 1), ("Llama decoder layer (add+norm steps)", 2)):

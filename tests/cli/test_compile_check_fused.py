@@ -13,6 +13,7 @@ from helpers import planted_tables
 from xkernels.backends import npu
 from xkernels.cli.compile_check import collect, collect_cases
 from xkernels.ops.fused import add_norm_kernels, gated_linear_kernels
+from xkernels.ops.fused.gated_linear import ACTIVATIONS as GATED_ACTIVATIONS
 from xkernels.ops.matmul.plan import ACTIVATIONS
 
 A2, A3, A5 = "Ascend910B3", "Ascend910_9392", "Ascend950PR_9599"
@@ -102,7 +103,8 @@ def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
     everything, notes = collect([soc], ["gated_linear"])
     assert notes == []
     grads = [c for c in everything if c.kernel is gated_linear_kernels.gate_grad_kernel]
-    cases = [c for c in everything if c not in grads]
+    passes = [c for c in everything if c.kernel is gated_linear_kernels.gate_kernel]  # the experts' gate pass
+    cases = [c for c in everything if c not in grads and c not in passes]
     assert all(c.kernel is gated_linear_kernels.gated_linear_kernel for c in cases)  # npu: never the vendor route
     assert {c.config.rsplit("|", 1)[1] for c in cases} == _where(soc, "gated_linear")
     # the backward's element-wise kernel after each forward that keeps gate and up, at its (M, I)
@@ -112,11 +114,17 @@ def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
         (c.dtype, c.config.rsplit("|", 1)[1]) for c in kept)  # per dtype and table entry
     for dtype in ("float16", "bfloat16", "float32"):
         got = [c.constants for c in grads if c.dtype == dtype]
-        assert {k["ACT"] for k in got} == {ACTIVATIONS[a] for a in ("relu", "gelu", "gelu_tanh", "silu")}
+        assert {k["ACT"] for k in got} == {ACTIVATIONS[a] for a in GATED_ACTIVATIONS}
         assert {k["INDEX_64"] for k in got} == {True, False}, dtype  # the M x I past 2**31 call
+    # after each concatenated forward keeping gate and up, the gate pass on its (M, 2I) halves
+    kept_wide = [c for c in kept if "[Wg; Wu]" in c.config]
+    assert sorted((c.dtype, c.constants["ACT"]) for c in passes) == sorted(
+        (c.dtype, c.constants["ACT"]) for c in kept_wide)
+    assert all(c.config.startswith("gate pass kernel") and "sgm" not in c.constants
+               and c.constants["sgn"] == c.constants["sun"] == c.constants["syn"] == 1 for c in passes)
     wide = [c for c in grads if "[Wg; Wu]" in c.config]  # gate, up and their gradients: (M, 2I) halves
     assert wide and all("sgm" not in c.constants and c.constants["sgn"] == c.constants["san"] == 1 for c in wide)
-    acts = {code for name, code in ACTIVATIONS.items() if name in ("relu", "gelu", "gelu_tanh", "silu")}
+    acts = {ACTIVATIONS[a] for a in GATED_ACTIVATIONS}
     for dtype in ("float16", "bfloat16", "float32"):
         got = [c.constants for c in cases if c.dtype == dtype]
         assert {(k["ACT"], k["HAS_BIAS"], k["HAS_UP_BIAS"]) for k in got} == {
@@ -140,9 +148,10 @@ def test_planted_vendor_rule_compiles_the_gate_kernel(tmp_path):
     with planted_tables(tmp_path, "npu", tables):
         cases, notes = collect([A2], ["gated_linear"])
     assert notes == []
-    gate = [c for c in cases if c.kernel is gated_linear_kernels.gate_kernel]
+    gate = [c for c in cases if c.kernel is gated_linear_kernels.gate_kernel
+            and not c.config.startswith("gate pass kernel")]  # not the experts' pass after a kept forward
     assert gate and all(c.dtype == "bfloat16" and c.config.startswith("VENDOR=True") for c in gate)
-    assert {c.constants["ACT"] for c in gate} == {ACTIVATIONS[a] for a in ("relu", "gelu", "gelu_tanh", "silu")}
+    assert {c.constants["ACT"] for c in gate} == {ACTIVATIONS[a] for a in GATED_ACTIVATIONS}
     concat = [c for c in gate if "[Wg; Wu]" in c.config]
     assert concat and all("sgm" not in c.constants and c.constants["sgn"] == 1 for c in concat)
     assert all(c.signature["g_ptr"] == "*bf16" for c in gate)

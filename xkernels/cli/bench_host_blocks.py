@@ -10,6 +10,9 @@ it fuses a transformers model's; transformers itself is not needed):
   and MLP, so the row holds the layer's own Python, its input RMSNorm, the residual add with the
   post-attention RMSNorm, and the last residual add;
 * ``Llama MLP``: ``down(act(gate(x)) * up(x))``;
+* ``MoE experts' gate``: a mixture-of-experts module's ``_apply_gate`` (transformers'
+  ``@use_experts_implementation`` default, between its grouped GEMMs) on Mixtral's routed rows
+  at 16 tokens (32 rows of 2 x 14336 on cuda; 2 x 704 on the CPU);
 * ``Llama attention's rotary embedding``: an attention stand-in whose forward calls this
   module's ``apply_rotary_pos_emb`` (Llama's, as transformers 5.23 has it) on Llama-3-8B's heads
   at 16 tokens and returns q and k (``xkernels/rotary_fusion.py`` binds it to the op).
@@ -18,7 +21,8 @@ The training rows (:func:`training_forms`) time one forward and backward per cal
 required of the input and the parameters (modules in eval mode: no dropout), as a training step
 runs them: a linear layer as ``xkernels.nn.Linear`` (its training policy decides, as in a patched
 model: on a host-bound GPU, PyTorch's ops from the native table), the same with GELU, the BERT
-output block, ``F.linear`` under ``enabled()``, and the rotary embedding (q and k requiring grad).
+output block, ``F.linear`` under ``enabled()``, the rotary embedding (q and k requiring grad) and the
+experts' gate (gate_up requiring grad).
 
 Sizes: BERT-base's 768 features; a TinyLlama-sized layer (hidden 2048, intermediate 5632) on
 cuda, a small one (256, 704) on the CPU, where the torch column computes and is for scale only.
@@ -115,6 +119,19 @@ class LlamaMLP(torch.nn.Module):
         return down_proj
 
 
+class Experts(torch.nn.Module):
+    """A mixture-of-experts module's gate (transformers' default ``_apply_gate``, 5.23); the
+    grouped GEMMs around it are left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act_fn = torch.nn.SiLU()
+
+    def _apply_gate(self, gate_up_out):  # type: ignore[no-untyped-def]
+        gate, up = gate_up_out.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
 def rotate_half(x):  # type: ignore[no-untyped-def]
     """Rotates half the hidden dims of the input."""
     x1 = x[..., : x.shape[-1] // 2]
@@ -180,10 +197,14 @@ def block_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
     rope = RotaryAttention()
     rope_p = _patched(rope, {"rotary embedding": 1})
     qkcs = _rotary_operands(device, dtype)
+    experts = Experts()
+    experts_p = _patched(experts, {"experts gate": 1})
+    gate_up = r(32, 2 * inter if device.type != "cuda" else 2 * 14336)
     return [
         ("BERT output block", lambda: bert_p(bert_x, bert_in), lambda: bert(bert_x, bert_in)),
         ("Llama decoder layer (add+norm steps)", lambda: layer_p(h), lambda: layer(h)),
         ("Llama MLP", lambda: mlp_p(x), lambda: mlp(x)),
+        ("MoE experts' gate", lambda: experts_p._apply_gate(gate_up), lambda: experts._apply_gate(gate_up)),
         ("Llama attention's rotary embedding", lambda: rope_p(*qkcs), lambda: rope(*qkcs)),
     ]
 
@@ -208,6 +229,10 @@ def training_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
     q, k, cos, sin = _rotary_operands(device, dtype, grad=True)
     dq, dk = torch.randn_like(q), torch.randn_like(k)
 
+    experts = Experts()
+    experts_p = _patched(experts, {"experts gate": 1})
+    gate_up, d_gate = r(32, 2 * 3072, grad=True), r(32, 3072)
+
     def rope_step(module: torch.nn.Module) -> Callable[[], Any]:
         return lambda: torch.autograd.backward(module(q, k, cos, sin), (dq, dk))
 
@@ -217,4 +242,6 @@ def training_forms(device: torch.device, dtype: torch.dtype) -> list[Form]:
         ("training: BERT output block", lambda: bert_p(x, h).backward(dy), lambda: bert(x, h).backward(dy)),
         ("training: enabled(): F.linear", lambda: linear(x, w, b).backward(dy), lambda: linear(x, w, b).backward(dy)),
         ("training: rotary embedding", rope_step(rope_p), rope_step(rope)),
+        ("training: MoE experts' gate", lambda: experts_p._apply_gate(gate_up).backward(d_gate),
+         lambda: experts._apply_gate(gate_up).backward(d_gate)),
     ]

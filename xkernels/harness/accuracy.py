@@ -118,7 +118,8 @@ def _gated_magnitude(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     """The magnitude a gated_linear result's rounding error is proportional to: an error e_g in
     the gate's inner product moves the result by at most L * |up| * e_g, one e_u in up's by
     |act(gate)| * e_u, each e bounded by the dot coefficient times ``|x| @ |W|.T + |b|``, so
-    ``|up| * mag_gate + |act(gate)| * mag_up`` (L, the activation's slope, is in the coefficient)."""
+    ``|up| * mag_gate + |act(gate)| * mag_up`` (L, the activation's slope, is in the coefficient;
+    relu2's slope 2 relu(gate) <= 2 mag_gate is carried here, as for linear)."""
     from xkernels.ops.matmul.vendor import activate
 
     names = ("x", "weight", "up_weight", "bias", "up_bias", "activation")
@@ -132,7 +133,9 @@ def _gated_magnitude(args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     gate, up = F.linear(x, w, b), F.linear(x, uw, ub)
     mag_g = F.linear(x.abs(), w.abs(), None if b is None else b.abs())
     mag_u = F.linear(x.abs(), uw.abs(), None if ub is None else ub.abs())
-    return up.abs() * mag_g + activate(gate, call.get("activation", "silu")).abs() * mag_u
+    activation = call.get("activation", "silu")
+    slope = 2 * mag_g if activation == "relu2" else 1.0
+    return up.abs() * mag_g * slope + activate(gate, activation).abs() * mag_u
 
 
 def _clone(v: Any) -> Any:

@@ -34,6 +34,7 @@ from xkernels.harness.heldout import heldout_cases
 from xkernels.harness.models import SIZE_TAG, corpus, gemm_layers, model_names
 from xkernels.harness.torch_ops import OP_NAMES, OPS
 from xkernels.harness.torch_ops import OpSpec as OpSpec
+from xkernels.ops.fused.gated_linear import ACTIVATIONS as GATED_ACTIVATIONS
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_DTYPES = (torch.int32, torch.int64)
@@ -285,7 +286,7 @@ def gated_linear_cases(d: torch.dtype) -> list[Case]:
     C = lambda *a, layout, **kw: Case("gated_linear", a, layout, Q, **kw)  # noqa: E731
     cases = [C(T((5, 24), d), T((9, 24), d), T((9, 24), d), layout="separate, no bias")]
     cases += [C(T((8, 32), d), T((16, 32), d), T((16, 32), d), T((16,), d), T((16,), d), act,
-                layout=f"separate, biases + {act}") for act in ("relu", "gelu", "gelu_tanh", "silu")]
+                layout=f"separate, biases + {act}") for act in GATED_ACTIVATIONS]
     cases += [
         C(T((5, 24), d), T((18, 24), d), layout="concatenated gate_up (Phi-3)"),
         C(T((5, 24), d), T((18, 24), d), None, T((18,), d), None, "gelu", layout="concatenated, bias + gelu"),

@@ -27,7 +27,8 @@ SLOPE = 1.13  # the activations' largest |f'| (xkernels/harness/tolerances.py AC
 
 def _act(v, activation):
     return {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-            "silu": F.silu}[activation](v)
+            "silu": F.silu, "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t),
+            "relu2": lambda t: torch.relu(t).square()}[activation](v)
 
 
 def _args(device, dtype, m=5, k=37, n=19, lead=(), concat=False, biases=True):
@@ -50,14 +51,15 @@ def _split(weight, up_weight, bias, up_bias):
 def _assert_gated_close(got, x, weight, up_weight, bias, up_bias, activation, dtype):
     """``got`` against the float64 composition, element-wise: |err| <= rtol * (|ref| + the error
     magnitude of a product of two inner products, |act(g)| * (|x| @ |Wu|.T + |bu|) + L * |u| *
-    (|x| @ |Wg|.T + |bg|))."""
+    (|x| @ |Wg|.T + |bg|)); L the activation's largest slope, relu2's 2 relu(g) <= 2 (|x| @ |Wg|.T + |bg|))."""
     wg, wu, bg, bu = (None if t is None else t.detach().cpu().double() for t in _split(weight, up_weight, bias, up_bias))
     x64 = x.detach().cpu().double()
     g, u = F.linear(x64, wg, bg), F.linear(x64, wu, bu)
     ref = _act(g, activation) * u
     mag_g = F.linear(x64.abs(), wg.abs(), None if bg is None else bg.abs())
     mag_u = F.linear(x64.abs(), wu.abs(), None if bu is None else bu.abs())
-    mag = ref.abs() + _act(g, activation).abs() * mag_u + SLOPE * u.abs() * mag_g
+    slope = 2 * mag_g if activation == "relu2" else SLOPE
+    mag = ref.abs() + _act(g, activation).abs() * mag_u + slope * u.abs() * mag_g
     assert got.shape == ref.shape and got.dtype == dtype, (got.shape, got.dtype, ref.shape, dtype)
     err = (got.detach().cpu().double() - ref).abs()
     assert not torch.isnan(err).any(), "NaN in the result (an element not written?)"

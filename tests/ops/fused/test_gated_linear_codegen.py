@@ -14,6 +14,8 @@ import torch
 from xkernels import tuning
 from xkernels.backends.cuda import CudaBackend
 from xkernels.ops import gated_linear
+from xkernels.ops.fused import gated_linear as gated_linear_module
+from xkernels.ops.matmul.plan import ACTIVATIONS as ACT_CODES
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -119,6 +121,21 @@ def test_tma_kernel_loads_through_descriptors_and_runs_wgmma(form, schedule):
     assert stores in (per_copy, 2 * per_copy if persistent else per_copy), stores
     assert plan.tma["y"] == [plan.config["BLOCK_M"], 64 if subtile else 128]
     assert "setmaxnreg" not in ptx and kernel.metadata.num_warps == plan.options["num_warps"]  # not warp-specialized
+    assert kernel.metadata.shared <= SMEM, kernel.metadata.shared
+
+
+@pytest.mark.parametrize("activation", gated_linear_module.ACTIVATIONS)
+def test_tma_kernel_compiles_every_activation(activation):
+    """Each activation's epilogue (the one ``_activation`` the matmul kernels share) in the TMA
+    kernel's training form (gate and up stored beside y): BitNet's relu2 as SwiGLU's silu."""
+    call = gated_linear.check(_meta(512, 4096), _meta(1024, 4096), _meta(1024, 4096), activation=activation)
+    call.save = True
+    with tuning.force(_TMA):
+        plan = gated_linear.make_plan(call, _H100())
+    assert plan.tma is not None and plan.constexprs["ACT"] == ACT_CODES[activation]
+    kernel = _compile(plan, call)
+    ptx = kernel.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and ptx.count("cp.async.bulk.tensor.2d.global.shared") == 3
     assert kernel.metadata.shared <= SMEM, kernel.metadata.shared
 
 

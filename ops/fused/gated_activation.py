@@ -1,0 +1,128 @@
+"""``act(gate) * up`` of an already computed gate_up result, in one Triton pass each way: the part
+of ``gated_linear``'s vendor route after the BLAS, for callers whose GEMMs are not ``F.linear``.
+
+The caller is a mixture-of-experts layer: transformers' ``@use_experts_implementation`` experts
+(Mixtral, Qwen2/3-MoE, DeepSeek-V3, OLMoE and the other classes with the default flags) compute
+every routed token's gate_up projection in one grouped GEMM (``grouped_mm``, transformers' default)
+or batched GEMM (``batched_mm``), then call ``self._apply_gate(gate_up)``: ``gate, up =
+gate_up.chunk(2, -1)`` and ``act_fn(gate) * up``, which writes ``act(gate)`` and reads it back
+(PyTorch's backward reads gate and up five times and writes three intermediates).
+``xkernels.patch`` gives those modules :func:`gated_activation` (``xkernels/blocks.py``).
+
+* Forward: ``gate_kernel`` (``gated_linear_kernels.py``) reads both halves once, computes in fp32
+  and writes ``act(gate) * up`` once; the halves are strided views, nothing is copied.
+* Backward: ``gate_grad_kernel`` (``gated_linear_plan.gate_grads``) writes ``d(gate_up)``, the
+  halves of one buffer, from dy and the kept gate_up in one pass. A backward that builds a graph
+  (``create_graph``) differentiates PyTorch's composition instead, so second derivatives are
+  PyTorch's.
+
+:func:`gated_activation` returns ``None`` where the pass does not apply, and the caller runs its
+own code: a backend that runs no kernels (the cpu backend), while ``torch.compile`` traces (the
+class's own code is traced: Inductor fuses it), a dtype other than fp16 / bf16 / fp32, an
+activation ``gated_linear`` does not take, an odd or empty last dimension.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from xkernels import dispatch
+from xkernels.launch import Launcher
+from xkernels.ops.autograd import owned
+from xkernels.ops.fused import gated_linear_plan
+from xkernels.ops.fused.gated_linear import ACTIVATIONS
+from xkernels.ops.layout import INT32_MAX, max_offset
+from xkernels.ops.matmul.plan import ACTIVATIONS as ACT_CODES
+from xkernels.ops.matmul.vendor import activate
+
+__all__ = ["GatePlan", "gated_activation"]
+
+_is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_PLANS_MAX = 64
+
+
+class GatePlan:
+    """``gate_kernel``'s launch over one (M, N) result: its tiles, grid and 64-bit indexing (also made
+    on meta tensors by ``gated_linear_compile`` for the offline npu check)."""
+
+    def __init__(self, backend: Any, device: torch.device, M: int, N: int, activation: str,
+                 strides: tuple[int, ...]) -> None:
+        from xkernels.ops.fused import gated_linear_kernels as GK
+
+        bm, bn, tiles, programs, options = gated_linear_plan.gate_grid(backend, device, M, N)
+        spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 6, 2)]
+        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACT_CODES[activation], PERSISTENT=programs < tiles,
+                          INDEX_64=max(spans) + 2**16 > INT32_MAX)
+        self.jit_fn = GK.gate_kernel
+        self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
+                                 backend.fast_launch, varying=(0, 1, 2))
+        self.tail = (M, N, tiles, programs, *strides)
+
+
+_plans: dict[tuple[Any, ...], GatePlan] = {}
+
+
+def _forward(backend: Any, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
+    M, N = gate.shape
+    y = gated_linear_plan._empty((M, N), gate.dtype, gate.device)
+    if M and N:
+        strides = (*gate.stride(), *up.stride(), *y.stride())
+        key = (backend.name, gate.device, gate.dtype, M, N, activation, strides)
+        plan = _plans.get(key)
+        if plan is None:
+            if len(_plans) >= _PLANS_MAX:
+                _plans.clear()
+            plan = _plans[key] = GatePlan(backend, gate.device, M, N, activation, strides)
+        plan.launcher(gate, up, y, *plan.tail)
+    return y
+
+
+class GatedActivationFunction(torch.autograd.Function):
+    """The pass where gate_up requires a gradient: gate_up is kept (PyTorch's composition keeps
+    gate, up and act(gate)); the backward is one ``gate_grad_kernel`` launch."""
+
+    @staticmethod
+    def forward(ctx: Any, gate_up: torch.Tensor, activation: str, backend: Any) -> torch.Tensor:
+        n = gate_up.shape[-1] // 2
+        ctx.save_for_backward(gate_up)
+        ctx.activation, ctx.backend = activation, backend
+        return owned(_forward(backend, gate_up[:, :n], gate_up[:, n:], activation), gate_up)
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        (gate_up,) = ctx.saved_tensors
+        n = gate_up.shape[-1] // 2
+        build = torch.is_grad_enabled()  # create_graph
+        if not build:
+            grads = gated_linear_plan.gate_grads(ctx.backend, dy, gate_up[:, :n], gate_up[:, n:], ctx.activation,
+                                                 True)
+            if grads is not None:
+                return grads[2], None, None
+        with torch.enable_grad():  # PyTorch's composition (or a dy the kernel does not take)
+            leaf = gate_up if build else gate_up.detach().requires_grad_()
+            y = activate(leaf[:, :n], ctx.activation) * leaf[:, n:]
+            (d,) = torch.autograd.grad(y, leaf, dy, create_graph=build)
+        return d, None, None
+
+
+def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor | None:
+    """``act(gate) * up`` for ``gate, up = gate_up.chunk(2, dim=-1)``, shape ``(*lead, N)``
+    from ``(*lead, 2N)``, with autograd; ``None`` where the pass does not apply (module doc)."""
+    if (_is_compiling() or not isinstance(gate_up, torch.Tensor) or gate_up.dtype not in _DTYPES
+            or activation not in ACTIVATIONS or gate_up.dim() == 0 or gate_up.shape[-1] % 2
+            or not gate_up.numel()):
+        return None
+    backend = dispatch.select(gate_up.device)
+    if not backend.runs_triton:
+        return None
+    lead = gate_up.shape[:-1]
+    g2 = gate_up if gate_up.dim() == 2 else gate_up.reshape(-1, gate_up.shape[-1])
+    if torch.is_grad_enabled() and g2.requires_grad:
+        y = GatedActivationFunction.apply(g2, activation, backend)
+    else:
+        n = g2.shape[-1] // 2
+        y = _forward(backend, g2[:, :n], g2[:, n:], activation)
+    return y if gate_up.dim() == 2 else y.reshape(*lead, y.shape[-1])

@@ -1,0 +1,135 @@
+"""``act(gate) * up`` of a computed gate_up result (``ops/fused/gated_activation.py``): forward and
+gradients against float64 for every activation and dtype, into NaN-poisoned buffers, inputs
+unchanged; the calls it leaves to the caller."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import xkernels
+from helpers import Unchanged, rand
+from xkernels.ops.fused import gated_linear_plan
+from xkernels.ops.fused.gated_activation import gated_activation
+from xkernels.ops.fused.gated_linear import ACTIVATIONS
+
+F = torch.nn.functional
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+#: |err| <= RTOL * |ref| + 1e-5 * (the fp32 math's error on the product's terms) + 1e-6: the kernel computes in
+#: fp32 from inputs exact in their dtype and rounds the result once
+RTOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 2e-6}
+
+
+def _act(g: torch.Tensor, activation: str) -> torch.Tensor:
+    return {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+            "silu": F.silu, "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t),
+            "relu2": lambda t: torch.relu(t).square()}[activation](g)
+
+
+def _ref(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    g, u = gate_up.double().chunk(2, dim=-1)
+    return _act(g, activation) * u
+
+
+def _slope(g: torch.Tensor, activation: str) -> torch.Tensor | float:
+    return 2 * g.abs() + 1 if activation == "relu2" else 1.13  # relu2' = 2 relu(g); the others' |f'| <= 1.13
+
+
+def _bound(gate_up: torch.Tensor, activation: str, dtype: torch.dtype) -> torch.Tensor:
+    g, u = gate_up.double().chunk(2, dim=-1)
+    return RTOL[dtype] * _ref(gate_up, activation).abs() + 1e-5 * u.abs() * (_slope(g, activation) * g.abs() + 1) + 1e-6
+
+
+@pytest.fixture
+def nan_memory(monkeypatch):
+    monkeypatch.setattr(gated_linear_plan, "_empty",
+                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
+
+
+def _kernels(backend) -> None:
+    if not backend.runs_triton:
+        pytest.skip(f"backend {backend.name!r} runs PyTorch: gated_activation leaves the call to its caller")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_matches_float64(backend, device, nan_memory, dtype):
+    _kernels(backend)
+    for shape in [(37, 600), (2, 5, 34), (1, 2)]:  # two column tiles of 256 and edge rows; batched; one element
+        gu = rand(shape, dtype, device)
+        gu[..., :3] = 0  # relu's and relu2's kink
+        for activation in ACTIVATIONS:
+            with Unchanged(gu):
+                y = gated_activation(gu, activation)
+            assert y.shape == (*shape[:-1], shape[-1] // 2) and y.dtype == dtype and y.device == gu.device
+            err = (y.double().cpu() - _ref(gu.cpu(), activation)).abs()
+            assert not torch.isnan(err).any(), "an element not written"
+            bound = _bound(gu.cpu(), activation, dtype)
+            assert (err <= bound).all(), f"{activation}: worst {(err / bound).max().item():.2f}x the bound"
+
+
+def test_strided_halves_are_read_in_place(backend, device, nan_memory):
+    """A gate_up that is a view (every other row of a bigger result, a transposed buffer) is read
+    through its strides: nothing is copied, the result is the dense one's."""
+    _kernels(backend)
+    big = rand((40, 300), torch.float32, device)
+    for gu in (big[::2, :260], big[:, 40:]):  # every other row; an offset
+        with Unchanged(big):
+            y = gated_activation(gu, "silu")
+        torch.testing.assert_close(y.double().cpu(), _ref(gu.cpu(), "silu"), rtol=1e-5, atol=1e-6)
+    t = rand((64, 12), torch.float32, device).t()  # (12, 64), column-major
+    torch.testing.assert_close(gated_activation(t, "gelu").double().cpu(), _ref(t.cpu(), "gelu"), rtol=1e-5,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_gradients_match_float64(backend, device, nan_memory, dtype):
+    """d(gate_up) in one buffer, both halves, from the kept gate_up, for every activation."""
+    _kernels(backend)
+    for activation in ACTIVATIONS:
+        gu = rand((2, 9, 70), dtype, device).requires_grad_()
+        dy = rand((2, 9, 35), dtype, device)
+        y = gated_activation(gu, activation)
+        assert y.requires_grad and y.grad_fn is not None
+        y.backward(dy)
+        g64 = gu.detach().cpu().double().requires_grad_()
+        _ref(g64, activation).backward(dy.cpu().double())
+        got = gu.grad.double().cpu()
+        assert gu.grad.dtype == dtype and not torch.isnan(got).any()
+        g, u = gu.detach().cpu().double().chunk(2, dim=-1)
+        d = dy.cpu().double().abs()
+        terms = torch.cat([d * u.abs() * _slope(g, activation), d * (_act(g, activation).abs() + 1)], -1)
+        bound = RTOL[dtype] * g64.grad.abs() + 1e-5 * terms + 1e-6
+        err = (got - g64.grad).abs()
+        assert (err <= bound).all(), f"{activation}: worst {(err / bound).max().item():.2f}x the bound"
+
+
+def test_double_backward_is_pytorchs(backend, device):
+    """A backward that builds a graph differentiates PyTorch's composition: second derivatives."""
+    _kernels(backend)
+    gu = rand((4, 10), torch.float32, device).requires_grad_()
+    (d,) = torch.autograd.grad(gated_activation(gu, "silu").sum(), gu, create_graph=True)
+    (dd,) = torch.autograd.grad(d.sum(), gu)
+    g64 = gu.detach().cpu().double().requires_grad_()
+    (d64,) = torch.autograd.grad(_ref(g64, "silu").sum(), g64, create_graph=True)
+    (dd64,) = torch.autograd.grad(d64.sum(), g64)
+    torch.testing.assert_close(d.double().cpu(), d64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dd.double().cpu(), dd64, rtol=1e-5, atol=1e-5)
+
+
+def test_calls_it_leaves_to_the_caller(backend, device):
+    """``None`` (the caller runs its own code) where the pass does not apply; never a result of
+    other arguments."""
+    x = rand((3, 8), torch.float32, device)
+    if not backend.runs_triton:
+        assert gated_activation(x, "silu") is None  # the cpu backend: PyTorch's ops either way
+        return
+    assert gated_activation(rand((3, 7), torch.float32, device), "silu") is None  # odd last dim
+    assert gated_activation(x, "softplus") is None
+    assert gated_activation(x.double(), "silu") is None
+    assert gated_activation(x[:0], "silu") is None
+    assert gated_activation(x, "silu") is not None
+
+
+def test_cpu_backend_leaves_every_call():
+    with xkernels.use_backend("cpu"):
+        assert gated_activation(torch.randn(3, 8), "silu") is None

@@ -1,0 +1,109 @@
+"""``patch()`` on mixture-of-experts models: the experts' ``_apply_gate`` (transformers'
+``@use_experts_implementation`` default) becomes one pass each way (``xkernels/blocks.py``'s
+``experts gate``, ``ops/fused/gated_activation.py``) under the grouped and batched experts
+implementations, with the unpatched model's outputs and gradients; classes with their own gate
+(GPT-OSS's clamped, interleaved one) keep it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import xkernels
+from helpers import tiny_model
+from xkernels.ops.fused import gated_activation
+
+_COMMON = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+#: family -> (config, model, arguments); every one's experts are a ``@use_experts_implementation`` class
+FAMILIES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(_COMMON, intermediate_size=48, num_local_experts=4,
+                                                            num_experts_per_tok=2)),
+    "qwen2_moe (and its shared gated MLP)": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                                             dict(_COMMON, intermediate_size=48, moe_intermediate_size=24,
+                                                  shared_expert_intermediate_size=40, num_experts=4,
+                                                  num_experts_per_tok=2)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(_COMMON, intermediate_size=48, moe_intermediate_size=24,
+                                                                num_experts=4, num_experts_per_tok=2, head_dim=8)),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(_COMMON, intermediate_size=48, num_experts=4,
+                                                      num_experts_per_tok=2)),
+    "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                    dict(_COMMON, num_key_value_heads=4, intermediate_size=48, moe_intermediate_size=24,
+                         n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=0,
+                         q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)),
+}
+
+
+def _experts(model: torch.nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if type(m).__name__.endswith("Experts")]
+
+
+def _step(model: torch.nn.Module, inputs: dict) -> tuple[torch.Tensor, list]:
+    model.zero_grad(set_to_none=True)
+    y = model(**inputs).logits
+    y.square().mean().backward()
+    return y.detach(), [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_experts_train_through_the_fused_gate(backend, device, family, implementation, monkeypatch):
+    model, inputs = tiny_model(*FAMILIES[family], device)
+    model.set_experts_implementation(implementation)
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    gates = [b for b in report.blocks if b.fusion == "experts gate"]
+    assert sorted(b.name for b in gates) == sorted(_experts(fused)) and not any(b.note for b in gates), str(report)
+    launched = []
+    real = gated_activation._forward
+    monkeypatch.setattr(gated_activation, "_forward", lambda *a: launched.append(a[1].shape) or real(*a))
+    want, want_grads = _step(model, inputs)
+    got, got_grads = _step(fused, inputs)
+    # one pass per experts module where the backend runs kernels; the cpu backend runs the class's own gate
+    assert len(launched) == (len(gates) if backend.runs_triton else 0)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (name, g), (_, w) in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    with torch.no_grad():
+        torch.testing.assert_close(fused(**inputs).logits, model(**inputs).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_eager_experts_loop_is_reported(device):
+    """The eager loop computes the gate inline: the fusion is made (the implementation can change
+    later) and the report says when it runs."""
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    model.set_experts_implementation("eager")
+    want = model(**inputs).logits
+    report = xkernels.patch(model)
+    (gate,) = [b for b in report.blocks if b.fusion == "experts gate"]
+    assert "'eager'" in gate.note and "grouped_mm" in gate.note
+    torch.testing.assert_close(model(**inputs).logits, want, rtol=1e-4, atol=1e-5)
+
+
+def test_own_gates_and_unknown_activations_are_kept(device):
+    """GPT-OSS's experts have a gate of their own (clamped, interleaved halves): not this form.
+    An activation gated_linear does not take leaves the experts unfused, with the reason."""
+    model, _ = tiny_model("GptOssConfig", "GptOssForCausalLM",
+                          dict(_COMMON, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
+                          device)
+    report = xkernels.patch(model)
+    assert not any(b.fusion == "experts gate" for b in report.blocks)
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    (name,) = _experts(model)
+    model.get_submodule(name).act_fn = torch.nn.Softplus()
+    want = model(**inputs).logits
+    report = xkernels.patch(model)
+    assert [(m.name, m.reason) for m in report.left if "experts" in m.reason] == [
+        (name, "experts gate not fused: act_fn (Softplus) is not an activation xkernels.ops.gated_linear takes")]
+    torch.testing.assert_close(model(**inputs).logits, want)
+
+
+def test_undo_gives_the_class_gate_back(device):
+    model, _ = tiny_model(*FAMILIES["mixtral"], device)
+    report = xkernels.patch(model)
+    experts = model.get_submodule(_experts(model)[0])
+    assert "_apply_gate" in experts.__dict__ and experts._xkernels_block == "silu"
+    report.undo()
+    assert "_apply_gate" not in experts.__dict__ and "_xkernels_block" not in experts.__dict__
