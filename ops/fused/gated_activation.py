@@ -29,40 +29,19 @@ from typing import Any
 import torch
 
 from xkernels import dispatch
-from xkernels.launch import Launcher
 from xkernels.ops.autograd import owned
 from xkernels.ops.fused import gated_linear_plan
 from xkernels.ops.fused.gated_linear import ACTIVATIONS
-from xkernels.ops.layout import INT32_MAX, max_offset
-from xkernels.ops.matmul.plan import ACTIVATIONS as ACT_CODES
 from xkernels.ops.matmul.vendor import activate
 
-__all__ = ["GatePlan", "gated_activation"]
+__all__ = ["gated_activation"]
 
 _is_compiling = getattr(torch.compiler, "is_compiling", lambda: False)
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _PLANS_MAX = 64
 
 
-class GatePlan:
-    """``gate_kernel``'s launch over one (M, N) result: its tiles, grid and 64-bit indexing (also made
-    on meta tensors by ``gated_linear_compile`` for the offline npu check)."""
-
-    def __init__(self, backend: Any, device: torch.device, M: int, N: int, activation: str,
-                 strides: tuple[int, ...]) -> None:
-        from xkernels.ops.fused import gated_linear_kernels as GK
-
-        bm, bn, tiles, programs, options = gated_linear_plan.gate_grid(backend, device, M, N)
-        spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 6, 2)]
-        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACT_CODES[activation], PERSISTENT=programs < tiles,
-                          INDEX_64=max(spans) + 2**16 > INT32_MAX)
-        self.jit_fn = GK.gate_kernel
-        self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
-                                 backend.fast_launch, varying=(0, 1, 2))
-        self.tail = (M, N, tiles, programs, *strides)
-
-
-_plans: dict[tuple[Any, ...], GatePlan] = {}
+_plans: dict[tuple[Any, ...], gated_linear_plan.GatePlan] = {}
 
 
 def _forward(backend: Any, gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor:
@@ -75,7 +54,7 @@ def _forward(backend: Any, gate: torch.Tensor, up: torch.Tensor, activation: str
         if plan is None:
             if len(_plans) >= _PLANS_MAX:
                 _plans.clear()
-            plan = _plans[key] = GatePlan(backend, gate.device, M, N, activation, strides)
+            plan = _plans[key] = gated_linear_plan.GatePlan(backend, gate.device, M, N, activation, strides)
         plan.launcher(gate, up, y, *plan.tail)
     return y
 

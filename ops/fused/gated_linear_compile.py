@@ -142,7 +142,7 @@ def _gate_pass_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[st
                     label: str) -> CompileCase:
     """``gate_kernel`` as ``ops/fused/gated_activation.py`` launches it (the experts' gate pass):
     the halves of an (M, 2I) gate_up result, y (M, I) written once."""
-    from xkernels.ops.fused.gated_activation import GatePlan
+    from xkernels.ops.fused.gated_linear_plan import GatePlan
 
     pair, y = meta((M, 2 * N), dtype), meta((M, N), dtype)
     g, u = pair[:, :N], pair[:, N:]

@@ -291,6 +291,25 @@ def gate_grid(backend: Backend, device: Any, M: int, N: int) -> tuple[int, int, 
     return bm, bn, tiles, backend.programs(tiles, "vector", device), options
 
 
+class GatePlan:
+    """``gate_kernel``'s launch over one (M, N) result of gate and up given by their strides: its
+    tiles, grid and 64-bit indexing (``gated_activation.py``'s pass; also made on meta tensors by
+    ``gated_linear_compile`` for the offline npu check)."""
+
+    def __init__(self, backend: Any, device: torch.device, M: int, N: int, activation: str,
+                 strides: tuple[int, ...]) -> None:
+        from xkernels.ops.fused import gated_linear_kernels as GK
+
+        bm, bn, tiles, programs, options = gate_grid(backend, device, M, N)
+        spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 6, 2)]
+        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation], PERSISTENT=programs < tiles,
+                          INDEX_64=max(spans) + 2**16 > INT32_MAX)
+        self.jit_fn = GK.gate_kernel
+        self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
+                                 backend.fast_launch, varying=(0, 1, 2))
+        self.tail = (M, N, tiles, programs, *strides)
+
+
 class GateGradPlan:
     """The launch of ``gate_grad_kernel`` for one (M, N), dtype, activation and set of strides on
     one backend and device: ``gate_kernel``'s tiles and grid (element-wise, up to 256 columns)."""
