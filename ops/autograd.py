@@ -11,9 +11,10 @@ through the ``torch.autograd.Function`` subclasses here: the forward is the op's
 * ``linear``: the activation's derivative (aten's own backward kernels: ``threshold_backward``,
   ``gelu_backward``, ``silu_backward``, ``leaky_relu_backward``; quick_gelu's and relu2's as
   autograd steps through ``z * sigmoid(1.702 z)`` and ``square(relu(z))``), then the two GEMMs through
-  ``xkernels.ops.matmul`` and the bias gradient as a sum over rows. relu and leaky_relu with a
-  slope >= 0 read their derivative off the output. gelu, gelu_tanh, silu, quick_gelu, relu2 and a negative slope
-  need the pre-activation: eagerly, one kernel stores it next to the output where that pays
+  ``xkernels.ops.matmul`` and the bias gradient as a sum over rows. relu, leaky_relu with a
+  slope >= 0 and relu2 read their derivative off the output (relu2's ``2 relu(z)`` is ``2 sqrt(y)``;
+  a double backward recomputes z, so its second derivative is PyTorch's). gelu, gelu_tanh, silu,
+  quick_gelu and a negative slope need the pre-activation: eagerly, one kernel stores it next to the output where that pays
   (``ops/matmul/pre_activation.py``), else ``Linear.autograd`` runs them as ``linear`` +
   PyTorch's activation, so autograd keeps it; the registered custom op (``library.py``, one fused node
   under ``torch.compile``) recomputes it in the backward with ``xkernels.ops.linear``. A
@@ -119,7 +120,12 @@ def activation_grad(grad: torch.Tensor, activation: str | None, slope: float, y:
         return aten.threshold_backward(grad, y, 0)
     if activation == "leaky_relu" and slope >= 0 and y is not None:  # y > 0 exactly where the pre-activation is
         return aten.leaky_relu_backward(grad, y, slope, True)
-    z = pre()  # (relu without y: a residual was added to the output)
+    if activation == "relu2" and y is not None and not torch.is_grad_enabled():
+        # y = relu(z)**2, so 2 relu(z) = 2 sqrt(y) (0 where y is; an fp16 y that underflowed, |z| < 2.4e-4,
+        # gives 0 for PyTorch's 2z). A double backward recomputes z below: d sqrt(y) has no finite
+        # derivative where y = 0.
+        return y.sqrt().mul_(grad).mul_(2.0)
+    z = pre()  # (relu without y: a residual was added to the output; relu2 in a double backward)
     if activation == "relu":
         return aten.threshold_backward(grad, z, 0)
     if activation == "leaky_relu":
@@ -215,8 +221,8 @@ class MatmulFunction(torch.autograd.Function):
 
 def keeps_output(activation: str | None, slope: float, residual: Any) -> bool:
     """Whether the activation's derivative is read off the output (relu, leaky_relu with a slope
-    >= 0), which a residual added to it rules out."""
-    return residual is None and (activation == "relu" or activation == "leaky_relu" and slope >= 0)
+    >= 0, relu2), which a residual added to it rules out."""
+    return residual is None and (activation in ("relu", "relu2") or activation == "leaky_relu" and slope >= 0)
 
 
 class LinearFunction(torch.autograd.Function):

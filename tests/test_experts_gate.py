@@ -1,8 +1,9 @@
 """``patch()`` on mixture-of-experts models: the experts' ``_apply_gate`` (transformers'
 ``@use_experts_implementation`` default) becomes one pass each way (``xkernels/blocks.py``'s
 ``experts gate``, ``ops/fused/gated_activation.py``) under the grouped and batched experts
-implementations, with the unpatched model's outputs and gradients; classes with their own gate
-(GPT-OSS's clamped, interleaved one) keep it."""
+implementations, with the unpatched model's outputs and gradients; GPT-OSS's clamped gate
+(interleaved halves) and its chunked copies likewise (``experts gate (clamped)``); a gate of
+another form is kept."""
 
 from __future__ import annotations
 
@@ -82,14 +83,8 @@ def test_eager_experts_loop_is_reported(device):
     torch.testing.assert_close(model(**inputs).logits, want, rtol=1e-4, atol=1e-5)
 
 
-def test_own_gates_and_unknown_activations_are_kept(device):
-    """GPT-OSS's experts have a gate of their own (clamped, interleaved halves): not this form.
-    An activation gated_linear does not take leaves the experts unfused, with the reason."""
-    model, _ = tiny_model("GptOssConfig", "GptOssForCausalLM",
-                          dict(_COMMON, intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, head_dim=8),
-                          device)
-    report = xkernels.patch(model)
-    assert not any(b.fusion == "experts gate" for b in report.blocks)
+def test_unknown_activations_are_kept(device):
+    """An activation gated_linear does not take leaves the experts unfused, with the reason."""
     model, inputs = tiny_model(*FAMILIES["mixtral"], device)
     (name,) = _experts(model)
     model.get_submodule(name).act_fn = torch.nn.Softplus()
@@ -107,3 +102,103 @@ def test_undo_gives_the_class_gate_back(device):
     assert "_apply_gate" in experts.__dict__ and experts._xkernels_block == "silu"
     report.undo()
     assert "_apply_gate" not in experts.__dict__ and "_xkernels_block" not in experts.__dict__
+
+
+# -- clamped gates (GPT-OSS's) --------------------------------------------------------------------------------
+_GPT_OSS = ("GptOssConfig", "GptOssForCausalLM", dict(_COMMON, intermediate_size=48, num_local_experts=4,
+                                                      num_experts_per_tok=2, head_dim=8))
+
+
+def _tighten(model: torch.nn.Module, limit: float) -> None:
+    """A limit inside a tiny model's gate_up values, so that the clamps bound."""
+    for name in _experts(model):
+        model.get_submodule(name).limit = limit
+
+
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
+def test_gpt_oss_experts_train_through_the_clamped_gate(backend, device, implementation, monkeypatch):
+    """GPT-OSS's interleaved, clamped gate as one pass each way under every experts
+    implementation (its eager loop calls ``_apply_gate`` too, so no note): outputs and every
+    gradient equal the unpatched model's; the limit is read at each call."""
+    model, inputs = tiny_model(*_GPT_OSS, device)
+    model.set_experts_implementation(implementation)
+    _tighten(model, 0.05)
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    gates = [b for b in report.blocks if b.fusion == "experts gate (clamped)"]
+    assert sorted(b.name for b in gates) == sorted(_experts(fused)) and not any(b.note for b in gates), str(report)
+    launched = []
+    real = gated_activation._forward
+    monkeypatch.setattr(gated_activation, "_forward", lambda *a: launched.append(a[4]) or real(*a))
+    for limit in (0.05, 0.02):
+        _tighten(model, limit)
+        _tighten(fused, limit)
+        del launched[:]
+        want, want_grads = _step(model, inputs)
+        got, got_grads = _step(fused, inputs)
+        if backend.runs_triton:  # a pass per experts module (per expert hit in the eager loop), with this limit
+            assert len(launched) >= len(gates) and {glu.limit for glu in launched} == {limit}, launched
+        else:
+            assert not launched
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+        for (name, g), (_, w) in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def _experts_module(module: str, cls: str, config: str, **kwargs) -> torch.nn.Module:
+    tf = pytest.importorskip("transformers")
+    mod = pytest.importorskip(f"transformers.models.{module}.modeling_{module}")
+    if not hasattr(mod, cls):
+        pytest.skip(f"transformers {tf.__version__} has no {cls}")
+    return getattr(mod, cls)(getattr(tf, config)(**kwargs))
+
+
+#: the other classes with a clamped gate: their experts module alone (module, class, config, its arguments)
+CLAMPED_CLASSES = {
+    "openai_privacy_filter (chunked halves)": ("openai_privacy_filter", "OpenAIPrivacyFilterExperts",
+                                               "OpenAIPrivacyFilterConfig",
+                                               dict(hidden_size=16, intermediate_size=12, num_local_experts=2)),
+    "minimax_m3_vl (swiglu_limit, swiglu_alpha)": ("minimax_m3_vl", "MiniMaxM3VLExperts", "MiniMaxM3VLTextConfig",
+                                                   dict(hidden_size=16, intermediate_size=12, num_local_experts=2)),
+    "deepseek_v4 (SiLU of the clamped gate)": ("deepseek_v4", "DeepseekV4Experts", "DeepseekV4Config",
+                                               dict(hidden_size=16, moe_intermediate_size=12, n_routed_experts=2)),
+}
+
+
+@pytest.mark.parametrize("family", list(CLAMPED_CLASSES))
+def test_other_clamped_gates_are_the_classes_own(backend, device, family):
+    """Each class's ``_apply_gate`` patched equals its own on values across the clamps, forward
+    and gradient; the numbers are the module's attributes."""
+    experts = _experts_module(*CLAMPED_CLASSES[family][:3], **CLAMPED_CLASSES[family][3]).to(device)
+    report = xkernels.patch(experts)
+    assert [b.fusion for b in report.blocks] == ["experts gate (clamped)"], str(report)
+    limit = next(getattr(experts, a) for a in ("limit", "swiglu_limit") if hasattr(experts, a))
+    gu = (torch.randn(6, 24, device=device) * limit).requires_grad_()
+    ref = gu.detach().clone().requires_grad_()
+    got = experts._apply_gate(gu)
+    want = type(experts)._apply_gate(experts, ref)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    dy = torch.randn_like(want)
+    got.backward(dy)
+    want.backward(dy)
+    torch.testing.assert_close(gu.grad, ref.grad, rtol=1e-5, atol=1e-6)
+    assert (ref.grad == 0).any(), "the clamps never bound"
+
+
+def test_a_gate_of_its_own_is_kept(device):
+    """An experts class whose ``_apply_gate`` is none of the known forms keeps it (not a candidate)."""
+    model, inputs = tiny_model(*_GPT_OSS, device)
+    (name,) = _experts(model)
+    experts = model.get_submodule(name)
+
+    class OwnGate(type(experts)):
+        def _apply_gate(self, gate_up):
+            gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+            return torch.tanh(gate) * up
+
+    experts.__class__ = OwnGate
+    want = model(**inputs).logits
+    report = xkernels.patch(model)
+    assert not any("experts gate" in b.fusion for b in report.blocks), str(report)
+    torch.testing.assert_close(model(**inputs).logits, want)

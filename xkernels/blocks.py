@@ -38,7 +38,11 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   ``@use_experts_implementation`` default: ``act_fn(gate) * up`` of the chunked gate_up result of
   every routed token) as one pass each way (``ops/fused/gated_activation.py``): Mixtral, Qwen2/3-MoE,
   DeepSeek-V3, OLMoE, GLM-4-MoE, ... under transformers' ``grouped_mm`` (its default) and
-  ``batched_mm`` experts implementations; its ``eager`` loop computes the gate inline.
+  ``batched_mm`` experts implementations; its ``eager`` loop computes the gate inline;
+* ``experts gate (clamped)``: GPT-OSS's clamped gate on interleaved gate_up columns (its eager
+  loop calls ``_apply_gate`` too), the chunked copies of OpenAI's privacy filter and
+  MiniMax-M3-VL, DeepSeek-V4's SiLU of the clamped gate (``clamped_gated_activation``; the limit
+  and alpha read from the module at every call).
 
 What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
@@ -81,7 +85,7 @@ from xkernels.block_steps import (
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.linear_forms import computes_linear
 from xkernels.ops import add_layer_norm, add_rms_norm
-from xkernels.ops.fused.gated_activation import gated_activation
+from xkernels.ops.fused.gated_activation import clamped_gated_activation, gated_activation
 from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
 from xkernels.source_forms import drop_annotations, first_function, function_node, parse_source, without_docstring
@@ -418,6 +422,79 @@ def _experts_gate(self: Any, gate_up_out: torch.Tensor) -> torch.Tensor:
     return y if y is not None else type(self)._apply_gate(self, gate_up_out)
 
 
+#: GPT-OSS's clamped gate (interleaved halves), as its experts (and GptOssExperts' copies) define it
+GPT_OSS_APPLY_GATE = '''
+def _apply_gate(self, gate_up):
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(min=None, max=self.limit)
+    up = up.clamp(min=-self.limit, max=self.limit)
+    glu = gate * torch.sigmoid(gate * self.alpha)
+    gated_output = (up + 1) * glu
+    return gated_output
+'''
+#: the same with chunked halves: OpenAI's privacy filter
+GPT_OSS_CHUNKED_APPLY_GATE = GPT_OSS_APPLY_GATE.replace("gate_up[..., ::2], gate_up[..., 1::2]", "gate_up.chunk(2, dim=-1)")
+#: the same again, chunked, its attributes named swiglu_*: MiniMax-M3-VL
+SWIGLU_LIMIT_APPLY_GATE = '''
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=self.swiglu_limit)
+    up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+    glu = gate * torch.sigmoid(gate * self.swiglu_alpha)
+    return (up + 1.0) * glu
+'''
+#: DeepSeek-V4's: act_fn(min(gate, limit)) * clamp(up), fused where act_fn is SiLU (alpha 1, no shift)
+CLAMPED_ACT_APPLY_GATE = '''
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(max=self.limit)
+    up = up.clamp(min=-self.limit, max=self.limit)
+    return self.act_fn(gate) * up
+'''
+
+
+@cache
+def loop_applies_gate(cls: type) -> bool:
+    """Whether ``cls``'s own forward (transformers' ``eager`` experts loop) calls
+    ``self._apply_gate`` (GPT-OSS's does; Mixtral's computes the gate inline)."""
+    fn = function_node(inspect.unwrap(getattr(cls, "forward", None)))
+    return fn is not None and any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "_apply_gate"
+        and isinstance(n.func.value, ast.Name) and n.func.value.id == "self" for n in ast.walk(fn))
+
+
+@dataclass(frozen=True)
+class ClampedGateForm:
+    """Where a clamped experts' gate finds its numbers: the attributes of ``limit`` and ``alpha``
+    (``None``: alpha 1, SiLU), the ``shift`` added to the clamped up, the halves' layout. Read
+    from the module at every call."""
+
+    limit: str
+    alpha: str | None
+    shift: float
+    interleaved: bool
+
+
+def _experts_clamped_gate(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
+    form = self._xkernels_block
+    y = None if as_written(gate_up) else clamped_gated_activation(
+        gate_up, alpha=1.0 if form.alpha is None else getattr(self, form.alpha), limit=getattr(self, form.limit),
+        shift=form.shift, interleaved=form.interleaved)
+    return y if y is not None else type(self)._apply_gate(self, gate_up)
+
+
+def _clamped_gate_problem(form: ClampedGateForm) -> Callable[[torch.nn.Module], str | None]:
+    def problem(m: torch.nn.Module) -> str | None:
+        if form.alpha is None and _gate_activation(getattr(m, "act_fn", None)) != "silu":
+            return f"act_fn ({type(getattr(m, 'act_fn', None)).__name__}) is not SiLU"
+        for attr in (form.limit, form.alpha):
+            value = getattr(m, attr, None) if attr is not None else 1.0
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                return f"{attr} is {type(value).__name__}, not a number"
+        return None
+    return problem
+
+
 # -- when each applies --------------------------------------------------------------------------------
 def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> NormStep:
     """The record of ``module``'s add + norm step (its norm: the child ``name``, or itself)."""
@@ -537,6 +614,7 @@ class BlockFusion:
     gated: GatedForm | None = None  # a gated MLP's children and what follows the product (gated_forms)
     add_norms: tuple[str, ...] = ()  # the norm children of a rewritten forward's post-norm sites (add_norm_forms)
     add_norms_summed: tuple[str, ...] = ()  # ... and of its pre-norm sites (the sum kept)
+    clamped: ClampedGateForm | None = None  # a clamped experts' gate: where its numbers are
 
 
 FUSIONS = (
@@ -553,6 +631,12 @@ FUSIONS = (
                                              ("output", "dense"))),
     BlockFusion("experts gate", EXPERTS_APPLY_GATE, _experts_gate, _experts_gate_problem, method="_apply_gate",
                 candidate=lambda m: getattr(m, "has_gate", True) is not False),  # NemotronH's: no gate to apply
+    *(BlockFusion("experts gate (clamped)", src, _experts_clamped_gate, _clamped_gate_problem(form),
+                  method="_apply_gate", clamped=form)
+      for src, form in ((GPT_OSS_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, True)),
+                        (GPT_OSS_CHUNKED_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, False)),
+                        (SWIGLU_LIMIT_APPLY_GATE, ClampedGateForm("swiglu_limit", "swiglu_alpha", 1.0, False)),
+                        (CLAMPED_ACT_APPLY_GATE, ClampedGateForm("limit", None, 0.0, False)))),
     BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
                 norm_itself=True),
 )
@@ -737,6 +821,8 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
                                                  if _site_norm_problem(module, n) is None}
                                                 for names, summed in ((fusion.add_norms, False),
                                                                       (fusion.add_norms_summed, True))))
+    elif fusion.clamped is not None:  # a clamped experts' gate: where its numbers are
+        module._xkernels_block = fusion.clamped
     elif fusion.method == "_apply_gate":  # the experts' gate: the activation's name
         module._xkernels_block = _gate_activation(module.act_fn)
     elif fusion.activation is not None:

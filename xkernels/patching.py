@@ -220,8 +220,8 @@ def patch(model: torch.nn.Module) -> PatchReport:
             notes.append(LAYER_NORM_TRAINING)
         elif fusion.feed_forward is not None:
             notes.append(FEED_FORWARD_TRAINING)
-        if fusion.method == "_apply_gate" and getattr(getattr(module, "config", None), "_experts_implementation",
-                                                      None) == "eager":
+        if (fusion.method == "_apply_gate" and getattr(getattr(module, "config", None), "_experts_implementation",
+                                                       None) == "eager" and not blocks.loop_applies_gate(type(module))):
             notes.append(EXPERTS_EAGER)
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, "; ".join(notes)))
         done.update((id(module), attr) for attr in fusion.consumed)

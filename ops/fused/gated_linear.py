@@ -302,7 +302,8 @@ def gated_backward(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, up_w
         d_gate, d_up, d = fused
     else:
         d_up = dy2 * activate(gate, activation)
-        d_gate = activation_grad(dy2 * up, activation, 0.0, gate, lambda: gate)  # relu: gate > 0 where act(gate) > 0
+        # the pre-activation itself (relu reads gate > 0 off it, as off act(gate); relu2 must not read it as an output)
+        d_gate = activation_grad(dy2 * up, activation, 0.0, gate if activation == "relu" else None, lambda: gate)
         d = torch.cat([d_gate, d_up], dim=1) if up_weight is None else None
     if up_weight is None:
         assert d is not None

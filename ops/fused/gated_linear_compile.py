@@ -13,7 +13,9 @@ cube-core count, on the calls of :func:`gated_layouts`:
   concatenated ``(2I, H)`` weight with and without its ``(2I,)`` bias (the same strides as two
   separate weights: those cases share a compilation with the separate ones);
 * with biases also the autograd forward (``STORE_PRE``: gate and up written beside y), and
-  after it the backward's element-wise kernel (``gate_grad_kernel``) at the same (M, I);
+  after it the backward's element-wise kernel (``gate_grad_kernel``) at the same (M, I); for a
+  concatenated weight, the experts' gate pass (``gate_kernel`` on the (M, 2I) halves) and, on
+  the SiLU classes, GPT-OSS's clamped gate both ways on interleaved columns (``CLAMPED``);
 * per entry and dtype, on the SwiGLU class (silu, separate weights, biases, autograd): K not a
   multiple of ``BLOCK_K`` (masked K steps), a few output tiles (a program each) and a call whose
   offsets pass 2**31 (``INDEX_64``); every other call runs the persistent loop (more output tiles
@@ -118,37 +120,49 @@ def gated_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                     yield _grad_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}")
                     if call.concatenated and not plan.vendor:  # the experts' gate pass at that (M, 2I)
                         yield _gate_pass_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}")
+                        if cls["activation"] == "silu":  # and GPT-OSS's clamped one, interleaved, both ways
+                            yield _gate_pass_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}", True)
+                            yield _grad_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}", True)
+
+
+#: GPT-OSS's clamped gate (alpha, limit, shift), the experts' gate pass's other form
+GPT_OSS_GLU = (1.702, 7.0, 1.0)
 
 
 def _grad_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[str, Any], dtype: torch.dtype,
-               label: str) -> CompileCase:
+               label: str, clamped: bool = False) -> CompileCase:
     """``gate_grad_kernel`` at the forward's (M, I): dy, gate and up as the backward reads them
-    (the halves of one (M, 2I) buffer for a concatenated weight, whose halves it writes too)."""
-    from xkernels.ops.fused.gated_linear_plan import GateGradPlan
+    (the halves of one (M, 2I) buffer for a concatenated weight, whose halves it writes too);
+    ``clamped``: GPT-OSS's gate on the interleaved columns of that buffer instead."""
+    from xkernels.ops.fused.gated_linear_plan import ClampedGlu, GateGradPlan
 
     wide = cls["weight"] == "concatenated"
     dy = meta((M, N), dtype)
     pair = meta((M, 2 * N), dtype) if wide else None
-    g, u = (pair[:, :N], pair[:, N:]) if pair is not None else (meta((M, N), dtype), meta((M, N), dtype))
-    dg, du = (pair[:, :N], pair[:, N:]) if pair is not None else (meta((M, N), dtype), meta((M, N), dtype))
+    halves = (lambda p: (p[:, 0::2], p[:, 1::2])) if clamped else (lambda p: (p[:, :N], p[:, N:]))
+    g, u = halves(pair) if pair is not None else (meta((M, N), dtype), meta((M, N), dtype))
+    dg, du = halves(pair) if pair is not None else (meta((M, N), dtype), meta((M, N), dtype))
     strides = (*dy.stride(), *g.stride(), *u.stride(), *dg.stride(), *du.stride())
-    plan = GateGradPlan(target.backend, torch.device("meta"), M, N, cls["activation"], strides)
-    flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64") if plan.constexprs[k])
+    plan = GateGradPlan(target.backend, torch.device("meta"), M, N, cls["activation"], strides,
+                        ClampedGlu(*GPT_OSS_GLU) if clamped else None)
+    flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64", "CLAMPED") if plan.constexprs[k])
     return target.case(op.name, plan.jit_fn, plan.args(dy, g, u, dg, du), plan.constexprs, cls["dtype"],
                        f"gate grad kernel {plan.constexprs['BLOCK_M']}x{plan.constexprs['BLOCK_N']}{flags}|{label}")
 
 
 def _gate_pass_case(op: Any, target: CompileTarget, M: int, N: int, cls: dict[str, Any], dtype: torch.dtype,
-                    label: str) -> CompileCase:
+                    label: str, clamped: bool = False) -> CompileCase:
     """``gate_kernel`` as ``ops/fused/gated_activation.py`` launches it (the experts' gate pass):
-    the halves of an (M, 2I) gate_up result, y (M, I) written once."""
-    from xkernels.ops.fused.gated_linear_plan import GatePlan
+    the halves of an (M, 2I) gate_up result, y (M, I) written once; ``clamped``: GPT-OSS's gate
+    on its interleaved columns."""
+    from xkernels.ops.fused.gated_linear_plan import ClampedGlu, GatePlan
 
     pair, y = meta((M, 2 * N), dtype), meta((M, N), dtype)
-    g, u = pair[:, :N], pair[:, N:]
+    g, u = (pair[:, 0::2], pair[:, 1::2]) if clamped else (pair[:, :N], pair[:, N:])
     strides = (*g.stride(), *u.stride(), *y.stride())
-    plan = GatePlan(target.backend, torch.device("meta"), M, N, cls["activation"], strides)
+    plan = GatePlan(target.backend, torch.device("meta"), M, N, cls["activation"], strides,
+                    ClampedGlu(*GPT_OSS_GLU) if clamped else None)
     consts = plan.launcher.constexprs
-    flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64") if consts[k])
+    flags = "".join(f" {k.lower()}" for k in ("PERSISTENT", "INDEX_64", "CLAMPED") if consts[k])
     return target.case(op.name, plan.jit_fn, (g, u, y, *plan.tail), consts, cls["dtype"],
                        f"gate pass kernel {consts['BLOCK_M']}x{consts['BLOCK_N']}{flags}|{label}")

@@ -10,11 +10,15 @@ gradient) the two pre-activation tiles are written too, so the backward needs no
 ``gate_kernel`` is the vendor route's second half: the device's BLAS has written the gate and
 up projections (one GEMM against a concatenated weight, or two), and this kernel reads both once
 and writes ``act(gate) * up`` (torch's route reads them for the activation, writes act(gate),
-reads it back for the multiply).
+reads it back for the multiply). With ``CLAMPED`` it writes GPT-OSS's clamped GLU instead,
+``(clamp(up, -limit, limit) + shift) * c * sigmoid(alpha * c)`` for ``c = min(gate, limit)``
+(``ALPHA``, ``LIMIT``, ``SHIFT`` runtime floats, unused otherwise; the experts' gate pass,
+``gated_activation.py``).
 
 ``gate_grad_kernel`` is the backward's element-wise half, for either route: from the output's
 gradient and the kept gate and up it writes ``d(gate) = dy * up * act'(gate)`` and ``d(up) = dy *
-act(gate)``, reading each input once (autograd's mul and activation backwards read them five
+act(gate)`` (with ``CLAMPED``, the clamped GLU's, zero where a clamp bound, as ``torch.clamp``'s
+backward), reading each input once (autograd's mul and activation backwards read them five
 times, write three intermediates). Where the weight is concatenated, both land in the halves of
 one (M, 2I) buffer, the weight gradient's GEMM operand.
 
@@ -193,19 +197,21 @@ def gated_linear_tma_kernel(x_desc, wg_desc, wu_desc, y_desc, g_desc, u_desc, bg
 
 
 @triton.jit
-def gate_kernel(g_ptr, u_ptr, y_ptr, M, N, n_tiles, nprog, sgm, sgn, sum_, sun, sym, syn,
+def gate_kernel(g_ptr, u_ptr, y_ptr, M, N, n_tiles, nprog, sgm, sgn, sum_, sun, sym, syn, ALPHA, LIMIT, SHIFT,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, PERSISTENT: tl.constexpr,
-                INDEX_64: tl.constexpr):
-    """Y = act(G) * U over (BLOCK_M, BLOCK_N) tiles, G and U read once each (fp32 math)."""
+                INDEX_64: tl.constexpr, CLAMPED: tl.constexpr):
+    """Y = act(G) * U (or the clamped GLU) over (BLOCK_M, BLOCK_N) tiles, G and U read once each
+    (fp32 math)."""
     pid = tl.program_id(0)
     if INDEX_64:
         pid = pid.to(tl.int64)
     if PERSISTENT:
         for tile in range(pid, n_tiles, nprog):
-            _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, BLOCK_M, BLOCK_N, ACT,
-                       INDEX_64)
+            _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, ALPHA, LIMIT, SHIFT, BLOCK_M,
+                       BLOCK_N, ACT, INDEX_64, CLAMPED)
     else:
-        _gate_tile(g_ptr, u_ptr, y_ptr, pid, M, N, sgm, sgn, sum_, sun, sym, syn, BLOCK_M, BLOCK_N, ACT, INDEX_64)
+        _gate_tile(g_ptr, u_ptr, y_ptr, pid, M, N, sgm, sgn, sum_, sun, sym, syn, ALPHA, LIMIT, SHIFT, BLOCK_M, BLOCK_N,
+                   ACT, INDEX_64, CLAMPED)
 
 
 @triton.jit
@@ -221,41 +227,61 @@ def _element_tile(tile, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDE
 
 
 @triton.jit
-def _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr):
+def _clamped(g, u, LIMIT):
+    """GPT-OSS's clamps: min(gate, limit), up into [-limit, limit] (NaN stays NaN, as torch.clamp's)."""
+    c = tl.where(g > LIMIT, LIMIT, g)
+    v = tl.where(u > LIMIT, LIMIT, tl.where(u < -LIMIT, -LIMIT, u))
+    return c, v
+
+
+@triton.jit
+def _gate_tile(g_ptr, u_ptr, y_ptr, tile, M, N, sgm, sgn, sum_, sun, sym, syn, ALPHA, LIMIT, SHIFT,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr,
+               CLAMPED: tl.constexpr):
     rm, rn, mask = _element_tile(tile, M, N, BLOCK_M, BLOCK_N, INDEX_64)
     g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + rm[:, None] * sum_ + rn[None, :] * sun, mask=mask, other=0.0).to(tl.float32)
-    y = _activation(g, 0.0, ACT) * u
+    if CLAMPED:
+        c, v = _clamped(g, u, LIMIT)
+        y = c / (1.0 + tl.exp(-ALPHA * c)) * (v + SHIFT)
+    else:
+        y = _activation(g, 0.0, ACT) * u
     tl.store(y_ptr + rm[:, None] * sym + rn[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def gate_grad_kernel(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, M, N, n_tiles, nprog, sdm, sdn, sgm, sgn, sum_, sun,
-                     sam, san, sbm, sbn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
-                     PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
-    """dG = dY * U * act'(G) and dU = dY * act(G) over (BLOCK_M, BLOCK_N) tiles of the (M, N)
-    operands (any strides), dY, G and U read once each (fp32 math)."""
+                     sam, san, sbm, sbn, ALPHA, LIMIT, SHIFT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     ACT: tl.constexpr, PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr, CLAMPED: tl.constexpr):
+    """dG = dY * U * act'(G) and dU = dY * act(G) (or the clamped GLU's) over (BLOCK_M, BLOCK_N)
+    tiles of the (M, N) operands (any strides), dY, G and U read once each (fp32 math)."""
     pid = tl.program_id(0)
     if INDEX_64:
         pid = pid.to(tl.int64)
     if PERSISTENT:
         for tile in range(pid, n_tiles, nprog):
             _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, tile, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san,
-                            sbm, sbn, BLOCK_M, BLOCK_N, ACT, INDEX_64)
+                            sbm, sbn, ALPHA, LIMIT, SHIFT, BLOCK_M, BLOCK_N, ACT, INDEX_64, CLAMPED)
     else:
         _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, pid, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san,
-                        sbm, sbn, BLOCK_M, BLOCK_N, ACT, INDEX_64)
+                        sbm, sbn, ALPHA, LIMIT, SHIFT, BLOCK_M, BLOCK_N, ACT, INDEX_64, CLAMPED)
 
 
 @triton.jit
 def _gate_grad_tile(dy_ptr, g_ptr, u_ptr, dg_ptr, du_ptr, tile, M, N, sdm, sdn, sgm, sgn, sum_, sun, sam, san, sbm,
-                    sbn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr, INDEX_64: tl.constexpr):
+                    sbn, ALPHA, LIMIT, SHIFT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ACT: tl.constexpr,
+                    INDEX_64: tl.constexpr, CLAMPED: tl.constexpr):
     rm, rn, mask = _element_tile(tile, M, N, BLOCK_M, BLOCK_N, INDEX_64)
     dy = tl.load(dy_ptr + rm[:, None] * sdm + rn[None, :] * sdn, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + rm[:, None] * sum_ + rn[None, :] * sun, mask=mask, other=0.0).to(tl.float32)
-    dg = dy * u * _activation_grad(g, 0.0, ACT)
-    du = dy * _activation(g, 0.0, ACT)
+    if CLAMPED:  # y = (v + SHIFT) * c * s, s = sigmoid(ALPHA c); a clamp passes the gradient inside its bounds only
+        c, v = _clamped(g, u, LIMIT)
+        s = 1.0 / (1.0 + tl.exp(-ALPHA * c))
+        dg = tl.where(g <= LIMIT, dy * (v + SHIFT) * (s + ALPHA * c * s * (1.0 - s)), 0.0)
+        du = tl.where((u >= -LIMIT) & (u <= LIMIT), dy * c * s, 0.0)
+    else:
+        dg = dy * u * _activation_grad(g, 0.0, ACT)
+        du = dy * _activation(g, 0.0, ACT)
     tl.store(dg_ptr + rm[:, None] * sam + rn[None, :] * san, dg.to(dg_ptr.dtype.element_ty), mask=mask)
     tl.store(du_ptr + rm[:, None] * sbm + rn[None, :] * sbn, du.to(du_ptr.dtype.element_ty), mask=mask)

@@ -26,6 +26,7 @@ kernel.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,6 +37,7 @@ from xkernels.launch import Launcher
 from xkernels.ops.layout import INT32_MAX, max_offset, next_pow2
 from xkernels.ops.matmul import config as matmul_config
 from xkernels.ops.matmul.plan import ACTIVATIONS, precision
+from xkernels.ops.matmul.pre_activation import Remembered
 from xkernels.ops.op import Plan
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ OP = "gated_linear"
 GATED_DEFAULT = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
 #: ``gate_kernel``'s tile (element-wise: rows of the output, up to 256 columns)
 GATE_BLOCK = (16, 256)
+#: its columns where an operand's columns are strided (GPT-OSS's interleaved gate_up): Ascend's
+#: compiler stages such a load through the unified buffer, which a 256-wide tile overflows (the
+#: offline check: 640 KiB forward, 1408 KiB backward, of the A2's 192)
+STRIDED_BLOCK_N = 32
 _TMA_KEYS = matmul_config.TMA_ONLY
 
 
@@ -127,23 +133,17 @@ class GatedPlan(Plan):
 
     # -- planning -----------------------------------------------------------------------------
     def _plan_vendor(self, backend: Backend, call: GatedCall, M: int, N: int) -> None:
-        from xkernels.ops.fused import gated_linear_kernels as GK
-
         self.route = "vendor BLAS + gate kernel"
         gemms = ("one F.linear against the concatenated gate_up weight" if call.concatenated
                  else "two F.linear (gate, up)")
         self.variant = f"{gemms} (the device's BLAS), then act(gate) * up in one Triton pass ({call.activation})"
-        bm, bn, tiles, programs, options = gate_grid(backend, call.device, M, N)
         g_stride = 2 * N if call.concatenated else N  # F.linear's contiguous (M, 2N) or (M, N) result
-        index64 = max(M * g_stride, M * N) + 2**16 > INT32_MAX
-        self.gate_dims = (M, N, tiles, programs, g_stride, 1, g_stride, 1, N, 1)
-        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[call.activation], PERSISTENT=programs < tiles,
-                          INDEX_64=index64)
-        self.jit_fn, self.constexprs = GK.gate_kernel, constexprs
-        self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
-                                 backend.fast_launch, varying=(0, 1, 2))
-        self.config = {"VENDOR": True, "gate BLOCK_M": bm, "gate BLOCK_N": bn, "INDEX_64": index64}
-        self.programs, self.tiles = programs, tiles
+        gate = GatePlan(backend, call.device, M, N, call.activation, (g_stride, 1, g_stride, 1, N, 1))
+        self.gate_dims = gate.tail
+        self.jit_fn, self.constexprs, self.launcher = gate.jit_fn, gate.launcher.constexprs, gate.launcher
+        self.config = {"VENDOR": True, "gate BLOCK_M": gate.constexprs["BLOCK_M"],
+                       "gate BLOCK_N": gate.constexprs["BLOCK_N"], "INDEX_64": gate.constexprs["INDEX_64"]}
+        self.programs, self.tiles = gate.programs, gate.tiles
 
     def _plan_pointer(self, backend: Backend, call: GatedCall, cfg: dict[str, Any], M: int, N: int, K: int) -> None:
         from xkernels.ops.fused import gated_linear_kernels as GK
@@ -281,67 +281,97 @@ GRAD_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _GRAD_PLANS_MAX = 64
 
 
-def gate_grid(backend: Backend, device: Any, M: int, N: int) -> tuple[int, int, int, int, dict[str, Any]]:
+def gate_grid(backend: Backend, device: Any, M: int, N: int,
+              strides: tuple[int, ...] = ()) -> tuple[int, int, int, int, dict[str, Any]]:
     """The element-wise tiles of ``gate_kernel`` and ``gate_grad_kernel`` over an (M, N) result:
-    ``(BLOCK_M, BLOCK_N, tiles, programs, launch options)``, up to ``GATE_BLOCK`` per tile, the
-    backend's vector grid (persistent where it caps the tiles)."""
-    bm, bn = min(GATE_BLOCK[0], next_pow2(M)), min(GATE_BLOCK[1], next_pow2(N))
+    ``(BLOCK_M, BLOCK_N, tiles, programs, launch options)``, up to ``GATE_BLOCK`` per tile
+    (``STRIDED_BLOCK_N`` columns where an operand's columns are not contiguous: ``strides`` holds
+    each operand's (row, column) strides), the backend's vector grid (persistent where it caps
+    the tiles)."""
+    strided = any(strides[i] != 1 for i in range(1, len(strides), 2))
+    bm, bn = min(GATE_BLOCK[0], next_pow2(M)), min(STRIDED_BLOCK_N if strided else GATE_BLOCK[1], next_pow2(N))
     tiles = ((M + bm - 1) // bm) * ((N + bn - 1) // bn)
     options = {"num_warps": 4} if "num_warps" in backend.launch_options else {}
     return bm, bn, tiles, backend.programs(tiles, "vector", device), options
 
 
+@dataclasses.dataclass(frozen=True)
+class ClampedGlu:
+    """GPT-OSS's gate in place of ``act(gate) * up``: ``(clamp(up, -limit, limit) + shift) * c *
+    sigmoid(alpha * c)`` for ``c = min(gate, limit)`` (GPT-OSS: alpha 1.702, limit 7, shift 1;
+    DeepSeek-V4's ``silu(c) * clamp(up)``: alpha 1, shift 0)."""
+
+    alpha: float
+    limit: float
+    shift: float
+
+    def floats(self) -> tuple[float, float, float]:
+        return float(self.alpha), float(self.limit), float(self.shift)
+
+
+_NO_GLU = (0.0, 0.0, 0.0)  # the kernels' ALPHA, LIMIT, SHIFT where CLAMPED is off (unused)
+
+
 class GatePlan:
     """``gate_kernel``'s launch over one (M, N) result of gate and up given by their strides: its
-    tiles, grid and 64-bit indexing (``gated_activation.py``'s pass; also made on meta tensors by
-    ``gated_linear_compile`` for the offline npu check)."""
+    tiles, grid and 64-bit indexing (``gated_linear``'s vendor route and ``gated_activation.py``'s
+    pass; also made on meta tensors by ``gated_linear_compile`` for the offline npu check).
+    ``glu``: the clamped GLU instead of ``act(gate) * up``."""
 
-    def __init__(self, backend: Any, device: torch.device, M: int, N: int, activation: str,
-                 strides: tuple[int, ...]) -> None:
+    def __init__(self, backend: Any, device: torch.device, M: int, N: int, activation: str | None,
+                 strides: tuple[int, ...], glu: ClampedGlu | None = None) -> None:
         from xkernels.ops.fused import gated_linear_kernels as GK
 
-        bm, bn, tiles, programs, options = gate_grid(backend, device, M, N)
+        bm, bn, tiles, programs, options = gate_grid(backend, device, M, N, strides)
         spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 6, 2)]
-        constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation], PERSISTENT=programs < tiles,
-                          INDEX_64=max(spans) + 2**16 > INT32_MAX)
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation if glu is None else None],
+                               PERSISTENT=programs < tiles, INDEX_64=max(spans) + 2**16 > INT32_MAX,
+                               CLAMPED=glu is not None)
         self.jit_fn = GK.gate_kernel
-        self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), constexprs, options,
+        self.launcher = Launcher(backend.kernel(GK.gate_kernel), (programs,), self.constexprs, options,
                                  backend.fast_launch, varying=(0, 1, 2))
-        self.tail = (M, N, tiles, programs, *strides)
+        self.tail = (M, N, tiles, programs, *strides, *(_NO_GLU if glu is None else glu.floats()))
+        self.programs, self.tiles = programs, tiles
 
 
 class GateGradPlan:
-    """The launch of ``gate_grad_kernel`` for one (M, N), dtype, activation and set of strides on
-    one backend and device: ``gate_kernel``'s tiles and grid (element-wise, up to 256 columns)."""
+    """The launch of ``gate_grad_kernel`` for one (M, N), dtype, activation (or clamped GLU) and set
+    of strides on one backend and device: ``gate_kernel``'s tiles and grid (element-wise, up to 256
+    columns)."""
 
-    def __init__(self, backend: Backend, device: torch.device, M: int, N: int, activation: str,
-                 strides: tuple[int, ...]) -> None:
+    def __init__(self, backend: Backend, device: torch.device, M: int, N: int, activation: str | None,
+                 strides: tuple[int, ...], glu: ClampedGlu | None = None) -> None:
         from xkernels.ops.fused import gated_linear_kernels as GK
 
-        bm, bn, tiles, programs, options = gate_grid(backend, device, M, N)
+        bm, bn, tiles, programs, options = gate_grid(backend, device, M, N, strides)
         spans = [max_offset([M, N], list(strides[i:i + 2])) for i in range(0, 10, 2)]
-        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation], PERSISTENT=programs < tiles,
-                               INDEX_64=max(spans) + 2**16 > INT32_MAX)
+        self.constexprs = dict(BLOCK_M=bm, BLOCK_N=bn, ACT=ACTIVATIONS[activation if glu is None else None],
+                               PERSISTENT=programs < tiles, INDEX_64=max(spans) + 2**16 > INT32_MAX,
+                               CLAMPED=glu is not None)
         self.jit_fn = GK.gate_grad_kernel
         self.launcher = Launcher(backend.kernel(GK.gate_grad_kernel), (programs,), self.constexprs, options,
                                  backend.fast_launch, varying=(0, 1, 2, 3, 4))
-        self.tail = (M, N, tiles, programs, *strides)
+        self.tail = (M, N, tiles, programs, *strides, *(_NO_GLU if glu is None else glu.floats()))
 
     def args(self, dy: torch.Tensor, g: torch.Tensor, u: torch.Tensor, dg: torch.Tensor,
              du: torch.Tensor) -> tuple[Any, ...]:
         return (dy, g, u, dg, du, *self.tail)
 
 
-_grad_plans: dict[tuple[Any, ...], GateGradPlan] = {}
+#: the element-wise passes' plans, per signature (at most 64: a model has few; ``gated_activation``'s too)
+_grad_plans = Remembered(_GRAD_PLANS_MAX)
+gate_plans = Remembered(_GRAD_PLANS_MAX)
 
 
-def gate_grads(backend: Backend, dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str,
-               concatenated: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+def gate_grads(backend: Backend, dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, activation: str | None,
+               concatenated: bool, glu: ClampedGlu | None = None,
+               interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
     """``(d_gate, d_up, d)`` of the (M, I) output gradient ``dy`` and the kept ``gate`` and ``up``
-    (any strides), by one ``gate_grad_kernel`` launch: ``d`` the (M, 2I) buffer whose halves are
-    ``d_gate`` and ``d_up`` for a concatenated weight, else ``None``. ``None`` where the kernel
-    does not apply (a backend that runs no Triton, another dtype, mixed dtypes or devices): the
-    caller computes them with PyTorch's ops."""
+    (any strides), by one ``gate_grad_kernel`` launch: ``d`` the (M, 2I) buffer whose halves (or,
+    ``interleaved``, whose even and odd columns) are ``d_gate`` and ``d_up`` for a concatenated
+    weight, else ``None``. ``glu``: the clamped GLU's gradients instead of ``act(gate) * up``'s.
+    ``None`` where the kernel does not apply (a backend that runs no Triton, another dtype, mixed
+    dtypes or devices): the caller computes them with PyTorch's ops."""
     dtype = gate.dtype
     if (not backend.runs_triton or dtype not in GRAD_DTYPES or dy.dtype != dtype or up.dtype != dtype
             or dy.device != gate.device or up.device != gate.device or dy.shape != gate.shape
@@ -350,16 +380,12 @@ def gate_grads(backend: Backend, dy: torch.Tensor, gate: torch.Tensor, up: torch
     M, N = gate.shape
     if concatenated:
         d = _empty((M, 2 * N), dtype, gate.device)
-        dg, du = d[:, :N], d[:, N:]
+        dg, du = (d[:, 0::2], d[:, 1::2]) if interleaved else (d[:, :N], d[:, N:])
     else:
         d, dg, du = None, _empty((M, N), dtype, gate.device), _empty((M, N), dtype, gate.device)
     if M and N:
         strides = (*dy.stride(), *gate.stride(), *up.stride(), *dg.stride(), *du.stride())
-        key = (backend.name, gate.device, dtype, M, N, activation, strides)
-        plan = _grad_plans.get(key)
-        if plan is None:
-            if len(_grad_plans) >= _GRAD_PLANS_MAX:
-                _grad_plans.clear()
-            plan = _grad_plans[key] = GateGradPlan(backend, gate.device, M, N, activation, strides)
+        key = (backend.name, gate.device, dtype, M, N, activation, glu, strides)
+        plan = _grad_plans.get(key, lambda: GateGradPlan(backend, gate.device, M, N, activation, strides, glu))
         plan.launcher(*plan.args(dy, gate, up, dg, du))
     return dg, du, d

@@ -293,8 +293,8 @@ class Linear(_MatmulBase):
                           out_shape, x.dtype, device, not reason, reason, residual, dtype)
 
     def autograd(self, canon: tuple[Any, ...], route: Route | None = None) -> torch.Tensor:
-        """Where a gradient is required: relu and leaky_relu with a slope >= 0 stay fused (their
-        derivative is read off the output); gelu, gelu_tanh, silu, quick_gelu, relu2 and a negative slope run as one
+        """Where a gradient is required: relu, leaky_relu with a slope >= 0 and relu2 stay fused
+        (their derivative is read off the output); gelu, gelu_tanh, silu, quick_gelu and a negative slope run as one
         kernel writing the output and the pre-activation where that pays
         (``matmul/pre_activation.py``), else as ``linear`` without activation followed by
         PyTorch's activation, so the backward reads
@@ -331,16 +331,16 @@ class Linear(_MatmulBase):
     @staticmethod
     def splits(activation: Any, slope: Any) -> bool:
         """Whether a call requiring a gradient runs as ``linear`` without activation followed by
-        PyTorch's ``activation`` (``autograd``): gelu, gelu_tanh, silu, quick_gelu, relu2, leaky_relu with a negative
+        PyTorch's ``activation`` (``autograd``): gelu, gelu_tanh, silu, quick_gelu, leaky_relu with a negative
         slope. False for an activation ``linear`` does not know (the call then raises)."""
-        return (activation in ACTIVATIONS and activation is not None and activation != "relu"
+        return (activation in ACTIVATIONS and activation is not None and activation not in ("relu", "relu2")
                 and not (activation == "leaky_relu" and slope >= 0))
 
     def _autograd_residual(self, x: Any, weight: Any, bias: Any, activation: str | None, slope: float,
                            residual: Any) -> torch.Tensor:
         """With a residual: no activation stays one fused call (the residual's gradient is the
-        output's, summed over its broadcast dims); with one, relu's derivative can no longer be
-        read off the output and the others need the pre-activation, so ``linear`` with the
+        output's, summed over its broadcast dims); with one, relu's and relu2's derivatives can no
+        longer be read off the output and the others need the pre-activation, so ``linear`` with the
         activation is recorded as without a residual, and PyTorch's add follows."""
         self.check(x, weight, bias, activation, negative_slope=slope, residual=residual)  # before anything runs
         if activation is not None:

@@ -102,9 +102,11 @@ def test_add_norm_a5_reads_its_own_larger_tiles():
 def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
     everything, notes = collect([soc], ["gated_linear"])
     assert notes == []
-    grads = [c for c in everything if c.kernel is gated_linear_kernels.gate_grad_kernel]
-    passes = [c for c in everything if c.kernel is gated_linear_kernels.gate_kernel]  # the experts' gate pass
-    cases = [c for c in everything if c not in grads and c not in passes]
+    element_wise = (gated_linear_kernels.gate_grad_kernel, gated_linear_kernels.gate_kernel)
+    clamped = [c for c in everything if c.kernel in element_wise and c.constants["CLAMPED"]]  # GPT-OSS's gate
+    grads = [c for c in everything if c.kernel is gated_linear_kernels.gate_grad_kernel and c not in clamped]
+    passes = [c for c in everything if c.kernel is gated_linear_kernels.gate_kernel and c not in clamped]
+    cases = [c for c in everything if c.kernel not in element_wise]
     assert all(c.kernel is gated_linear_kernels.gated_linear_kernel for c in cases)  # npu: never the vendor route
     assert {c.config.rsplit("|", 1)[1] for c in cases} == _where(soc, "gated_linear")
     # the backward's element-wise kernel after each forward that keeps gate and up, at its (M, I)
@@ -122,6 +124,12 @@ def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
         (c.dtype, c.constants["ACT"]) for c in kept_wide)
     assert all(c.config.startswith("gate pass kernel") and "sgm" not in c.constants
                and c.constants["sgn"] == c.constants["sun"] == c.constants["syn"] == 1 for c in passes)
+    # GPT-OSS's clamped gate, both ways, after each concatenated SiLU forward: interleaved columns
+    silu_wide = sorted(c.dtype for c in kept_wide if c.constants["ACT"] == ACTIVATIONS["silu"])
+    for kernel in element_wise:
+        assert sorted(c.dtype for c in clamped if c.kernel is kernel) == silu_wide and silu_wide
+    # column stride 2 (a stride of 1 would be specialized into the constants)
+    assert all("sgn" not in c.constants and "sun" not in c.constants and "clamped" in c.config for c in clamped)
     wide = [c for c in grads if "[Wg; Wu]" in c.config]  # gate, up and their gradients: (M, 2I) halves
     assert wide and all("sgm" not in c.constants and c.constants["sgn"] == c.constants["san"] == 1 for c in wide)
     acts = {ACTIVATIONS[a] for a in GATED_ACTIVATIONS}

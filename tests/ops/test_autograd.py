@@ -152,6 +152,37 @@ def test_leaky_relu_slopes(backend, device, slope):
                    lambda x, w, b: reference_linear(x, w, b, "leaky_relu", slope), (x, w, b), torch.float32, scale=4.0)
 
 
+def test_relu2_reads_its_derivative_off_the_output(backend, device):
+    """relu2's derivative, 2 relu(h), is 2 sqrt(y): where the call runs a kernel, one fused call
+    keeps its output and nothing else (no pre-activation kernel, no PyTorch activation nodes), and
+    first and second derivatives equal float64's; the second recomputes h. A change in place to
+    the kept output then fails the backward loudly (PyTorch's relu, which keeps its result too,
+    does the same; its square(relu(h)) keeps relu(h) instead)."""
+    x, w, b = _near_zero_inputs(torch.float32, device)
+    y = linear(*_leaves(x, w, b), "relu2")
+    if backend.runs_triton:
+        assert type(y.grad_fn).__name__ == "LinearFunctionBackward", type(y.grad_fn)
+        kept = [t for t in y.grad_fn.saved_tensors if t is not None]
+        assert len(kept) == 4 and kept[3].shape == y.shape and torch.equal(kept[3], y.detach())
+    _compare_grads(lambda x, w, b: linear(x, w, b, "relu2"), lambda x, w, b: reference_linear(x, w, b, "relu2"),
+                   (x, w, b), torch.float32, scale=4.0 * _slope("relu2", x, w, b))
+    mine, ref = _leaves(x, w, b), _leaves(x, w, b, dtype=torch.float64)
+    firsts = []
+    for args, fn in ((mine, linear), (ref, reference_linear)):
+        out = fn(*args, "relu2")
+        gx, = torch.autograd.grad(out.square().sum(), args[0], create_graph=True)
+        gx.sum().backward()  # d/d(w, b) of sum(d loss / dx): relu2's second derivative, 2 where h > 0
+        firsts.append(gx)
+    assert_close(firsts[0].detach(), firsts[1].detach(), torch.float32, scale=16.0 * _slope("relu2", x, w, b) ** 2)
+    for m, r in zip(mine[1:], ref[1:]):
+        assert_close(m.grad, r.grad, torch.float32, scale=16.0 * _slope("relu2", x, w, b) ** 2)
+    if backend.runs_triton:
+        y = linear(*_leaves(x, w, b), "relu2")
+        y.mul_(2)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
 def test_requires_grad_only_where_torch_has_it(backend, device):
     x, y = rand((4, 5), torch.float32, device), rand((5,), torch.float32, device)
     assert not add(x, y).requires_grad

@@ -9,7 +9,7 @@
 group=${1:-decoders}
 F=tools/probes/data/families
 case $group in
-  decoders) names="mistral-7b qwen2.5-7b qwen3-8b gemma-2-9b phi-3-mini olmo-2-7b mixtral-8x7b qwen3-30b-a3b falcon-7b pythia-1.4b opt-1.3b gpt-j-6b stablelm-3b starcoder2-3b bloom-560m minitron-8b persimmon-8b"; shape="" ;;
+  decoders) names="mistral-7b qwen2.5-7b qwen3-8b gemma-2-9b phi-3-mini olmo-2-7b mixtral-8x7b qwen3-30b-a3b gpt-oss-20b falcon-7b pythia-1.4b opt-1.3b gpt-j-6b stablelm-3b starcoder2-3b bloom-560m minitron-8b persimmon-8b"; shape="" ;;
   encoders) names="roberta-base electra-base deberta-v3-base distilbert-base modernbert-base albert-base-v2 t5-v1_1-base t5-base bart-base"; shape="--batch 16 --seq 512" ;;
   vision) names="dinov2-base beit-base clip-vit-base-patch16 siglip-base-patch16 swin-base convnext-base wav2vec2-base"; shape="" ;;
   *) echo "family_speed.sh: decoders, encoders or vision, got $group"; exit 2 ;;

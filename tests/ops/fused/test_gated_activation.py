@@ -1,6 +1,6 @@
-"""``act(gate) * up`` of a computed gate_up result (``ops/fused/gated_activation.py``): forward and
-gradients against float64 for every activation and dtype, into NaN-poisoned buffers, inputs
-unchanged; the calls it leaves to the caller."""
+"""``act(gate) * up`` of a computed gate_up result (``ops/fused/gated_activation.py``), and GPT-OSS's
+clamped gate: forward and gradients against float64 for every activation (clamp) and dtype, into
+NaN-poisoned buffers, inputs unchanged; the calls it leaves to the caller."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import xkernels
 from helpers import Unchanged, rand
 from xkernels.ops.fused import gated_linear_plan
-from xkernels.ops.fused.gated_activation import gated_activation
+from xkernels.ops.fused.gated_activation import clamped_gated_activation, gated_activation
 from xkernels.ops.fused.gated_linear import ACTIVATIONS
 
 F = torch.nn.functional
@@ -133,3 +133,72 @@ def test_calls_it_leaves_to_the_caller(backend, device):
 def test_cpu_backend_leaves_every_call():
     with xkernels.use_backend("cpu"):
         assert gated_activation(torch.randn(3, 8), "silu") is None
+
+
+# -- GPT-OSS's clamped gate -----------------------------------------------------------------------------------
+#: (alpha, limit, shift): GPT-OSS's, DeepSeek-V4's (SiLU, no shift), a limit inside these inputs' range
+CLAMPS = [(1.702, 7.0, 1.0), (1.0, 0.6, 0.0), (1.702, 0.4, 1.0)]
+
+
+def _halves(gate_up: torch.Tensor, interleaved: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return (gate_up[..., 0::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)
+
+
+def _clamped_ref(gate_up: torch.Tensor, alpha: float, limit: float, shift: float, interleaved: bool) -> torch.Tensor:
+    """GPT-OSS's ``_apply_gate`` (``modeling_gpt_oss.py``) in float64."""
+    gate, up = _halves(gate_up.double(), interleaved)
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + shift) * (gate * torch.sigmoid(gate * alpha))
+
+
+def _clamped_inputs(shape, dtype, device, limit: float) -> torch.Tensor:
+    gu = rand(shape, dtype, device)
+    gu[..., :4] = torch.tensor([limit, -limit, limit, -limit], dtype=torch.float64).to(dtype)  # on the bounds
+    return gu
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_clamped_gate_matches_float64(backend, device, nan_memory, dtype, interleaved):
+    """Forward and d(gate_up) against float64 for each (alpha, limit, shift), values on both sides
+    of the clamps and on them (the gradient passes at a bound, as torch.clamp's)."""
+    _kernels(backend)
+    for alpha, limit, shift in CLAMPS:
+        limit = lim = float(torch.tensor(limit, dtype=dtype))  # the bound as the dtype holds it: both compare to it
+        gu = _clamped_inputs((2, 9, 70), dtype, device, lim).requires_grad_()
+        dy = rand((2, 9, 35), dtype, device)
+        with Unchanged(gu, dy):
+            y = clamped_gated_activation(gu, alpha=alpha, limit=limit, shift=shift, interleaved=interleaved)
+            assert y.shape == (2, 9, 35) and y.dtype == dtype and y.grad_fn is not None
+            y.backward(dy)
+        g64 = gu.detach().cpu().double().requires_grad_()
+        ref = _clamped_ref(g64, alpha, limit, shift, interleaved)
+        ref.backward(dy.cpu().double())
+        scale = (abs(shift) + limit + 1) * (limit * alpha + 2)  # |y| and |dy/dg| / |dy| are at most about this
+        err = (y.detach().double().cpu() - ref.detach()).abs()
+        assert not torch.isnan(err).any(), "an element not written"
+        assert (err <= RTOL[dtype] * ref.detach().abs() + 1e-5 * scale).all(), f"{alpha, limit, shift}: forward"
+        got = gu.grad.double().cpu()
+        bound = RTOL[dtype] * (g64.grad.abs() + dy.cpu().double().abs().repeat_interleave(2, -1) * scale) + 1e-6
+        assert not torch.isnan(got).any() and (got - g64.grad).abs().le(bound).all(), f"{alpha, limit, shift}: grad"
+        assert (g64.grad != 0).sum() < g64.numel() or limit > 6, "the clamps never bound"
+
+
+def test_clamped_gate_double_backward_and_refusals(backend, device):
+    """A graph-building backward differentiates PyTorch's composition; a limit or alpha that is
+    not a finite number (or a negative limit) is left to the caller."""
+    _kernels(backend)
+    gu = rand((4, 10), torch.float32, device).requires_grad_()
+    kw = dict(alpha=1.702, limit=0.5, shift=1.0, interleaved=True)
+    (d,) = torch.autograd.grad(clamped_gated_activation(gu, **kw).sum(), gu, create_graph=True)
+    (dd,) = torch.autograd.grad(d.sum(), gu)
+    g64 = gu.detach().cpu().double().requires_grad_()
+    (d64,) = torch.autograd.grad(_clamped_ref(g64, 1.702, 0.5, 1.0, True).sum(), g64, create_graph=True)
+    (dd64,) = torch.autograd.grad(d64.sum(), g64)
+    torch.testing.assert_close(d.double().cpu(), d64, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dd.double().cpu(), dd64, rtol=1e-5, atol=1e-5)
+    x = rand((3, 8), torch.float32, device)
+    for bad in (dict(kw, limit=float("inf")), dict(kw, limit=-1.0), dict(kw, alpha=torch.tensor(1.0)),
+                dict(kw, shift=float("nan"))):
+        assert clamped_gated_activation(x, **bad) is None, bad
