@@ -47,26 +47,38 @@ def _step(model: torch.nn.Module, inputs: dict) -> tuple[torch.Tensor, list]:
     return y.detach(), [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
 
 
+def _patched_copy(model: torch.nn.Module, fusion: str, monkeypatch) -> tuple[torch.nn.Module, list, list]:
+    """A patched copy of ``model`` whose every experts module took ``fusion`` (no note), its fused
+    blocks, and the list each gate pass's glu form (``None``: act(gate) * up) is appended to."""
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    gates = [b for b in report.blocks if b.fusion == fusion]
+    assert sorted(b.name for b in gates) == sorted(_experts(fused)) and not any(b.note for b in gates), str(report)
+    launched: list = []
+    real = gated_activation._forward
+    monkeypatch.setattr(gated_activation, "_forward", lambda *a: launched.append(a[4]) or real(*a))
+    return fused, gates, launched
+
+
+def _same_step(model: torch.nn.Module, fused: torch.nn.Module, inputs: dict) -> None:
+    """One training step of each: the outputs and every gradient equal."""
+    want, want_grads = _step(model, inputs)
+    got, got_grads = _step(fused, inputs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
+    for (name, g), (_, w) in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm"])
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_experts_train_through_the_fused_gate(backend, device, family, implementation, monkeypatch):
     model, inputs = tiny_model(*FAMILIES[family], device)
     model.set_experts_implementation(implementation)
-    fused = copy.deepcopy(model)
-    report = xkernels.patch(fused)
-    gates = [b for b in report.blocks if b.fusion == "experts gate"]
-    assert sorted(b.name for b in gates) == sorted(_experts(fused)) and not any(b.note for b in gates), str(report)
-    launched = []
-    real = gated_activation._forward
-    monkeypatch.setattr(gated_activation, "_forward", lambda *a: launched.append(a[1].shape) or real(*a))
-    want, want_grads = _step(model, inputs)
-    got, got_grads = _step(fused, inputs)
+    fused, gates, launched = _patched_copy(model, "experts gate", monkeypatch)
+    _same_step(model, fused, inputs)
     # one pass per experts module where the backend runs kernels; the cpu backend runs the class's own gate
-    assert len(launched) == (len(gates) if backend.runs_triton else 0)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
-    for (name, g), (_, w) in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
+    assert launched == ([None] * len(gates) if backend.runs_triton else [])
     with torch.no_grad():
         torch.testing.assert_close(fused(**inputs).logits, model(**inputs).logits, rtol=1e-4, atol=1e-5)
 
@@ -122,28 +134,16 @@ def test_gpt_oss_experts_train_through_the_clamped_gate(backend, device, impleme
     gradient equal the unpatched model's; the limit is read at each call."""
     model, inputs = tiny_model(*_GPT_OSS, device)
     model.set_experts_implementation(implementation)
-    _tighten(model, 0.05)
-    fused = copy.deepcopy(model)
-    report = xkernels.patch(fused)
-    gates = [b for b in report.blocks if b.fusion == "experts gate (clamped)"]
-    assert sorted(b.name for b in gates) == sorted(_experts(fused)) and not any(b.note for b in gates), str(report)
-    launched = []
-    real = gated_activation._forward
-    monkeypatch.setattr(gated_activation, "_forward", lambda *a: launched.append(a[4]) or real(*a))
+    fused, gates, launched = _patched_copy(model, "experts gate (clamped)", monkeypatch)
     for limit in (0.05, 0.02):
         _tighten(model, limit)
         _tighten(fused, limit)
         del launched[:]
-        want, want_grads = _step(model, inputs)
-        got, got_grads = _step(fused, inputs)
+        _same_step(model, fused, inputs)
         if backend.runs_triton:  # a pass per experts module (per expert hit in the eager loop), with this limit
             assert len(launched) >= len(gates) and {glu.limit for glu in launched} == {limit}, launched
         else:
             assert not launched
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        assert [n for n, _ in got_grads] == [n for n, _ in want_grads]
-        for (name, g), (_, w) in zip(got_grads, want_grads):
-            torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def _experts_module(module: str, cls: str, config: str, **kwargs) -> torch.nn.Module:
