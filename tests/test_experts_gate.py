@@ -163,6 +163,12 @@ CLAMPED_CLASSES = {
                                                    dict(hidden_size=16, intermediate_size=12, num_local_experts=2)),
     "deepseek_v4 (SiLU of the clamped gate)": ("deepseek_v4", "DeepseekV4Experts", "DeepseekV4Config",
                                                dict(hidden_size=16, moe_intermediate_size=12, n_routed_experts=2)),
+    "glm5_next (F.silu, swiglu_limit)": ("glm5_next", "Glm5NextTextExperts", "Glm5NextTextConfig",
+                                         dict(hidden_size=16, moe_intermediate_size=12, num_local_experts=2,
+                                              swiglu_limit=0.5)),
+    "hy_v4 (F.silu, swiglu_limit)": ("hy_v4", "HYV4Experts", "HYV4Config",
+                                     dict(hidden_size=16, moe_intermediate_size=12, num_local_experts=2,
+                                          swiglu_limit=0.5)),
 }
 
 

@@ -41,8 +41,8 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   ``batched_mm`` experts implementations; its ``eager`` loop computes the gate inline;
 * ``experts gate (clamped)``: GPT-OSS's clamped gate on interleaved gate_up columns (its eager
   loop calls ``_apply_gate`` too), the chunked copies of OpenAI's privacy filter and
-  MiniMax-M3-VL, DeepSeek-V4's SiLU of the clamped gate (``clamped_gated_activation``; the limit
-  and alpha read from the module at every call).
+  MiniMax-M3-VL, the SiLU of the clamped gate of DeepSeek-V4, GLM-5-Next and HY-V4
+  (``clamped_gated_activation``; the limit and alpha read from the module at every call).
 
 What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
@@ -451,6 +451,14 @@ def _apply_gate(self, gate_up):
     up = up.clamp(min=-self.limit, max=self.limit)
     return self.act_fn(gate) * up
 '''
+#: GLM-5-Next's and HY-V4's: F.silu of the clamped gate (alpha 1, no shift), the limit named swiglu_limit
+CLAMPED_SILU_APPLY_GATE = '''
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate = gate.clamp(min=None, max=self.swiglu_limit)
+    up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+    return F.silu(gate) * up
+'''
 
 
 @cache
@@ -466,13 +474,15 @@ def loop_applies_gate(cls: type) -> bool:
 @dataclass(frozen=True)
 class ClampedGateForm:
     """Where a clamped experts' gate finds its numbers: the attributes of ``limit`` and ``alpha``
-    (``None``: alpha 1, SiLU), the ``shift`` added to the clamped up, the halves' layout. Read
-    from the module at every call."""
+    (``None``: alpha 1, SiLU), the ``shift`` added to the clamped up, the halves' layout, and
+    whether the gate's activation is the module's ``act_fn`` (then it must be SiLU). Read from the
+    module at every call."""
 
     limit: str
     alpha: str | None
     shift: float
     interleaved: bool
+    act_fn: bool = False
 
 
 def _experts_clamped_gate(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
@@ -485,7 +495,7 @@ def _experts_clamped_gate(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
 
 def _clamped_gate_problem(form: ClampedGateForm) -> Callable[[torch.nn.Module], str | None]:
     def problem(m: torch.nn.Module) -> str | None:
-        if form.alpha is None and _gate_activation(getattr(m, "act_fn", None)) != "silu":
+        if form.act_fn and _gate_activation(getattr(m, "act_fn", None)) != "silu":
             return f"act_fn ({type(getattr(m, 'act_fn', None)).__name__}) is not SiLU"
         for attr in (form.limit, form.alpha):
             value = getattr(m, attr, None) if attr is not None else 1.0
@@ -636,7 +646,8 @@ FUSIONS = (
       for src, form in ((GPT_OSS_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, True)),
                         (GPT_OSS_CHUNKED_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, False)),
                         (SWIGLU_LIMIT_APPLY_GATE, ClampedGateForm("swiglu_limit", "swiglu_alpha", 1.0, False)),
-                        (CLAMPED_ACT_APPLY_GATE, ClampedGateForm("limit", None, 0.0, False)))),
+                        (CLAMPED_ACT_APPLY_GATE, ClampedGateForm("limit", None, 0.0, False, act_fn=True)),
+                        (CLAMPED_SILU_APPLY_GATE, ClampedGateForm("swiglu_limit", None, 0.0, False)))),
     BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
                 norm_itself=True),
 )
