@@ -208,3 +208,15 @@ def test_a_gate_of_its_own_is_kept(device):
     report = xkernels.patch(model)
     assert not any("experts gate" in b.fusion for b in report.blocks), str(report)
     torch.testing.assert_close(model(**inputs).logits, want)
+
+
+def test_an_fp32_gate_is_the_pass(backend, device):
+    """Beam's experts compute ``act_fn(gate) * up`` in fp32 and round once: the pass does that in
+    every dtype, so it takes their gate too (``experts gate``); on bf16 values the result is the
+    class's own within one rounding."""
+    experts = _experts_module("beam", "BeamExperts", "BeamConfig", hidden_size=16, moe_intermediate_size=12,
+                              num_experts=2).to(device)
+    report = xkernels.patch(experts)
+    assert [b.fusion for b in report.blocks] == ["experts gate"], str(report)
+    gu = torch.randn(6, 24, device=device).to(torch.bfloat16)
+    torch.testing.assert_close(experts._apply_gate(gu), type(experts)._apply_gate(experts, gu), rtol=8e-3, atol=1e-5)

@@ -417,6 +417,14 @@ def _apply_gate(self, gate_up_out):
 '''
 
 
+#: the same computed in fp32 and rounded once (Beam's): what the pass does for every dtype
+EXPERTS_FP32_APPLY_GATE = '''
+def _apply_gate(self, gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return (self.act_fn(gate.float()) * up.float()).to(gate.dtype)
+'''
+
+
 def _experts_gate(self: Any, gate_up_out: torch.Tensor) -> torch.Tensor:
     y = None if as_written(gate_up_out) else gated_activation(gate_up_out, self._xkernels_block)
     return y if y is not None else type(self)._apply_gate(self, gate_up_out)
@@ -641,6 +649,7 @@ FUSIONS = (
                                              ("output", "dense"))),
     BlockFusion("experts gate", EXPERTS_APPLY_GATE, _experts_gate, _experts_gate_problem, method="_apply_gate",
                 candidate=lambda m: getattr(m, "has_gate", True) is not False),  # NemotronH's: no gate to apply
+    BlockFusion("experts gate", EXPERTS_FP32_APPLY_GATE, _experts_gate, _experts_gate_problem, method="_apply_gate"),
     *(BlockFusion("experts gate (clamped)", src, _experts_clamped_gate, _clamped_gate_problem(form),
                   method="_apply_gate", clamped=form)
       for src, form in ((GPT_OSS_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, True)),
