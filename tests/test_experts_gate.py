@@ -111,7 +111,7 @@ def test_undo_gives_the_class_gate_back(device):
     model, _ = tiny_model(*FAMILIES["mixtral"], device)
     report = xkernels.patch(model)
     experts = model.get_submodule(_experts(model)[0])
-    assert "_apply_gate" in experts.__dict__ and experts._xkernels_block == "silu"
+    assert "_apply_gate" in experts.__dict__ and experts._xkernels_block.activation == "silu"
     report.undo()
     assert "_apply_gate" not in experts.__dict__ and "_xkernels_block" not in experts.__dict__
 
@@ -220,3 +220,14 @@ def test_an_fp32_gate_is_the_pass(backend, device):
     assert [b.fusion for b in report.blocks] == ["experts gate"], str(report)
     gu = torch.randn(6, 24, device=device).to(torch.bfloat16)
     torch.testing.assert_close(experts._apply_gate(gu), type(experts)._apply_gate(experts, gu), rtol=8e-3, atol=1e-5)
+
+
+def test_an_activation_swapped_after_patch_is_the_one_used(backend, device, monkeypatch):
+    """The gate pass was set up for the act_fn patch() saw: another activation module put there
+    later makes the class's own gate run (with it), never the pass with the old activation."""
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    fused, gates, launched = _patched_copy(model, "experts gate", monkeypatch)
+    for m in (model, fused):
+        m.get_submodule(_experts(m)[0]).act_fn = torch.nn.GELU()
+    _same_step(model, fused, inputs)
+    assert not launched

@@ -205,6 +205,27 @@ def test_an_activation_the_op_does_not_take_is_left_with_its_reason(device):
     torch.testing.assert_close(model(x), want)
 
 
+def test_an_activation_swapped_after_patch_is_the_one_used(backend, device):
+    """The fused step was set up for the activation patch() saw: another activation module put in
+    its slot later (or an nn.GELU whose approximation changed) makes the class's own forward run,
+    with it, in training and inference."""
+    torch.manual_seed(0)
+    model = Llama().to(device)
+    model.act_fn = nn.GELU()
+    fused = copy.deepcopy(model)
+    assert [b.fusion for b in xkernels.patch(fused).blocks] == ["gated mlp"]
+    x = torch.randn(3, 5, 16, device=device, requires_grad=True)
+    for act in (nn.SiLU(), nn.GELU(approximate="tanh")):
+        model.act_fn, fused.act_fn = act, copy.deepcopy(act)
+        want, want_grads = _train_step(model, x, 1)
+        got, got_grads = _train_step(fused, x, 1)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+        with torch.no_grad():
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_cast_to_a_float64_down_projection(backend, device):
     """T5's cast: a down-projection kept in another dtype gets the product cast to it."""
     torch.manual_seed(0)

@@ -186,6 +186,14 @@ class GatedStep:
     #: what the forward applies to the product, innermost first (``xkernels.gated_forms.GatedForm.chain``)
     then: tuple[tuple[str, str], ...] = ()
     gate_first: bool = True  # one projection: whether its first half is the gate's
+    #: the activation slot's attribute and the kind of module ``activation`` was read from
+    #: (``activation_kind``): another kind put there after ``patch()`` makes the class's own forward run
+    act_slot: str = ""
+    act_kind: tuple[Any, ...] = ()
+
+    def act_swapped(self, block: torch.nn.Module) -> bool:
+        """Whether the activation slot no longer holds the kind of module the step's activation is."""
+        return bool(self.act_slot) and activation_kind(getattr(block, self.act_slot, None)) != self.act_kind
 
     def finish(self, block: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
         """``then`` applied to the product ``y`` as the block's own forward applies it."""
@@ -228,7 +236,7 @@ class GatedStep:
         forward should be traced: a call needing a gradient or under autocast, or one whose plan
         the table does not show beating the device's GEMMs + Inductor's fused gate pass."""
         ops = self.operands(block)
-        if ops is None or autocasting():
+        if ops is None or autocasting() or self.act_swapped(block):
             return None
         if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, *ops)):  # (traceable)
             return None
@@ -240,7 +248,7 @@ class GatedStep:
         or an inference call runs under autocast (the caller then runs the class's own forward)."""
         act = self.activation
         ops = self.operands(block)
-        if ops is None:
+        if ops is None or self.act_swapped(block):
             return None
         w, uw, b, ub = ops
         if autocasting():
@@ -321,9 +329,16 @@ def add_norm_and_sum(block: torch.nn.Module, name: str, a: Any, b: Any) -> tuple
     return s, y
 
 
+def activation_kind(module: Any) -> tuple[Any, ...]:
+    """What an activation module computes as far as its class and its ``approximate`` (``nn.GELU``'s)
+    tell: the same for a copy or a ``DataParallel`` replica, another for a module of another class."""
+    return (type(module), getattr(module, "approximate", None))
+
+
 def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = (),
-               gate_first: bool = True) -> GatedStep:
-    return GatedStep(proj, activation, RouteCache(gated_linear), then, gate_first)
+               gate_first: bool = True, act_slot: str = "", act_module: Any = None) -> GatedStep:
+    return GatedStep(proj, activation, RouteCache(gated_linear), then, gate_first, act_slot,
+                     activation_kind(act_module) if act_slot else ())
 
 
 #: the free variables of transformers' ``GradientCheckpointingLayer`` wrapper of a layer's forward

@@ -48,7 +48,9 @@ What a fusion fixes (the norm's kind, eps attribute and offset; the projections 
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
 (``xkernels/block_steps.py``: the per-call steps). The fused forward reads the module's children
 and parameters at every call (never a copy), so ``.to()``, loading a state dict and training keep
-working; dropout runs where the original runs it. The forward is set on the instance
+working; dropout runs where the original runs it. An activation recorded this way is checked per
+call against the kind of module in its slot (``activation_kind``): another one put there after
+``patch()`` makes the class's own forward (or gate) run. The forward is set on the instance
 (``module.forward``, bound to it: a deep copy computes with its own parameters) and removed with
 the record by ``PatchReport.undo()``.
 """
@@ -72,6 +74,7 @@ from xkernels.block_steps import (
     AddNormSteps,
     FeedForwardStep,
     NormStep,
+    activation_kind,
     add_norm_and_sum,
     add_then_norm,
     as_written,
@@ -425,8 +428,23 @@ def _apply_gate(self, gate_up):
 '''
 
 
+@dataclass(frozen=True)
+class ExpertsGate:
+    """The experts' gate record: the activation's name and the kind of ``act_fn`` it was read from
+    (``activation_kind``; another kind there after ``patch()`` makes the class's own gate run)."""
+
+    activation: str | None
+    act_kind: tuple[Any, ...] = ()
+    clamped: ClampedGateForm | None = None  # a clamped gate: where its numbers are
+
+
+def _act_swapped(module: Any, rec: ExpertsGate) -> bool:
+    return bool(rec.act_kind) and activation_kind(getattr(module, "act_fn", None)) != rec.act_kind
+
+
 def _experts_gate(self: Any, gate_up_out: torch.Tensor) -> torch.Tensor:
-    y = None if as_written(gate_up_out) else gated_activation(gate_up_out, self._xkernels_block)
+    rec = self._xkernels_block
+    y = None if as_written(gate_up_out) or _act_swapped(self, rec) else gated_activation(gate_up_out, rec.activation)
     return y if y is not None else type(self)._apply_gate(self, gate_up_out)
 
 
@@ -494,8 +512,9 @@ class ClampedGateForm:
 
 
 def _experts_clamped_gate(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
-    form = self._xkernels_block
-    y = None if as_written(gate_up) else clamped_gated_activation(
+    rec = self._xkernels_block
+    form = rec.clamped
+    y = None if as_written(gate_up) or _act_swapped(self, rec) else clamped_gated_activation(
         gate_up, alpha=1.0 if form.alpha is None else getattr(self, form.alpha), limit=getattr(self, form.limit),
         shift=form.shift, interleaved=form.interleaved)
     return y if y is not None else type(self)._apply_gate(self, gate_up)
@@ -841,15 +860,17 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
                                                  if _site_norm_problem(module, n) is None}
                                                 for names, summed in ((fusion.add_norms, False),
                                                                       (fusion.add_norms_summed, True))))
-    elif fusion.clamped is not None:  # a clamped experts' gate: where its numbers are
-        module._xkernels_block = fusion.clamped
-    elif fusion.method == "_apply_gate":  # the experts' gate: the activation's name
-        module._xkernels_block = _gate_activation(module.act_fn)
+    elif fusion.clamped is not None:  # a clamped experts' gate: where its numbers are (and act_fn's kind)
+        act_kind = activation_kind(module.act_fn) if fusion.clamped.act_fn else ()
+        module._xkernels_block = ExpertsGate(None, act_kind, fusion.clamped)
+    elif fusion.method == "_apply_gate":  # the experts' gate: the activation's name, from act_fn
+        module._xkernels_block = ExpertsGate(_gate_activation(module.act_fn), activation_kind(module.act_fn))
     elif fusion.activation is not None:
         activation = _gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it
         form = fusion.gated
-        module._xkernels_block = gated_step(form.proj, activation, form.chain, form.gate_first)
+        module._xkernels_block = gated_step(form.proj, activation, form.chain, form.gate_first, fusion.activation,
+                                            getattr(module, fusion.activation))
     else:
         module._xkernels_block = _norm_step(module, None if fusion.norm_itself else fusion.norm, fusion.return_sum)
     forward = checkpointed(type(module), fusion.forward) if fusion.method == "forward" else fusion.forward
