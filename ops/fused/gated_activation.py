@@ -17,10 +17,10 @@ gate_up.chunk(2, -1)`` and ``act_fn(gate) * up``, which writes ``act(gate)`` and
   PyTorch's.
 
 :func:`clamped_gated_activation` is the same pass for GPT-OSS's gate (``_apply_gate`` of GPT-OSS,
-its privacy filter, MiniMax-M3-VL; DeepSeek-V4's with alpha 1 and no shift): ``c = min(gate,
-limit)``, ``v = clamp(up, -limit, limit)``, ``(v + shift) * c * sigmoid(alpha * c)``, the halves
-either chunked or interleaved (GPT-OSS's ``gate_up[..., ::2]``, ``gate_up[..., 1::2]``); its
-gradient is zero where a clamp bounds, as ``torch.clamp``'s.
+its privacy filter, MiniMax-M3-VL; DeepSeek-V4's, GLM-5-Next's and HY-V4's with alpha 1 and no
+shift): ``c = min(gate, limit)``, ``v = clamp(up, -limit, limit)``, ``(v + shift) * c *
+sigmoid(alpha * c)``, the halves either chunked or interleaved (GPT-OSS's ``gate_up[..., ::2]``,
+``gate_up[..., 1::2]``); its gradient is zero where a clamp bounds, as ``torch.clamp``'s.
 
 Both return ``None`` where the pass does not apply, and the caller runs its own code: a backend
 that runs no kernels (the cpu backend), while ``torch.compile`` traces (the class's own code is
