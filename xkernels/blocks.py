@@ -43,6 +43,7 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   loop calls ``_apply_gate`` too), the chunked copies of OpenAI's privacy filter and
   MiniMax-M3-VL, the SiLU of the clamped gate of DeepSeek-V4, GLM-5-Next and HY-V4
   (``clamped_gated_activation``; the limit and alpha read from the module at every call).
+  Both gates' originals, records and fused methods: ``xkernels/experts_gates.py``.
 
 What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
@@ -85,10 +86,21 @@ from xkernels.block_steps import (
     norm_step,
     own_forward,
 )
+from xkernels.experts_gates import (
+    CLAMPED_GATES,
+    EXPERTS_APPLY_GATE,
+    EXPERTS_FP32_APPLY_GATE,
+    ClampedGateForm,
+    ExpertsGate,
+    clamped_gate_problem,
+    experts_clamped_gate,
+    experts_gate,
+    experts_gate_problem,
+    gate_activation,
+)
 from xkernels.gated_forms import GatedForm, gated_form
 from xkernels.linear_forms import computes_linear
 from xkernels.ops import add_layer_norm, add_rms_norm
-from xkernels.ops.fused.gated_activation import clamped_gated_activation, gated_activation
 from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
 from xkernels.source_forms import drop_annotations, first_function, function_node, parse_source, without_docstring
@@ -413,125 +425,6 @@ def _bert_feed_forward(self: Any, attention_output: torch.Tensor) -> torch.Tenso
     return out._modules["LayerNorm"](y + attention_output)
 
 
-EXPERTS_APPLY_GATE = '''
-def _apply_gate(self, gate_up_out):
-    gate, up = gate_up_out.chunk(2, dim=-1)
-    return self.act_fn(gate) * up
-'''
-
-
-#: the same computed in fp32 and rounded once (Beam's): what the pass does for every dtype
-EXPERTS_FP32_APPLY_GATE = '''
-def _apply_gate(self, gate_up):
-    gate, up = gate_up.chunk(2, dim=-1)
-    return (self.act_fn(gate.float()) * up.float()).to(gate.dtype)
-'''
-
-
-@dataclass(frozen=True)
-class ExpertsGate:
-    """The experts' gate record: the activation's name and the kind of ``act_fn`` it was read from
-    (``activation_kind``; another kind there after ``patch()`` makes the class's own gate run)."""
-
-    activation: str | None
-    act_kind: tuple[Any, ...] = ()
-    clamped: ClampedGateForm | None = None  # a clamped gate: where its numbers are
-
-
-def _act_swapped(module: Any, rec: ExpertsGate) -> bool:
-    return bool(rec.act_kind) and activation_kind(getattr(module, "act_fn", None)) != rec.act_kind
-
-
-def _experts_gate(self: Any, gate_up_out: torch.Tensor) -> torch.Tensor:
-    rec = self._xkernels_block
-    y = None if as_written(gate_up_out) or _act_swapped(self, rec) else gated_activation(gate_up_out, rec.activation)
-    return y if y is not None else type(self)._apply_gate(self, gate_up_out)
-
-
-#: GPT-OSS's clamped gate (interleaved halves), as its experts (and GptOssExperts' copies) define it
-GPT_OSS_APPLY_GATE = '''
-def _apply_gate(self, gate_up):
-    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
-    gate = gate.clamp(min=None, max=self.limit)
-    up = up.clamp(min=-self.limit, max=self.limit)
-    glu = gate * torch.sigmoid(gate * self.alpha)
-    gated_output = (up + 1) * glu
-    return gated_output
-'''
-#: the same with chunked halves: OpenAI's privacy filter
-GPT_OSS_CHUNKED_APPLY_GATE = GPT_OSS_APPLY_GATE.replace("gate_up[..., ::2], gate_up[..., 1::2]", "gate_up.chunk(2, dim=-1)")
-#: the same again, chunked, its attributes named swiglu_*: MiniMax-M3-VL
-SWIGLU_LIMIT_APPLY_GATE = '''
-def _apply_gate(self, gate_up):
-    gate, up = gate_up.chunk(2, dim=-1)
-    gate = gate.clamp(max=self.swiglu_limit)
-    up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
-    glu = gate * torch.sigmoid(gate * self.swiglu_alpha)
-    return (up + 1.0) * glu
-'''
-#: DeepSeek-V4's: act_fn(min(gate, limit)) * clamp(up), fused where act_fn is SiLU (alpha 1, no shift)
-CLAMPED_ACT_APPLY_GATE = '''
-def _apply_gate(self, gate_up):
-    gate, up = gate_up.chunk(2, dim=-1)
-    gate = gate.clamp(max=self.limit)
-    up = up.clamp(min=-self.limit, max=self.limit)
-    return self.act_fn(gate) * up
-'''
-#: GLM-5-Next's and HY-V4's: F.silu of the clamped gate (alpha 1, no shift), the limit named swiglu_limit
-CLAMPED_SILU_APPLY_GATE = '''
-def _apply_gate(self, gate_up):
-    gate, up = gate_up.chunk(2, dim=-1)
-    gate = gate.clamp(min=None, max=self.swiglu_limit)
-    up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
-    return F.silu(gate) * up
-'''
-
-
-@cache
-def loop_applies_gate(cls: type) -> bool:
-    """Whether ``cls``'s own forward (transformers' ``eager`` experts loop) calls
-    ``self._apply_gate`` (GPT-OSS's does; Mixtral's computes the gate inline)."""
-    fn = function_node(inspect.unwrap(getattr(cls, "forward", None)))
-    return fn is not None and any(
-        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "_apply_gate"
-        and isinstance(n.func.value, ast.Name) and n.func.value.id == "self" for n in ast.walk(fn))
-
-
-@dataclass(frozen=True)
-class ClampedGateForm:
-    """Where a clamped experts' gate finds its numbers: the attributes of ``limit`` and ``alpha``
-    (``None``: alpha 1, SiLU), the ``shift`` added to the clamped up, the halves' layout, and
-    whether the gate's activation is the module's ``act_fn`` (then it must be SiLU). Read from the
-    module at every call."""
-
-    limit: str
-    alpha: str | None
-    shift: float
-    interleaved: bool
-    act_fn: bool = False
-
-
-def _experts_clamped_gate(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
-    rec = self._xkernels_block
-    form = rec.clamped
-    y = None if as_written(gate_up) or _act_swapped(self, rec) else clamped_gated_activation(
-        gate_up, alpha=1.0 if form.alpha is None else getattr(self, form.alpha), limit=getattr(self, form.limit),
-        shift=form.shift, interleaved=form.interleaved)
-    return y if y is not None else type(self)._apply_gate(self, gate_up)
-
-
-def _clamped_gate_problem(form: ClampedGateForm) -> Callable[[torch.nn.Module], str | None]:
-    def problem(m: torch.nn.Module) -> str | None:
-        if form.act_fn and _gate_activation(getattr(m, "act_fn", None)) != "silu":
-            return f"act_fn ({type(getattr(m, 'act_fn', None)).__name__}) is not SiLU"
-        for attr in (form.limit, form.alpha):
-            value = getattr(m, attr, None) if attr is not None else 1.0
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                return f"{attr} is {type(value).__name__}, not a number"
-        return None
-    return problem
-
-
 # -- when each applies --------------------------------------------------------------------------------
 def _norm_step(module: torch.nn.Module, name: str | None, return_sum: bool) -> NormStep:
     """The record of ``module``'s add + norm step (its norm: the child ``name``, or itself)."""
@@ -564,28 +457,12 @@ def _plain_linear(m: Any) -> bool:
     return (type(m) is torch.nn.Linear or computes_linear(type(m))) and not hooked(m)
 
 
-def _gate_activation(act: Any) -> str | None:
-    """The name of ``act``'s activation where ``xkernels.ops.gated_linear`` takes it, else ``None``."""
-    from xkernels.ops.fused.gated_linear import ACTIVATIONS
-
-    found = activation_of(act) if isinstance(act, torch.nn.Module) else "not a module"
-    if isinstance(found, str) or found[0] not in ACTIVATIONS or hooked(act):
-        return None
-    return found[0]
-
-
-def _experts_gate_problem(m: torch.nn.Module) -> str | None:
-    if _gate_activation(getattr(m, "act_fn", None)) is None:
-        return f"act_fn ({type(getattr(m, 'act_fn', None)).__name__}) is not an activation xkernels.ops.gated_linear takes"
-    return None
-
-
 def _gated_problem(proj: tuple[str, ...], act: str) -> Callable[[torch.nn.Module], str | None]:
     def problem(m: torch.nn.Module) -> str | None:
         for name in proj:
             if not _plain_linear(getattr(m, name, None)):
                 return f"{name} is not a plain torch.nn.Linear (or a subclass computing F.linear) without hooks"
-        if _gate_activation(getattr(m, act, None)) is None:
+        if gate_activation(getattr(m, act, None)) is None:
             return f"{act} ({type(getattr(m, act, None)).__name__}) is not an activation xkernels.ops.gated_linear takes"
         if len(proj) == 2 and getattr(m, proj[0]).weight.shape != getattr(m, proj[1]).weight.shape:
             return f"{proj[0]} and {proj[1]} have different shapes"
@@ -666,16 +543,11 @@ FUSIONS = (
                 method="feed_forward_chunk",
                 feed_forward=FeedForwardStep(("intermediate", "dense"), ("intermediate", "intermediate_act_fn"),
                                              ("output", "dense"))),
-    BlockFusion("experts gate", EXPERTS_APPLY_GATE, _experts_gate, _experts_gate_problem, method="_apply_gate",
+    BlockFusion("experts gate", EXPERTS_APPLY_GATE, experts_gate, experts_gate_problem, method="_apply_gate",
                 candidate=lambda m: getattr(m, "has_gate", True) is not False),  # NemotronH's: no gate to apply
-    BlockFusion("experts gate", EXPERTS_FP32_APPLY_GATE, _experts_gate, _experts_gate_problem, method="_apply_gate"),
-    *(BlockFusion("experts gate (clamped)", src, _experts_clamped_gate, _clamped_gate_problem(form),
-                  method="_apply_gate", clamped=form)
-      for src, form in ((GPT_OSS_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, True)),
-                        (GPT_OSS_CHUNKED_APPLY_GATE, ClampedGateForm("limit", "alpha", 1.0, False)),
-                        (SWIGLU_LIMIT_APPLY_GATE, ClampedGateForm("swiglu_limit", "swiglu_alpha", 1.0, False)),
-                        (CLAMPED_ACT_APPLY_GATE, ClampedGateForm("limit", None, 0.0, False, act_fn=True)),
-                        (CLAMPED_SILU_APPLY_GATE, ClampedGateForm("swiglu_limit", None, 0.0, False)))),
+    BlockFusion("experts gate", EXPERTS_FP32_APPLY_GATE, experts_gate, experts_gate_problem, method="_apply_gate"),
+    *(BlockFusion("experts gate (clamped)", src, experts_clamped_gate, clamped_gate_problem(form),
+                  method="_apply_gate", clamped=form) for src, form in CLAMPED_GATES),
     BlockFusion("rms norm", LLAMA_RMS_NORM, _rms_norm, lambda m: norm_problem(m), return_sum=False,
                 norm_itself=True),
 )
@@ -864,9 +736,9 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
         act_kind = activation_kind(module.act_fn) if fusion.clamped.act_fn else ()
         module._xkernels_block = ExpertsGate(None, act_kind, fusion.clamped)
     elif fusion.method == "_apply_gate":  # the experts' gate: the activation's name, from act_fn
-        module._xkernels_block = ExpertsGate(_gate_activation(module.act_fn), activation_kind(module.act_fn))
+        module._xkernels_block = ExpertsGate(gate_activation(module.act_fn), activation_kind(module.act_fn))
     elif fusion.activation is not None:
-        activation = _gate_activation(getattr(module, fusion.activation))
+        activation = gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it
         form = fusion.gated
         module._xkernels_block = gated_step(form.proj, activation, form.chain, form.gate_first, fusion.activation,

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from xkernels import blocks, patch_saving, rotary_fusion
+from xkernels import blocks, experts_gates, patch_saving, rotary_fusion
 from xkernels import nn as xnn
 from xkernels.activation_forms import linear_activation_pairs
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
@@ -220,8 +220,9 @@ def patch(model: torch.nn.Module) -> PatchReport:
             notes.append(LAYER_NORM_TRAINING)
         elif fusion.feed_forward is not None:
             notes.append(FEED_FORWARD_TRAINING)
-        if (fusion.method == "_apply_gate" and getattr(getattr(module, "config", None), "_experts_implementation",
-                                                       None) == "eager" and not blocks.loop_applies_gate(type(module))):
+        implementation = getattr(getattr(module, "config", None), "_experts_implementation", None)
+        if (fusion.method == "_apply_gate" and implementation == "eager"
+                and not experts_gates.loop_applies_gate(type(module))):
             notes.append(EXPERTS_EAGER)
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, "; ".join(notes)))
         done.update((id(module), attr) for attr in fusion.consumed)
