@@ -193,7 +193,7 @@ class GatedStep:
 
     def act_swapped(self, block: torch.nn.Module) -> bool:
         """Whether the activation slot no longer holds the kind of module the step's activation is."""
-        return bool(self.act_slot) and activation_kind(getattr(block, self.act_slot, None)) != self.act_kind
+        return bool(self.act_slot) and activation_kind(block._modules.get(self.act_slot)) != self.act_kind
 
     def finish(self, block: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
         """``then`` applied to the product ``y`` as the block's own forward applies it."""
@@ -331,8 +331,9 @@ def add_norm_and_sum(block: torch.nn.Module, name: str, a: Any, b: Any) -> tuple
 
 def activation_kind(module: Any) -> tuple[Any, ...]:
     """What an activation module computes as far as its class and its ``approximate`` (``nn.GELU``'s)
-    tell: the same for a copy or a ``DataParallel`` replica, another for a module of another class."""
-    return (type(module), getattr(module, "approximate", None))
+    tell: the same for a copy or a ``DataParallel`` replica, another for a module of another class.
+    Read per call of a fused step: the instance ``__dict__``, not ``nn.Module.__getattr__``'s miss."""
+    return (type(module), getattr(module, "__dict__", {}).get("approximate"))
 
 
 def gated_step(proj: tuple[str, ...], activation: str, then: tuple[tuple[str, str], ...] = (),

@@ -57,7 +57,7 @@ class ExpertsGate:
 
 
 def _act_swapped(module: Any, rec: ExpertsGate) -> bool:
-    return bool(rec.act_kind) and activation_kind(getattr(module, "act_fn", None)) != rec.act_kind
+    return bool(rec.act_kind) and activation_kind(module._modules.get("act_fn")) != rec.act_kind
 
 
 def experts_gate(self: Any, gate_up_out: torch.Tensor) -> torch.Tensor:
