@@ -178,7 +178,7 @@ def test_other_clamped_gates_are_the_classes_own(backend, device, family):
     and gradient; the numbers are the module's attributes."""
     experts = _experts_module(*CLAMPED_CLASSES[family][:3], **CLAMPED_CLASSES[family][3]).to(device)
     report = xkernels.patch(experts)
-    assert [b.fusion for b in report.blocks] == ["experts gate (clamped)"], str(report)
+    assert [b.fusion for b in report.blocks] == ["experts gate (clamped)", "experts routing"], str(report)
     limit = next(getattr(experts, a) for a in ("limit", "swiglu_limit") if hasattr(experts, a))
     gu = (torch.randn(6, 24, device=device) * limit).requires_grad_()
     ref = gu.detach().clone().requires_grad_()
@@ -217,7 +217,7 @@ def test_an_fp32_gate_is_the_pass(backend, device):
     experts = _experts_module("beam", "BeamExperts", "BeamConfig", hidden_size=16, moe_intermediate_size=12,
                               num_experts=2).to(device)
     report = xkernels.patch(experts)
-    assert [b.fusion for b in report.blocks] == ["experts gate"], str(report)
+    assert [b.fusion for b in report.blocks] == ["experts gate", "experts routing"], str(report)
     gu = torch.randn(6, 24, device=device).to(torch.bfloat16)
     torch.testing.assert_close(experts._apply_gate(gu), type(experts)._apply_gate(experts, gu), rtol=8e-3, atol=1e-5)
 

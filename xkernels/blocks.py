@@ -86,6 +86,7 @@ from xkernels.block_steps import (
     norm_step,
     own_forward,
 )
+from xkernels.experts_forward import experts_interface, routed_forward
 from xkernels.experts_gates import (
     CLAMPED_GATES,
     EXPERTS_APPLY_GATE,
@@ -103,7 +104,7 @@ from xkernels.linear_forms import computes_linear
 from xkernels.ops import add_layer_norm, add_rms_norm
 from xkernels.ops.op import _capturing, _grad_enabled, _is_compiling
 from xkernels.patterns import activation_of
-from xkernels.source_forms import drop_annotations, first_function, function_node, parse_source, without_docstring
+from xkernels.source_forms import canonical, function_node, without_docstring
 
 # -- the originals, as read in transformers 5.23 ----------------------------------------------------
 LLAMA_DECODER_LAYER = '''
@@ -243,17 +244,6 @@ def forward(self, hidden_states):
         hidden_states = hidden_states.to(self.weight.dtype)
     return self.weight * hidden_states
 '''
-
-
-def canonical(source_or_fn: str | Callable[..., Any]) -> str | None:
-    """A function's source reduced to what it does: the AST without annotations, docstring,
-    decorators and comments (``None`` where the source cannot be read)."""
-    fn = first_function(parse_source(source_or_fn)) if isinstance(source_or_fn, str) else function_node(source_or_fn)
-    if fn is None:
-        return None
-    drop_annotations(fn)
-    fn.decorator_list, fn.name, fn.body = [], "f", without_docstring(fn.body)
-    return ast.dump(fn, include_attributes=False)
 
 
 @cache
@@ -732,11 +722,13 @@ def apply(module: torch.nn.Module, fusion: BlockFusion) -> None:
                                                  if _site_norm_problem(module, n) is None}
                                                 for names, summed in ((fusion.add_norms, False),
                                                                       (fusion.add_norms_summed, True))))
-    elif fusion.clamped is not None:  # a clamped experts' gate: where its numbers are (and act_fn's kind)
-        act_kind = activation_kind(module.act_fn) if fusion.clamped.act_fn else ()
-        module._xkernels_block = ExpertsGate(None, act_kind, fusion.clamped)
-    elif fusion.method == "_apply_gate":  # the experts' gate: the activation's name, from act_fn
-        module._xkernels_block = ExpertsGate(gate_activation(module.act_fn), activation_kind(module.act_fn))
+    elif fusion.method == "_apply_gate":  # the experts' gate: the activation (or a clamped gate's numbers)
+        form = fusion.clamped
+        act_kind = activation_kind(module.act_fn) if form is None or form.act_fn else ()
+        routed = None if "forward" in module.__dict__ else experts_interface(type(module))
+        module._xkernels_block = ExpertsGate(None if form else gate_activation(module.act_fn), act_kind, form, routed)
+        if routed is not None:  # and the routing passes around its grouped GEMMs
+            module.forward = types.MethodType(routed_forward, module)
     elif fusion.activation is not None:
         activation = gate_activation(getattr(module, fusion.activation))
         assert activation is not None  # the fusion's ``problem`` checked it

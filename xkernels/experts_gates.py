@@ -54,6 +54,8 @@ class ExpertsGate:
     activation: str | None
     act_kind: tuple[Any, ...] = ()
     clamped: ClampedGateForm | None = None  # a clamped gate: where its numbers are
+    #: the class's experts interface where ``patch()`` also set the routed forward (``experts_forward.py``)
+    routed: Any = None
 
 
 def _act_swapped(module: Any, rec: ExpertsGate) -> bool:

@@ -85,6 +85,11 @@ FEED_FORWARD_TRAINING = ("in training where its layers train through xkernels (x
 #: a FusedBlock's note for experts whose model runs transformers' eager experts loop
 EXPERTS_EAGER = ("the model's experts implementation is 'eager', whose loop computes the gate inline: used under "
                  "'grouped_mm' (transformers' default) or 'batched_mm' (model.set_experts_implementation)")
+#: the fusion ``patch()`` reports for an experts module whose forward it set (``xkernels/experts_forward.py``)
+EXPERTS_ROUTING = "experts routing"
+#: its note
+EXPERTS_ROUTED = ("the routed tokens' gather (its backward) and weighted sum, under 'grouped_mm' (transformers' default); "
+                  "under another experts implementation, or expert parallelism, the class's forward runs")
 #: the report's note on the replaced linear layers (``xkernels.nn.training_pays``)
 LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host cost outweighs the GEMM time a kernel "
                    "could save, but under CUDA-graph capture; on a backend that runs no kernels (the cpu backend), "
@@ -225,6 +230,8 @@ def patch(model: torch.nn.Module) -> PatchReport:
                 and not experts_gates.loop_applies_gate(type(module))):
             notes.append(EXPERTS_EAGER)
         report.blocks.append(FusedBlock(name, type(module).__name__, fusion.name, "; ".join(notes)))
+        if getattr(step, "routed", None) is not None:  # an experts module's routing passes, with its gate
+            report.blocks.append(FusedBlock(name, type(module).__name__, EXPERTS_ROUTING, EXPERTS_ROUTED))
         done.update((id(module), attr) for attr in fusion.consumed)
         if fusion.name in blocks.ADD_NORM_SITE_FUSIONS.values():
             as_its_class.add(id(module))  # its class's source with the sites rewritten: the rest as written

@@ -53,10 +53,9 @@ from typing import Any
 import torch
 
 from xkernels.block_steps import as_written
-from xkernels.blocks import canonical
 from xkernels.ops import rotary_embedding
 from xkernels.ops.op import _capturing, _is_compiling
-from xkernels.source_forms import source_tree
+from xkernels.source_forms import canonical, source_tree
 
 NAME = "apply_rotary_pos_emb"
 #: the global names a forward's rotary call may have: the text models', and the vision towers'

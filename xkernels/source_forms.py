@@ -15,9 +15,10 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-__all__ = ["Located", "drop_annotations", "first_function", "function_node", "located_tree",
+__all__ = ["Located", "canonical", "drop_annotations", "first_function", "function_node", "located_tree",
            "parse_source", "source_tree", "without_docstring"]
 
 #: what reading or parsing a source raises where it cannot be had (IndentationError is a SyntaxError)
@@ -89,3 +90,14 @@ def drop_annotations(fn: ast.FunctionDef) -> None:
         if a is not None:
             a.annotation = None
     fn.returns = None
+
+
+def canonical(source_or_fn: str | Callable[..., Any]) -> str | None:
+    """A function's source reduced to what it does: the AST without annotations, docstring,
+    decorators and comments (``None`` where the source cannot be read)."""
+    fn = first_function(parse_source(source_or_fn)) if isinstance(source_or_fn, str) else function_node(source_or_fn)
+    if fn is None:
+        return None
+    drop_annotations(fn)
+    fn.decorator_list, fn.name, fn.body = [], "f", without_docstring(fn.body)
+    return ast.dump(fn, include_attributes=False)

@@ -15,7 +15,8 @@ cube-core count, on the calls of :func:`gated_layouts`:
 * with biases also the autograd forward (``STORE_PRE``: gate and up written beside y), and
   after it the backward's element-wise kernel (``gate_grad_kernel``) at the same (M, I); for a
   concatenated weight, the experts' gate pass (``gate_kernel`` on the (M, 2I) halves) and, on
-  the SiLU classes, GPT-OSS's clamped gate both ways on interleaved columns (``CLAMPED``);
+  the SiLU classes, GPT-OSS's clamped gate both ways on interleaved columns (``CLAMPED``) and
+  the routing passes around such an experts layer (``experts_routing_compile.py``);
 * per entry and dtype, on the SwiGLU class (silu, separate weights, biases, autograd): K not a
   multiple of ``BLOCK_K`` (masked K steps), a few output tiles (a program each) and a call whose
   offsets pass 2**31 (``INDEX_64``); every other call runs the persistent loop (more output tiles
@@ -34,6 +35,7 @@ import torch
 
 from xkernels import tuning
 from xkernels.compile_cases import CompileCase, CompileTarget, Entry, dim, meta, rule_entries, shown
+from xkernels.ops.fused.experts_routing_compile import routing_cases
 
 GL_DTYPES = ("float16", "bfloat16", "float32")
 SHAPE_FIELDS = ("m", "n", "k", "batch")
@@ -123,6 +125,9 @@ def gated_cases(op: Any, target: CompileTarget) -> Iterator[CompileCase]:
                         if cls["activation"] == "silu":  # and GPT-OSS's clamped one, interleaved, both ways
                             yield _gate_pass_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}", True)
                             yield _grad_case(op, target, M, N, cls, dtype, f"{label}|{entry.where}", True)
+                            # and the routing passes around that experts layer (experts_routing_compile.py)
+                            yield from routing_cases(op, target, M, N, dtype, f"{label}|{entry.where}",
+                                                     big=cls["dtype"] == "bfloat16")
 
 
 #: GPT-OSS's clamped gate (alpha, limit, shift), the experts' gate pass's other form

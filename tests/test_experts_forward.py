@@ -1,0 +1,135 @@
+"""``patch()``'s routed experts forward (``xkernels/experts_forward.py``): under transformers'
+``grouped_mm`` experts implementation the tokens' gather and the weighted sum run as
+``ops/fused/experts_routing.py``'s passes, with the unpatched model's outputs and gradients; every
+other case (another implementation, a registered replacement, expert parallelism, another
+transformers source, a forward set on the instance) runs the class's own forward."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from test_experts_gate import _GPT_OSS, FAMILIES, _experts, _same_step
+
+import xkernels
+from helpers import tiny_model
+from xkernels import experts_forward
+from xkernels.ops.fused import experts_routing
+
+#: families whose experts differ in what the routed forward passes through: Mixtral's plain experts,
+#: Qwen3-MoE's eight of many, GPT-OSS's biases, transposed weights and clamped gate
+ROUTED = {"mixtral": FAMILIES["mixtral"], "qwen3_moe": FAMILIES["qwen3_moe"], "gpt_oss": _GPT_OSS}
+
+
+@pytest.fixture
+def launches(monkeypatch) -> list[str]:
+    """The routing passes launched, in order: ``combine``, ``combine grad``, ``gather grad``."""
+    seen: list[str] = []
+    real = experts_routing._plan
+
+    def plan(*args):
+        grad, weighted = args[8], args[5]
+        seen.append("combine grad" if grad else "combine" if weighted else "gather grad")
+        return real(*args)
+
+    monkeypatch.setattr(experts_routing, "_plan", plan)
+    return seen
+
+
+@pytest.mark.parametrize("family", list(ROUTED))
+def test_routed_experts_train_with_the_models_gradients(backend, device, family, launches):
+    model, inputs = tiny_model(*ROUTED[family], device)
+    model.set_experts_implementation("grouped_mm")
+    fused = copy.deepcopy(model)
+    report = xkernels.patch(fused)
+    routed = [b for b in report.blocks if b.fusion == "experts routing"]
+    assert sorted(b.name for b in routed) == sorted(_experts(fused)) and all("grouped_mm" in b.note for b in routed)
+    _same_step(model, fused, inputs)
+    n = len(routed)
+    assert launches == (["combine"] * n + ["combine grad", "gather grad"] * n if backend.runs_triton else [])
+    del launches[:]
+    with torch.no_grad():  # inference: the weighted sum only (the gather has no gradient to sum)
+        torch.testing.assert_close(fused(**inputs).logits, model(**inputs).logits, rtol=1e-4, atol=1e-5)
+    assert launches == (["combine"] * n if backend.runs_triton else [])
+
+
+@pytest.mark.parametrize("implementation", ["batched_mm", "eager"])
+def test_other_implementations_run_the_class_forward(backend, device, implementation, launches):
+    """The implementation is read per call: changed after ``patch()``, the class's forward runs."""
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    fused = copy.deepcopy(model)
+    xkernels.patch(fused)
+    for m in (model, fused):
+        m.set_experts_implementation(implementation)
+    _same_step(model, fused, inputs)
+    assert launches == []
+
+
+def test_a_registered_grouped_mm_is_the_one_run(backend, device, launches, monkeypatch):
+    """A ``grouped_mm`` registered in the class's experts interface after ``patch()`` runs, not ours."""
+    from transformers.integrations import moe
+
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    model.set_experts_implementation("grouped_mm")
+    xkernels.patch(model)
+    calls = []
+
+    def mine(self, *args):
+        calls.append(type(self).__name__)
+        return moe.grouped_mm_experts_forward(self, *args)
+
+    monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._local_mapping, "grouped_mm", mine)
+    model(**inputs)
+    assert calls == ["MixtralExperts"] and launches == []
+
+
+def test_expert_parallelism_runs_the_class_forward(backend, device, launches):
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    model.set_experts_implementation("grouped_mm")
+    fused = copy.deepcopy(model)
+    xkernels.patch(fused)
+    for m in (model, fused):
+        for name in _experts(m):
+            m.get_submodule(name)._is_expert_parallel = True  # no sentinel rows here: the same results
+    _same_step(model, fused, inputs)
+    assert launches == []
+
+
+def test_another_transformers_source_is_not_replaced(device, monkeypatch):
+    """Where transformers' ``grouped_mm`` forward is not the one this module knows, the experts keep
+    their forward (the gate is still fused)."""
+    monkeypatch.setattr(experts_forward, "GROUPED_MM_EXPERTS_FORWARD",
+                        experts_forward.GROUPED_MM_EXPERTS_FORWARD.replace(".sum(dim=1)", ".mean(dim=1)"))
+    experts_forward._known_grouped_forward.cache_clear()
+    try:
+        model, _ = tiny_model(*FAMILIES["mixtral"], device)
+        report = xkernels.patch(model)
+        assert [b.fusion for b in report.blocks if "experts" in b.fusion] == ["experts gate"], str(report)
+        assert "forward" not in model.get_submodule(_experts(model)[0]).__dict__
+    finally:
+        experts_forward._known_grouped_forward.cache_clear()
+
+
+def test_a_forward_set_on_the_instance_is_kept(device):
+    """A forward already on the instance (an offloading hook's, say) is not replaced; the gate is."""
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    experts = model.get_submodule(_experts(model)[0])
+    own = experts.forward
+    experts.forward = own
+    report = xkernels.patch(model)
+    assert [b.fusion for b in report.blocks if "experts" in b.fusion] == ["experts gate"], str(report)
+    assert experts.__dict__["forward"] is own and "_apply_gate" in experts.__dict__
+
+
+def test_undo_and_copies(device):
+    """``undo()`` removes the routed forward; a deep copy's is bound to the copy."""
+    model, _ = tiny_model(*FAMILIES["mixtral"], device)
+    report = xkernels.patch(model)
+    copied = copy.deepcopy(model)
+    for m in (model, copied):
+        experts = m.get_submodule(_experts(m)[0])
+        assert experts.forward.__func__ is experts_forward.routed_forward and experts.forward.__self__ is experts
+    report.undo()
+    experts = model.get_submodule(_experts(model)[0])
+    assert "forward" not in experts.__dict__ and "_apply_gate" not in experts.__dict__
