@@ -5,7 +5,9 @@ rows, and its gradients.
 Rows are gathered through ``order`` (``ORDERED``; else slot ``i`` is row ``i``): slot ``i = t *
 K + k`` is the k-th choice of token t, its row ``order[i]``. Math in fp32; ``ROUND`` rounds each
 product (and the sum) to the dtype PyTorch's ``proj * w`` would produce (1: fp16, 2: bf16, 0: fp32,
-no rounding), so the result is what ``(proj * w[:, None])[order].view(T, K, H).sum(1)`` computes.
+no rounding), so the result is what ``(proj * w[:, None])[order].view(T, K, H).sum(1)`` computes
+(fp32 products, not rounded by hand, may be fused into the sum by the compiler: FMA, at least as
+accurate).
 Tiles are (``BLOCK_T`` tokens or slots, ``BLOCK_H`` columns), walked persistently where the grid
 is capped (``PERSISTENT``); ``INDEX_64`` computes offsets in 64 bits.
 """

@@ -51,8 +51,10 @@ def _transformers(proj, w, perm, inv, K, out_dtype):
 
 @pytest.mark.parametrize("dtypes", PAIRS, ids=str)
 def test_weighted_sum_is_pytorchs(backend, device, nan_memory, dtypes):
-    """Each product rounded to its promoted dtype, summed in fp32: the composition's result (bit
-    for bit at top_k 2, whose two-term sum has one order) and float64's within the roundings."""
+    """Each product rounded to its promoted dtype, summed in fp32: the composition's result bit for
+    bit where the products round to 16 bits at top_k 2 (a two-term sum has one order; fp32
+    products may be fused into the sum, FMA, which a GPU's compiler does), and float64's within the
+    roundings everywhere."""
     _kernels(backend)
     pd, wd = dtypes
     for T, K, H in SHAPES:
@@ -63,11 +65,11 @@ def test_weighted_sum_is_pytorchs(backend, device, nan_memory, dtypes):
                 y = combine_routed(proj, w, order, K, pd)
             want = _transformers(proj, w, p_order, torch.argsort(p_order), K, pd)
             assert y.shape == (T, H) and y.dtype == pd and not torch.isnan(y).any()
-            if K <= 2:
+            prod = torch.promote_types(pd, wd)
+            if K <= 2 and prod != torch.float32:
                 assert torch.equal(y, want)
             ref = _transformers(proj.double(), w.double(), p_order, torch.argsort(p_order), K, torch.float64)
             terms = _transformers(proj.double().abs(), w.double(), p_order, torch.argsort(p_order), K, torch.float64)
-            prod = torch.promote_types(pd, wd)
             bound = (K + 1) * EPS[prod] * terms + EPS[pd] * ref.abs() + TINY[pd]
             assert ((y.double() - ref).abs() <= bound).all()
 
