@@ -43,7 +43,11 @@ differs in any statement (a residual multiplier, an extra norm) is left as it is
   loop calls ``_apply_gate`` too), the chunked copies of OpenAI's privacy filter and
   MiniMax-M3-VL, the SiLU of the clamped gate of DeepSeek-V4, GLM-5-Next and HY-V4
   (``clamped_gated_activation``; the limit and alpha read from the module at every call).
-  Both gates' originals, records and fused methods: ``xkernels/experts_gates.py``.
+  Both gates' originals, records and fused methods: ``xkernels/experts_gates.py``. Either fusion
+  also sets the module's forward to transformers' ``grouped_mm`` experts forward with the
+  routing passes around the grouped GEMMs fused, where its class forward is
+  ``@use_experts_implementation``'s (``experts routing`` in the report; per call, only under
+  ``grouped_mm``: ``xkernels/experts_forward.py``).
 
 What a fusion fixes (the norm's kind, eps attribute and offset; the projections and activation)
 is resolved by ``apply`` into a frozen record on the module, ``module._xkernels_block``
