@@ -12,7 +12,7 @@ import pytest
 from helpers import planted_tables
 from xkernels.backends import npu
 from xkernels.cli.compile_check import collect, collect_cases
-from xkernels.ops.fused import add_norm_kernels, gated_linear_kernels
+from xkernels.ops.fused import add_norm_kernels, experts_routing_kernels, gated_linear_kernels
 from xkernels.ops.fused.gated_linear import ACTIVATIONS as GATED_ACTIVATIONS
 from xkernels.ops.matmul.plan import ACTIVATIONS
 
@@ -106,7 +106,9 @@ def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
     clamped = [c for c in everything if c.kernel in element_wise and c.constants["CLAMPED"]]  # GPT-OSS's gate
     grads = [c for c in everything if c.kernel is gated_linear_kernels.gate_grad_kernel and c not in clamped]
     passes = [c for c in everything if c.kernel is gated_linear_kernels.gate_kernel and c not in clamped]
-    cases = [c for c in everything if c.kernel not in element_wise]
+    routing_kernels = (experts_routing_kernels.combine_kernel, experts_routing_kernels.combine_grad_kernel)
+    routing = [c for c in everything if c.kernel in routing_kernels]
+    cases = [c for c in everything if c.kernel not in element_wise + routing_kernels]
     assert all(c.kernel is gated_linear_kernels.gated_linear_kernel for c in cases)  # npu: never the vendor route
     assert {c.config.rsplit("|", 1)[1] for c in cases} == _where(soc, "gated_linear")
     # the backward's element-wise kernel after each forward that keeps gate and up, at its (M, I)
@@ -128,6 +130,17 @@ def test_gated_linear_cases_cover_every_entry_epilogue_and_variant(soc):
     silu_wide = sorted(c.dtype for c in kept_wide if c.constants["ACT"] == ACTIVATIONS["silu"])
     for kernel in element_wise:
         assert sorted(c.dtype for c in clamped if c.kernel is kernel) == silu_wide and silu_wide
+    # the routing passes around each such experts layer: the weighted sum (router weights of the
+    # class's dtype and fp32), the gather's backward, the weighted sum's backward; top-k 2 and 8; bf16 past 2**31
+    for dtype in ("float16", "bfloat16", "float32"):
+        got = [c for c in routing if c.dtype == dtype]
+        kinds = {(c.kernel, c.constants.get("WEIGHTED", True), c.constants["K"]) for c in got}
+        assert kinds == {(k, w, top_k) for top_k in (2, 8) for k, w in ((routing_kernels[0], True),
+                                                                          (routing_kernels[0], False),
+                                                                          (routing_kernels[1], True))}, dtype
+        assert {c.constants["INDEX_64"] for c in got} == ({True, False} if dtype == "bfloat16" else {False})
+        assert {c.constants["ROUND"] for c in got} == ({0} if dtype == "float32" else {0, 1 if dtype == "float16" else 2})
+        assert all(c.constants["ORDERED"] and c.config.startswith("routing ") for c in got)
     # column stride 2 (a stride of 1 would be specialized into the constants)
     assert all("sgn" not in c.constants and "sun" not in c.constants and "clamped" in c.config for c in clamped)
     wide = [c for c in grads if "[Wg; Wu]" in c.config]  # gate, up and their gradients: (M, 2I) halves
