@@ -128,9 +128,9 @@ def routed_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Te
                    top_k_weights: torch.Tensor) -> torch.Tensor:
     """``grouped_mm_experts_forward`` with the routing passes fused (module doc); the class's own
     forward where a condition fails."""
-    interface = self._xkernels_block.routed
     if (_is_compiling() or getattr(self.config, "_experts_implementation", None) != "grouped_mm"
-            or not _known_grouped_forward(interface.get("grouped_mm")) or getattr(self, "_is_expert_parallel", False)
+            or not _known_grouped_forward(self._xkernels_block.routed.get("grouped_mm"))
+            or getattr(self, "_is_expert_parallel", False)
             or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2
             or not dispatch.select(hidden_states.device).runs_triton):
         return type(self).forward(self, hidden_states, top_k_index, top_k_weights)

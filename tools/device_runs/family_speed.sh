@@ -3,7 +3,8 @@
 # 2 layers), `encoders` (16 x 512 tokens, 4 layers; BART and T5 also 512 decoder tokens) or `vision`
 # (32 images of 224 x 224, 4 layers; wav2vec2 8 one-second clips). bf16, torch / patch in ROUNDS
 # (default 3) interleaved rounds, in MODE (default eager; compile, cudagraph); NAMES (file names
-# without .json) narrows the group; every model of the group in one process (`--model-config`
+# without .json) narrows the group; SHAPE (e.g. "--batch 1 --seq 16") replaces the group's shape and
+# TAG names the output files' variant; every model of the group in one process (`--model-config`
 # repeated), rows printed as they come.
 . tools/device_runs/common.sh
 group=${1:-decoders}
@@ -15,12 +16,13 @@ case $group in
   *) echo "family_speed.sh: decoders, encoders or vision, got $group"; exit 2 ;;
 esac
 names=${NAMES:-$names}
+shape=${SHAPE:-$shape}
 mode=${MODE:-eager}
 configs=$(for n in $names; do printf '%s,' "$F/$n.json"; done)
 export XKERNELS_CACHE_DIR=$(mktemp -d)
 t0=$(date +%s)
 timeout ${SECONDS_LEFT:-560} python3 -m xkernels.bench --model-config "${configs%,}" $shape --way torch,patch \
-  --dtype bfloat16 --mode $mode --rounds ${ROUNDS:-3} --json $OUT/family-speed-$group-$mode.json \
-  > $OUT/family-speed-$group-$mode.txt 2>&1
+  --dtype bfloat16 --mode $mode --rounds ${ROUNDS:-3} --json $OUT/family-speed-$group-$mode${TAG:+-$TAG}.json \
+  > $OUT/family-speed-$group-$mode${TAG:+-$TAG}.txt 2>&1
 echo "$group $mode rc=$? $(( $(date +%s)-t0 ))s"
-grep -vE "^  (replaced|fused|kept)" $OUT/family-speed-$group-$mode.txt | cut -c1-260
+grep -vE "^  (replaced|fused|kept)" $OUT/family-speed-$group-$mode${TAG:+-$TAG}.txt | cut -c1-260
