@@ -133,3 +133,24 @@ def test_undo_and_copies(device):
     report.undo()
     experts = model.get_submodule(_experts(model)[0])
     assert "forward" not in experts.__dict__ and "_apply_gate" not in experts.__dict__
+
+
+def test_the_arguments_by_name_or_otherwise(backend, device, launches):
+    """The experts called with their arguments by name take the routed forward too; any other
+    arguments go to the class's forward (which says what is wrong with them)."""
+    model, inputs = tiny_model(*FAMILIES["mixtral"], device)
+    model.set_experts_implementation("grouped_mm")
+    experts = model.get_submodule(_experts(model)[0])
+    xkernels.patch(model)
+    h = torch.randn(5, 32, device=device)
+    idx, w = torch.randint(0, 4, (5, 2), device=device), torch.rand(5, 2, device=device)
+    want = type(experts).forward(experts, h, idx, w)
+    for args, kwargs in (((h, idx, w), {}), ((h,), dict(top_k_weights=w, top_k_index=idx)),
+                         ((), dict(hidden_states=h, top_k_index=idx, top_k_weights=w))):
+        del launches[:]
+        with torch.no_grad():
+            torch.testing.assert_close(experts(*args, **kwargs), want.detach(), rtol=1e-5, atol=1e-6)
+        assert launches == (["combine"] if backend.runs_triton else [])
+    with pytest.raises(TypeError):
+        experts(h, idx, routing_weights=w)
+

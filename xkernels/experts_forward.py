@@ -124,10 +124,17 @@ def experts_interface(cls: type) -> Any:
     return interface if _known_grouped_forward(found) else None
 
 
-def routed_forward(self: Any, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                   top_k_weights: torch.Tensor) -> torch.Tensor:
+#: the arguments transformers' experts forwards take, in order
+_ARGS = ("hidden_states", "top_k_index", "top_k_weights")
+
+
+def routed_forward(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``grouped_mm_experts_forward`` with the routing passes fused (module doc); the class's own
-    forward where a condition fails."""
+    forward where a condition fails, or for any other arguments than ``_ARGS``."""
+    given = len(args)
+    if given > 3 or given + len(kwargs) != 3 or not set(kwargs) <= set(_ARGS[given:]):
+        return type(self).forward(self, *args, **kwargs)
+    hidden_states, top_k_index, top_k_weights = (*args, *(kwargs[n] for n in _ARGS[given:]))
     if (_is_compiling() or getattr(self.config, "_experts_implementation", None) != "grouped_mm"
             or not _known_grouped_forward(self._xkernels_block.routed.get("grouped_mm"))
             or getattr(self, "_is_expert_parallel", False)
