@@ -10,7 +10,7 @@ import torch
 
 import xkernels
 from helpers import Unchanged, rand
-from xkernels.ops.fused import experts_routing, gated_linear_plan
+from xkernels.ops.fused import experts_routing
 from xkernels.ops.fused.experts_routing import combine_routed, gather_routed
 
 #: (proj's dtype, the routing weights'): bf16 experts with fp32 router weights (Mixtral's), and each dtype alone
@@ -22,12 +22,6 @@ EPS = {torch.float16: 2**-11, torch.bfloat16: 2**-8, torch.float32: 2**-24}
 TINY = {torch.float16: 2**-24, torch.bfloat16: 2**-133, torch.float32: 2**-149}
 #: (tokens, top_k, hidden): two column tiles of 256 and edge rows; 8 experts a token; one element
 SHAPES = [(37, 2, 300), (5, 8, 64), (1, 1, 1)]
-
-
-@pytest.fixture
-def nan_memory(monkeypatch):
-    monkeypatch.setattr(gated_linear_plan, "_empty",
-                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
 
 
 def _kernels(backend) -> None:

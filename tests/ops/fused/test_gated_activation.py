@@ -9,7 +9,6 @@ import torch
 
 import xkernels
 from helpers import Unchanged, rand
-from xkernels.ops.fused import gated_linear_plan
 from xkernels.ops.fused.gated_activation import clamped_gated_activation, gated_activation
 from xkernels.ops.fused.gated_linear import ACTIVATIONS
 
@@ -38,12 +37,6 @@ def _slope(g: torch.Tensor, activation: str) -> torch.Tensor | float:
 def _bound(gate_up: torch.Tensor, activation: str, dtype: torch.dtype) -> torch.Tensor:
     g, u = gate_up.double().chunk(2, dim=-1)
     return RTOL[dtype] * _ref(gate_up, activation).abs() + 1e-5 * u.abs() * (_slope(g, activation) * g.abs() + 1) + 1e-6
-
-
-@pytest.fixture
-def nan_memory(monkeypatch):
-    monkeypatch.setattr(gated_linear_plan, "_empty",
-                        lambda shape, dtype, device: torch.full(shape, float("nan"), dtype=dtype, device=device))
 
 
 def _kernels(backend) -> None:
