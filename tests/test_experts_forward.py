@@ -153,4 +153,9 @@ def test_the_arguments_by_name_or_otherwise(backend, device, launches):
         assert launches == (["combine"] if backend.runs_triton else [])
     with pytest.raises(TypeError):
         experts(h, idx, routing_weights=w)
+    del launches[:]
+    for bad_idx, bad_w in ((idx[:, 0], w[:, 0]), (idx[:3], w[:3]), (idx, w[:, :1])):  # not (tokens, top_k) each
+        with pytest.raises((RuntimeError, IndexError)), torch.no_grad():
+            experts(h, bad_idx, bad_w)  # as transformers' forward: its gather or its view fails
+    assert launches == []
 

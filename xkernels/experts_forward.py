@@ -124,6 +124,15 @@ def experts_interface(cls: type) -> Any:
     return interface if _known_grouped_forward(found) else None
 
 
+def _routes_every_token(hidden_states: torch.Tensor, top_k_index: Any, top_k_weights: Any) -> bool:
+    """Whether the routing is (tokens, top_k) for every token, one weight per choice: what
+    transformers' forward's ``.view(num_tokens, num_top_k, hidden_dim)`` requires (any other call
+    goes to it, which raises as it does)."""
+    return (isinstance(top_k_index, torch.Tensor) and isinstance(top_k_weights, torch.Tensor)
+            and top_k_index.dim() >= 1 and top_k_weights.shape == top_k_index.shape
+            and top_k_index.numel() == hidden_states.size(0) * top_k_index.size(-1))
+
+
 #: the arguments transformers' experts forwards take, in order
 _ARGS = ("hidden_states", "top_k_index", "top_k_weights")
 
@@ -139,6 +148,7 @@ def routed_forward(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
             or not _known_grouped_forward(self._xkernels_block.routed.get("grouped_mm"))
             or getattr(self, "_is_expert_parallel", False)
             or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() != 2
+            or not _routes_every_token(hidden_states, top_k_index, top_k_weights)
             or not dispatch.select(hidden_states.device).runs_triton):
         return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
     moe = _moe()
