@@ -15,7 +15,9 @@ memory planning, no CANN, no device (:mod:`xkernels.cli.npu_compile` runs it ove
    planned module and reports success, as the real one would, so the pipeline runs once instead
    of retrying;
 3. :func:`classify_plan` turns the compiler's output into one of :data:`RESULTS`, and
-   :func:`run_case` does 1 to 3 for one case, never raising, into a :class:`Result`.
+   :func:`run_case` does 1 to 3 for one case, never raising, into a :class:`Result`. A frontend
+   that crashed (an LLVM stack dump, not a diagnostic) runs once more; a case that compiles then
+   says so in its detail (:data:`FRONTEND_CRASHED_ONCE`), a second crash is its ``frontend-error``.
 
 :func:`check_environment` says whether triton-ascend and bishengir-compile are here (one line
 naming what to install when not). triton-ascend is imported only when a case runs.
@@ -347,6 +349,20 @@ def _slug(*parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", "-".join(parts))[:150]
 
 
+#: an LLVM crash's stack dump in the frontend's error (``#39 0x000055a9884c22ae (.../triton-adapter-opt+...)``)
+_CRASH = re.compile(r"#\d+ 0x[0-9a-f]+ \(")
+#: the detail of a case whose frontend crashed once and compiled when run again (triton-ascend's
+#: ``triton-adapter-opt`` has crashed so, rarely, on a case it compiles every other time)
+FRONTEND_CRASHED_ONCE = "the frontend crashed once (a stack dump) and compiled when run again"
+
+
+def _frontend(case: Any, workdir: Path) -> tuple[Path | None, str]:
+    try:
+        return compile_ttadapter(case, workdir)
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
 def run_case(case: Any, bishengir: str, keep: str | os.PathLike | None = None) -> Result:
     """Compile one case and plan its memory; never raises."""
     t0 = time.perf_counter()
@@ -354,10 +370,10 @@ def run_case(case: Any, bishengir: str, keep: str | os.PathLike | None = None) -
     kept = ""
     fe_s = plan_s = 0.0
     try:
-        try:
-            ttadapter, err = compile_ttadapter(case, workdir)
-        except Exception as exc:
-            ttadapter, err = None, f"{type(exc).__name__}: {exc}"
+        ttadapter, err = _frontend(case, workdir)
+        crashed = ttadapter is None and _CRASH.search(err) is not None
+        if crashed:  # the frontend process crashed (a stack dump), not a diagnostic: once more, said
+            ttadapter, err = _frontend(case, Path(tempfile.mkdtemp(prefix="xk-npu-", dir=workdir)))
         fe_s = time.perf_counter() - t0
         if ttadapter is None:
             result, detail = "frontend-error", err
@@ -371,6 +387,8 @@ def run_case(case: Any, bishengir: str, keep: str | os.PathLike | None = None) -
             except Exception as exc:
                 result, detail = "plan-error", f"{type(exc).__name__}: {exc}"
             plan_s = time.perf_counter() - t1
+            if crashed:
+                detail = "; ".join(d for d in (detail, FRONTEND_CRASHED_ONCE) if d)
         if keep:
             key = repr((sorted(case.signature.items()), sorted((k, repr(v)) for k, v in case.constants.items())))
             digest = hashlib.sha1(key.encode()).hexdigest()[:8]
