@@ -115,9 +115,11 @@ def test_bert_output_blocks_and_training(backend, device):
     ref, ref_grads = run(ref64)
     report = xkernels.patch(model)
     assert _counts(report) == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
-                               "residual add + norm (post-norm)": 1}  # the embeddings' last add and LayerNorm
+                               "residual add + norm (post-norm)": 1,  # the embeddings' last add and LayerNorm
+                               "dense attention mask": 2}  # the self-attention's pre-hook
     assert {b.name for b in report.blocks} == {f"encoder.layer.{i}{w}" for i in range(2)
-                                               for w in (".attention.output", ".output", "")} | {"embeddings"}
+                                               for w in (".attention.output", ".output", "", ".attention.self")
+                                               } | {"embeddings"}
     got, got_grads = run(model)
     assert_model_close(got, want.detach(), ref.detach())
     assert len(got_grads) == len(want_grads)
@@ -213,7 +215,8 @@ def test_gpt2_and_vit_blocks(backend, device):
     ids = torch.randint(0, 64, (2, 6), device=device)
     pixels = torch.randn(2, 3, 16, 16, device=device)
     for model, x, fusion, extra in ((gpt2, ids, "residual add + norm (GPT-2 block)", {}),
-                                    (vit, pixels, "residual add + norm (ViT layer)", {"feed-forward (training)": 2})):
+                                    (vit, pixels, "residual add + norm (ViT layer)", {"feed-forward (training)": 2,
+                                                                                      "dense attention mask": 2})):
         ref64 = copy.deepcopy(model).double()
         with torch.no_grad():
             want = model(x).last_hidden_state

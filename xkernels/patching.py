@@ -30,6 +30,11 @@ Rules, in order:
    ``F.linear`` (``xkernels/linear_forms.py``: Falcon's ``FalconLinear``).
 3. Left, with the reason: other subclasses of ``nn.Linear`` (their forward or users may differ),
    modules with hooks (the fused output would change what a hook sees), the root module itself.
+4. *Attention masks* (``xkernels/attention_masks.py``): a module whose forward passes its
+   ``attention_mask`` to an attention function (not a causal one) gets a forward pre-hook that
+   makes a mask broadcast along the keys dense, so SDPA's fused kernels take it instead of its
+   float32 math path (transformers' bidirectional masks while ``torch.compile`` traces). Reported
+   under ``blocks`` as ``dense attention mask``.
 
 Parameters are shared, never copied: ``state_dict`` keys and an optimiser built before the patch
 stay valid. Known module classes are looked up only among modules already imported.
@@ -42,7 +47,7 @@ from typing import Any
 
 import torch
 
-from xkernels import blocks, experts_gates, patch_saving, rotary_fusion
+from xkernels import attention_masks, blocks, experts_gates, patch_saving, rotary_fusion
 from xkernels import nn as xnn
 from xkernels.activation_forms import linear_activation_pairs
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
@@ -114,6 +119,8 @@ class PatchReport:
     left: list[Left] = field(default_factory=list)
     blocks: list[FusedBlock] = field(default_factory=list)
     _forwards: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
+    #: the attention masks' pre-hooks (``xkernels/attention_masks.py``)
+    _hooks: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list, repr=False, compare=False)
     #: (parent, attribute, the module patch found there), in the order patch replaced them
     _originals: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list, repr=False,
                                                                          compare=False)
@@ -129,6 +136,8 @@ class PatchReport:
             module = self._forwards.pop()
             patch_saving.forget(module)
             blocks.restore(module)
+        while self._hooks:
+            self._hooks.pop().remove()
 
     @property
     def fused(self) -> list[Replaced]:
@@ -313,6 +322,12 @@ def patch(model: torch.nn.Module) -> PatchReport:
                 parent._modules[attr] = new
                 report.replaced.append(Replaced(name, type(child).__name__, _first_line(new)))
             done.add((id(parent), attr))
+    # 4. attention masks: a mask broadcast along the keys reaches the attention call dense; last, so
+    # that no rule above finds the hook
+    for name, module, position in attention_masks.targets(model):
+        report._hooks.append(attention_masks.apply(module, position))
+        report.blocks.append(FusedBlock(name or "(root)", type(module).__name__, attention_masks.FUSION,
+                                        attention_masks.NOTE))
     if isinstance(model, swappable) or isinstance(model, xnn.Linear | xnn.Conv1D):
         report.left.append(Left("(root)", type(model).__name__, "the root module cannot be replaced in place; use "
                                                                 "xkernels.nn.Linear.from_linear"))

@@ -110,7 +110,7 @@ def test_inputs_follow_the_model_and_the_arguments():
     tiny = model_zoo.zoo_config("vit", "tiny")
     with pytest.raises(ValueError, match="--seq does not apply to ViTModel"):
         model_zoo.build(tiny, "vit", torch.float32, CPU, seq=8)
-    with pytest.raises(ValueError, match="--seq 65 exceeds the model's 64 positions"):
+    with pytest.raises(ValueError, match="--seq 65 exceeds the model's 64 usable positions"):
         model_zoo.build(model_zoo.zoo_config("gpt2", "tiny"), "gpt2", torch.float32, CPU, seq=65)
     t5 = {"model_type": "t5", "architectures": ["T5Model"], "d_model": 32, "d_kv": 8, "d_ff": 64, "num_layers": 1,
           "num_heads": 4, "vocab_size": 50}
@@ -167,3 +167,17 @@ def test_every_random_part_of_a_training_forward_is_off():
     assert [k for k in ("mask_time_prob", "mask_time_length", "layerdrop", "drop_path_rate", "attention_dropout",
                         "resid_pdrop", "router_jitter_noise", "layer_norm_eps") if model_zoo.random_part(k)] == [
         "mask_time_prob", "layerdrop", "drop_path_rate", "attention_dropout", "resid_pdrop", "router_jitter_noise"]
+
+
+def test_text_models_counting_positions_after_the_padding_index_take_fewer_tokens():
+    """RoBERTa's positions start at ``pad_token_id + 1``: 66 positions with padding index 1 hold 64
+    tokens, the default takes them and a longer ``--seq`` is refused before anything runs."""
+    require_transformers()
+    roberta = {"model_type": "roberta", "architectures": ["RobertaModel"], "hidden_size": 32, "num_hidden_layers": 1,
+               "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 64, "max_position_embeddings": 66,
+               "pad_token_id": 1}
+    built = model_zoo.build(roberta, "roberta", torch.float32, CPU, batch=1)
+    assert built.seq == 64
+    built.model(**built.inputs)  # the last position is in range
+    with pytest.raises(ValueError, match="--seq 65 exceeds the model's 64 usable positions"):
+        model_zoo.build(roberta, "roberta", torch.float32, CPU, seq=65)

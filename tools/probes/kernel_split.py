@@ -10,6 +10,7 @@ between the ways. ``--json`` writes the rows.
 
     python tools/probes/kernel_split.py --model-config tools/probes/data/modernbert-base.json --batch 16 --seq 512
     python tools/probes/kernel_split.py --model llama --pass step
+    python tools/probes/kernel_split.py --model bert-base --pass step --compile
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=16)
+    p.add_argument("--compile", action="store_true", help="both ways under torch.compile (default mode)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if (args.model is None) == (args.model_config is None):
@@ -81,8 +83,10 @@ def main() -> int:
     built = model_zoo.build(data, source, dtype, device, args.batch, args.seq, args.layers, zoo_name=zoo)
     ways = {"torch": built.model, "patch": copy.deepcopy(built.model)}
     report = xkernels.patch(ways["patch"])
+    if args.compile:
+        ways = {w: torch.compile(m) for w, m in ways.items()}
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; {source}, {built.tokens} tokens, "
-          f"{args.dtype}, {args.which}; patch: {report.counts()}")
+          f"{args.dtype}, {args.which}{' compiled' if args.compile else ''}; patch: {report.counts()}")
 
     def run(m):
         if args.which == "forward":
@@ -106,7 +110,8 @@ def main() -> int:
             run(m)
     torch.cuda.synchronize()
     per = {w: kernel_ms(lambda m=m: run(m), args.steps) for w, m in ways.items()}
-    row = {"source": source, "tokens": built.tokens, "pass": args.which, "max_dev": dev, "patch": report.counts(),
+    row = {"source": source, "tokens": built.tokens, "pass": args.which, "compiled": args.compile, "max_dev": dev,
+           "patch": report.counts(),
            "kernel_ms": {w: sum(k.values()) for w, k in per.items()},
            "groups": {w: {} for w in per}, "kernels": per}
     for w, k in per.items():

@@ -79,6 +79,18 @@ def zoo_config(name: str, size: str = "base") -> dict[str, Any]:
     return {**copy.deepcopy(entry["config"]), **(copy.deepcopy(entry["tiny"]) if size == "tiny" else {})}
 
 
+def _usable_positions(model: torch.nn.Module, positions: int | None) -> int | None:
+    """The tokens a row may hold: ``max_position_embeddings``, less the positions before the first
+    one where a position embedding has a padding index (RoBERTa's family counts positions from
+    ``pad_token_id + 1``: 514 positions hold 512 tokens)."""
+    if not positions:
+        return positions
+    for name, m in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+            return positions - m.padding_idx - 1
+    return positions
+
+
 def default_shape(name: str | None, size: str, kind: str) -> tuple[int, int | None]:
     """(batch, seq) when not given: the zoo entry's, or ``model_config_shape`` for a config file."""
     shape = zoo()["models"][name]["shape"][size] if name else zoo()["model_config_shape"][kind]
@@ -205,10 +217,10 @@ def build(data: dict[str, Any], source: str, dtype: torch.dtype, device: torch.d
     batch_d, seq_d = default_shape(zoo_name, size, kind)
     batch = batch or batch_d
     if kind == "text":
-        positions = getattr(config, "max_position_embeddings", None)
+        positions = _usable_positions(model, getattr(config, "max_position_embeddings", None))
         seq = seq or (min(seq_d, positions) if positions and not zoo_name else seq_d)
         if positions and seq > positions:
-            raise ValueError(f"--seq {seq} exceeds the model's {positions} positions")
+            raise ValueError(f"--seq {seq} exceeds the model's {positions} usable positions")
         vocab = getattr(config, "vocab_size", None)
         if not vocab:
             raise ValueError(f"{source}: a text model's config needs vocab_size to make input_ids")

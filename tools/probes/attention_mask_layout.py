@@ -1,0 +1,84 @@
+"""Which SDPA kernel runs, and how fast, for the attention-mask layouts transformers makes.
+
+Question: under ``torch.compile`` (torch < 2.14) transformers cannot skip an all-true
+bidirectional mask, so an encoder's ``scaled_dot_product_attention`` gets a bool mask whose last
+dim is broadcast (stride 0). Does SDPA then leave its fused kernels for the float32 math path,
+and what do a dense copy of that mask, or no mask, cost instead? Per layout, eager and compiled:
+forward + backward ms (median of ``--reps`` after warm-up) and the kernels the profiler saw.
+
+    python tools/probes/attention_mask_layout.py --batch 16 --heads 12 --seq 512 --dim 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def masks(b: int, s: int, device) -> dict[str, torch.Tensor | None]:
+    # transformers' bidirectional mask under compile: a (b, 1, s, s) bool broadcast along batch and kv
+    row = torch.ones(1, 1, s, 1, dtype=torch.bool, device=device)
+    broadcast = row.expand(b, 1, s, s)
+    return {"none": None, "bool stride-0 kv": broadcast, "bool dense": broadcast.contiguous()}
+
+
+def step(q, k, v, mask, grad):
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.backward(grad)
+    return out
+
+
+def timed(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def kernels(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ranked = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))
+    return [e.key[:90] for e in ranked[:4]]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args()
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    shape = (args.batch, args.heads, args.seq, args.dim)
+    q, k, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    ref = F.scaled_dot_product_attention(*(t.detach().double() for t in (q, k, v)))
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; q/k/v {shape} bf16, forward + backward")
+    compiled = torch.compile(step)
+    for name, mask in masks(args.batch, args.seq, dev).items():
+        for way, fn in (("eager", step), ("compiled", compiled)):
+            call = lambda fn=fn, mask=mask: fn(q, k, v, mask, grad)  # noqa: E731
+            out = call()
+            dev_max = (out.double() - ref).abs().max().item()
+            for _ in range(3):
+                call()
+            ms = timed(call, args.reps)
+            print(f"{name:18s} {way:9s} {ms:8.3f} ms  max|dev| vs fp64 {dev_max:.3g}  kernels: {kernels(call)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
