@@ -177,3 +177,26 @@ def test_compiled_patched_bert_traces_the_dense_mask():
         assert arg is not None and arg.meta["example_value"].stride(-1) == 1
     torch.testing.assert_close(out.last_hidden_state, model(input_ids=ids, attention_mask=mask).last_hidden_state,
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_computes_the_same_for_the_dense_copy_rows_masked_whole_included(dtype, device):
+    """What the hook relies on: SDPA gives the same values for the dense copy (on cuda a fused
+    kernel: cuDNN for bf16, memory-efficient for fp32) as for the broadcast mask (its math path),
+    rows masked whole included (zeros, not NaN), gradients too."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 64, 32, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    rows = torch.ones(2, 1, 64, 1, dtype=torch.bool, device=device)
+    rows[1, :, 40:] = False
+    broadcast = rows.expand(2, 1, 64, 64)
+    outs, grads = [], []
+    for mask in (broadcast, attention_masks.dense_mask(broadcast)):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        grads.append(torch.autograd.grad(out.float().square().sum(), (q, k, v)))
+        outs.append(out.detach())
+    assert outs[1].isfinite().all() and not outs[1][1, :, 40:].any()
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(outs[1], outs[0], **tol)
+    for got, want in zip(grads[1], grads[0]):
+        assert got.isfinite().all()
+        torch.testing.assert_close(got, want, **tol)
