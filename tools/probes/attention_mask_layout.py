@@ -7,6 +7,12 @@ and what do a dense copy of that mask, or no mask, cost instead? Per layout, eag
 forward + backward ms (median of ``--reps`` after warm-up) and the kernels the profiler saw.
 
     python tools/probes/attention_mask_layout.py --batch 16 --heads 12 --seq 512 --dim 64
+    python tools/probes/attention_mask_layout.py --host bert-base --host-shape 1x128
+
+``--host MODEL``: instead, what the hooks cost an eager caller: a patched zoo model's inference
+forward (bf16, ``--host-shape``), host-synchronized wall time per call, with ``patch()``'s
+attention-mask hooks and with them removed, in alternating rounds (medians of each round's
+median).
 """
 
 from __future__ import annotations
@@ -52,6 +58,46 @@ def kernels(fn) -> list[str]:
     return [e.key[:90] for e in ranked[:4]]
 
 
+def host_cost(name: str, batch: int, seq: int, rounds: int = 7, calls: int = 200) -> int:
+    import time
+
+    import xkernels
+    from xkernels.harness import model_zoo
+
+    dev = torch.device("cuda")
+    built = model_zoo.build(model_zoo.zoo_config(name, "base"), f"--model {name}", torch.bfloat16, dev, batch, seq,
+                            None, zoo_name=name)
+    model = built.model.eval()
+    report = xkernels.patch(model)
+    hooked = [m for m in model.modules() if m._forward_pre_hooks]
+    saved = [dict(m._forward_pre_hooks) for m in hooked]
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; {name} {batch} x {seq} bf16 forward, "
+          f"{report.counts().get('dense attention mask', 0)} attention-mask hooks")
+
+    def per_call() -> float:
+        with torch.no_grad():
+            for _ in range(10):
+                model(**built.inputs)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                model(**built.inputs)
+                torch.cuda.synchronize()
+            return (time.perf_counter() - t0) / calls * 1e3
+
+    got: dict[str, list[float]] = {"hooks": [], "no hooks": []}
+    for _ in range(rounds):
+        for way in got:
+            for m, hooks in zip(hooked, saved):
+                m._forward_pre_hooks.clear()
+                if way == "hooks":
+                    m._forward_pre_hooks.update(hooks)
+            got[way].append(per_call())
+    for way, ms in got.items():
+        print(f"{way:9s} {statistics.median(ms):.4f} ms per forward (rounds {', '.join(f'{t:.4f}' for t in ms)})")
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=16)
@@ -59,7 +105,11 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--host", default=None, help="a zoo model: the hooks' host cost in its eager forward")
+    p.add_argument("--host-shape", default="1x128", help="BATCHxSEQ for --host")
     args = p.parse_args()
+    if args.host:
+        return host_cost(args.host, *(int(n) for n in args.host_shape.split("x")))
     dev = torch.device("cuda")
     torch.manual_seed(0)
     shape = (args.batch, args.heads, args.seq, args.dim)
