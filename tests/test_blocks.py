@@ -116,7 +116,7 @@ def test_bert_output_blocks_and_training(backend, device):
     report = xkernels.patch(model)
     assert _counts(report) == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
                                "residual add + norm (post-norm)": 1,  # the embeddings' last add and LayerNorm
-                               "dense attention mask": 2}  # the self-attention's pre-hook
+                               "attention mask by rows": 2}  # the self-attention's pre-hook
     assert {b.name for b in report.blocks} == {f"encoder.layer.{i}{w}" for i in range(2)
                                                for w in (".attention.output", ".output", "", ".attention.self")
                                                } | {"embeddings"}
@@ -216,7 +216,7 @@ def test_gpt2_and_vit_blocks(backend, device):
     pixels = torch.randn(2, 3, 16, 16, device=device)
     for model, x, fusion, extra in ((gpt2, ids, "residual add + norm (GPT-2 block)", {}),
                                     (vit, pixels, "residual add + norm (ViT layer)", {"feed-forward (training)": 2,
-                                                                                      "dense attention mask": 2})):
+                                                                                      "attention mask by rows": 2})):
         ref64 = copy.deepcopy(model).double()
         with torch.no_grad():
             want = model(x).last_hidden_state

@@ -30,11 +30,12 @@ Rules, in order:
    ``F.linear`` (``xkernels/linear_forms.py``: Falcon's ``FalconLinear``).
 3. Left, with the reason: other subclasses of ``nn.Linear`` (their forward or users may differ),
    modules with hooks (the fused output would change what a hook sees), the root module itself.
-4. *Attention masks* (``xkernels/attention_masks.py``): a module whose forward passes its
-   ``attention_mask`` to an attention function (not a causal one) gets a forward pre-hook that
-   makes a mask broadcast along the keys dense, so SDPA's fused kernels take it instead of its
-   float32 math path (transformers' bidirectional masks while ``torch.compile`` traces). Reported
-   under ``blocks`` as ``dense attention mask``.
+4. *Attention masks* (``xkernels/attention_masks.py``): a non-causal attention module that passes
+   its ``attention_mask`` to transformers' attention function gets a config proxy whose ``sdpa``
+   implementation runs a boolean mask with one value per query row (transformers' bidirectional
+   masks while ``torch.compile`` traces) as no mask with the masked rows zeroed, so SDPA's fused
+   kernels run instead of its float32 math path. Reported under ``blocks`` as
+   ``attention mask by rows``.
 
 Parameters are shared, never copied: ``state_dict`` keys and an optimiser built before the patch
 stay valid. Known module classes are looked up only among modules already imported.
@@ -119,8 +120,8 @@ class PatchReport:
     left: list[Left] = field(default_factory=list)
     blocks: list[FusedBlock] = field(default_factory=list)
     _forwards: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
-    #: the attention masks' pre-hooks (``xkernels/attention_masks.py``)
-    _hooks: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list, repr=False, compare=False)
+    #: the attention modules given a config proxy (``xkernels/attention_masks.py``)
+    _configs: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
     #: (parent, attribute, the module patch found there), in the order patch replaced them
     _originals: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list, repr=False,
                                                                          compare=False)
@@ -136,8 +137,8 @@ class PatchReport:
             module = self._forwards.pop()
             patch_saving.forget(module)
             blocks.restore(module)
-        while self._hooks:
-            self._hooks.pop().remove()
+        while self._configs:
+            attention_masks.undo(self._configs.pop())
 
     @property
     def fused(self) -> list[Replaced]:
@@ -322,10 +323,10 @@ def patch(model: torch.nn.Module) -> PatchReport:
                 parent._modules[attr] = new
                 report.replaced.append(Replaced(name, type(child).__name__, _first_line(new)))
             done.add((id(parent), attr))
-    # 4. attention masks: a mask broadcast along the keys reaches the attention call dense; last, so
-    # that no rule above finds the hook
-    for name, module, position in attention_masks.targets(model):
-        report._hooks.append(attention_masks.apply(module, position))
+    # 4. attention masks: a boolean mask with one value per query row runs as no mask, its masked rows zeroed
+    for name, module in attention_masks.targets(model):
+        attention_masks.apply(module)
+        report._configs.append(module)
         report.blocks.append(FusedBlock(name or "(root)", type(module).__name__, attention_masks.FUSION,
                                         attention_masks.NOTE))
     if isinstance(model, swappable) or isinstance(model, xnn.Linear | xnn.Conv1D):

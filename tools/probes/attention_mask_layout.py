@@ -3,7 +3,8 @@
 Question: under ``torch.compile`` (torch < 2.14) transformers cannot skip an all-true
 bidirectional mask, so an encoder's ``scaled_dot_product_attention`` gets a bool mask whose last
 dim is broadcast (stride 0). Does SDPA then leave its fused kernels for the float32 math path,
-and what do a dense copy of that mask, or no mask, cost instead? Per layout, eager and compiled:
+and what do a dense copy of that mask, no mask, or no mask with the masked rows zeroed
+(``xkernels.attention_masks.attention``) cost instead? Per layout, eager and compiled:
 forward + backward ms (median of ``--reps`` after warm-up) and the kernels the profiler saw.
 
     python tools/probes/attention_mask_layout.py --batch 16 --heads 12 --seq 512 --dim 64
@@ -11,7 +12,7 @@ forward + backward ms (median of ``--reps`` after warm-up) and the kernels the p
 
 ``--host MODEL``: instead, what the hooks cost an eager caller: a patched zoo model's inference
 forward (bf16, ``--host-shape``), host-synchronized wall time per call, with ``patch()``'s
-attention-mask hooks and with them removed, in alternating rounds (medians of each round's
+attention-mask proxies and with them removed, in alternating rounds (medians of each round's
 median).
 """
 
@@ -20,20 +21,26 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 
-def masks(b: int, s: int, device) -> dict[str, torch.Tensor | None]:
+def masks(b: int, s: int, device) -> dict[str, Any]:
     # transformers' bidirectional mask under compile: a (b, 1, s, s) bool broadcast along batch and kv
     row = torch.ones(1, 1, s, 1, dtype=torch.bool, device=device)
     broadcast = row.expand(b, 1, s, s)
-    return {"none": None, "bool stride-0 kv": broadcast, "bool dense": broadcast.contiguous()}
+    return {"none": None, "bool stride-0 kv": broadcast, "bool dense": broadcast.contiguous(),
+            "by rows": ("rows", broadcast)}
 
 
 def step(q, k, v, mask, grad):
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if isinstance(mask, tuple):  # ("rows", mask): no mask, the rows the mask drops zeroed (attention_masks.attention)
+        rows = mask[1][..., :1]
+        out = torch.where(rows, F.scaled_dot_product_attention(q, k, v), q.new_zeros(()))
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     out.backward(grad)
     return out
 
@@ -69,10 +76,11 @@ def host_cost(name: str, batch: int, seq: int, rounds: int = 7, calls: int = 200
                             None, zoo_name=name)
     model = built.model.eval()
     report = xkernels.patch(model)
-    hooked = [m for m in model.modules() if m._forward_pre_hooks]
-    saved = [dict(m._forward_pre_hooks) for m in hooked]
+    from xkernels.attention_masks import AttentionConfig
+
+    proxied = [(m, m.config) for m in model.modules() if isinstance(m.__dict__.get("config"), AttentionConfig)]
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; {name} {batch} x {seq} bf16 forward, "
-          f"{report.counts().get('dense attention mask', 0)} attention-mask hooks")
+          f"{report.counts().get('attention mask by rows', 0)} attention-mask proxies")
 
     def per_call() -> float:
         with torch.no_grad():
@@ -85,16 +93,14 @@ def host_cost(name: str, batch: int, seq: int, rounds: int = 7, calls: int = 200
                 torch.cuda.synchronize()
             return (time.perf_counter() - t0) / calls * 1e3
 
-    got: dict[str, list[float]] = {"hooks": [], "no hooks": []}
+    got: dict[str, list[float]] = {"proxies": [], "own configs": []}
     for _ in range(rounds):
         for way in got:
-            for m, hooks in zip(hooked, saved):
-                m._forward_pre_hooks.clear()
-                if way == "hooks":
-                    m._forward_pre_hooks.update(hooks)
+            for m, proxy in proxied:
+                m.__dict__["config"] = proxy if way == "proxies" else proxy._xkernels_config
             got[way].append(per_call())
     for way, ms in got.items():
-        print(f"{way:9s} {statistics.median(ms):.4f} ms per forward (rounds {', '.join(f'{t:.4f}' for t in ms)})")
+        print(f"{way:11s} {statistics.median(ms):.4f} ms per forward (rounds {', '.join(f'{t:.4f}' for t in ms)})")
     return 0
 
 
@@ -105,7 +111,7 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--host", default=None, help="a zoo model: the hooks' host cost in its eager forward")
+    p.add_argument("--host", default=None, help="a zoo model: the proxies' host cost in its eager forward")
     p.add_argument("--host-shape", default="1x128", help="BATCHxSEQ for --host")
     args = p.parse_args()
     if args.host:
@@ -127,6 +133,16 @@ def main() -> int:
                 call()
             ms = timed(call, args.reps)
             print(f"{name:18s} {way:9s} {ms:8.3f} ms  max|dev| vs fp64 {dev_max:.3g}  kernels: {kernels(call)}")
+    # rows masked whole (the second half of the first sequence): the math path gives them zeros
+    rows = torch.ones(args.batch, 1, args.seq, 1, dtype=torch.bool, device=dev)
+    rows[0, :, args.seq // 2:] = False
+    with torch.no_grad():
+        for name, mask in (("broadcast", rows.expand(-1, -1, -1, args.seq)),
+                           ("dense", rows.expand(-1, -1, -1, args.seq).contiguous())):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            dropped = out[0, :, args.seq // 2:]
+            print(f"rows masked whole, {name:9s} mask: max |out| there {dropped.abs().max().item():.4g}, "
+                  f"finite {bool(dropped.isfinite().all())}")
     return 0
 
 
