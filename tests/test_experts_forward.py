@@ -154,8 +154,24 @@ def test_the_arguments_by_name_or_otherwise(backend, device, launches):
     with pytest.raises(TypeError):
         experts(h, idx, routing_weights=w)
     del launches[:]
-    for bad_idx, bad_w in ((idx[:, 0], w[:, 0]), (idx[:3], w[:3]), (idx, w[:, :1])):  # not (tokens, top_k) each
-        with pytest.raises((RuntimeError, IndexError)), torch.no_grad():
-            experts(h, bad_idx, bad_w)  # as transformers' forward: its gather or its view fails
+    # not (tokens, top_k) each: the class's forward gets them (on the CPU its gather or its view raises;
+    # on cuda an out-of-range gather is a device-side assert that ends the process's CUDA context, so
+    # the class's forward is replaced by one that records the call)
+    seen = []
+
+    def class_forward(module, hidden_states, top_k_index, top_k_weights):
+        seen.append((hidden_states, top_k_index, top_k_weights))
+        raise IndexError("the class's forward")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(experts), "forward", class_forward)
+        for bad_idx, bad_w in ((idx[:, 0], w[:, 0]), (idx[:3], w[:3]), (idx, w[:, :1])):
+            with pytest.raises(IndexError, match="the class's forward"), torch.no_grad():
+                experts(h, bad_idx, bad_w)
+            assert seen.pop()[1] is bad_idx
     assert launches == []
+    if device.type == "cpu":
+        for bad_idx, bad_w in ((idx[:, 0], w[:, 0]), (idx[:3], w[:3]), (idx, w[:, :1])):
+            with pytest.raises((RuntimeError, IndexError)), torch.no_grad():
+                experts(h, bad_idx, bad_w)  # as transformers' forward: its gather or its view fails
 
