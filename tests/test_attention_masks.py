@@ -140,6 +140,8 @@ def test_attention_by_rows_is_transformers_sdpa_of_the_mask(dtype, device):
     for got, want in zip(grads[1], grads[0]):
         assert got.isfinite().all()
         torch.testing.assert_close(got, want, **tol)
+    by_position = attention_masks.attention(module, q, k, v, mask, 0.0, 0.25, True)[0]  # is_causal by position
+    torch.testing.assert_close(by_position, outs[1])
     padded = torch.ones(2, 1, 64, 64, dtype=torch.bool, device=device)
     padded[0, :, :, 50:] = False
     torch.testing.assert_close(attention_masks.attention(module, q, k, v, padded)[0],

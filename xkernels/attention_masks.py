@@ -80,7 +80,11 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     rows = rows_of(attention_mask)
     if rows is None or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
-    out, weights = sdpa_attention_forward(module, query, key, value, None, *args, **{**kwargs, "is_causal": False})
+    if len(args) > 2:  # dropout, scaling, is_causal by position
+        args = (*args[:2], False, *args[3:])
+    else:
+        kwargs = {**kwargs, "is_causal": False}
+    out, weights = sdpa_attention_forward(module, query, key, value, None, *args, **kwargs)
     keep = rows.transpose(1, 2)  # (batch, queries, heads or 1, 1), as the output's (batch, queries, heads, dim)
     return torch.where(keep, out, out.new_zeros(())), weights
 
