@@ -134,7 +134,7 @@ def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
     assert all(r["class"] == "ViTModel" and r["seq"] is None for r in rows)
     _check_timed(rows, tokens=2 * 16)  # 2 images of (32 / 8)^2 patches
     assert rows[-1]["fusions"] == {"residual add + norm (ViT layer)": 2, "feed-forward (training)": 2,
-                                   "linear + activation": 2, "linear": 11}
+                                   "attention mask by rows": 2, "linear + activation": 2, "linear": 11}
 
 
 def test_several_model_configs_run_in_one_process_and_one_that_cannot_be_built_is_its_own_error_row(
@@ -196,7 +196,8 @@ def test_compile_mode_on_cpu(tmp_path, capsys):
     _check_timed(rows, tokens=4)
     assert all(r["setup_s"] > 0 for r in rows)
     assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
-                                   "residual add + norm (post-norm)": 1, "linear + activation": 2, "linear": 11}
+                                   "residual add + norm (post-norm)": 1, "attention mask by rows": 2,
+                                   "linear + activation": 2, "linear": 11}
 
 
 def _way_state(model):
@@ -329,7 +330,7 @@ def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--model", "bert-base", "--config", "tiny", "--seq", "65"], "--seq 65 exceeds the model's 64 positions"),
+    (["--model", "bert-base", "--config", "tiny", "--seq", "65"], "--seq 65 exceeds the model's 64 usable positions"),
     (["--model", "gpt2", "--config", "tiny", "--dtype", "fp16,fp32"], "--model takes one --dtype"),
     (["--model", "gpt2", "--config", "tiny", "--rounds", "0"], "--rounds must be positive, got 0"),
     (["--model", "gpt2", "--mode", "graph"], "--mode must be among ['eager', 'cudagraph', 'compile'], got ['graph']"),
