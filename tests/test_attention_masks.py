@@ -168,6 +168,9 @@ def test_undo_twice_patched_copies_saved_models_and_a_later_implementation(sdpa_
     target = model.encoder.layer[0].attention.self
     assert isinstance(target.config, attention_masks.AttentionConfig) and target.config._xkernels_config is model.config
     assert target.config.hidden_size == 32 and target.config._attn_implementation == attention_masks.NAME
+    model.config.__deepcopy__ = lambda memo: None  # a config's copy protocol is not the proxy's
+    assert not hasattr(target.config, "__deepcopy__")
+    del model.config.__deepcopy__
     ids, mask = torch.randint(0, 64, (2, 8)), _broadcast_mask(2, 8)
     copied = copy.deepcopy(model)
     buf = io.BytesIO()

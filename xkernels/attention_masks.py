@@ -119,7 +119,9 @@ class AttentionConfig:
         self._xkernels_config._attn_implementation = value
 
     def __getattr__(self, name: str) -> Any:
-        if name == "_xkernels_config":  # not yet set (an unpickling's probe)
+        # not yet set (an unpickling's probe), or a protocol probe (``__deepcopy__``, ``__getstate__``): the
+        # proxy's own, never the config's methods bound to the config (a copy would be the bare config)
+        if name == "_xkernels_config" or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)
         return getattr(self._xkernels_config, name)
 
