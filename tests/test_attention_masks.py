@@ -168,6 +168,12 @@ def test_undo_twice_patched_copies_saved_models_and_a_later_implementation(sdpa_
     target = model.encoder.layer[0].attention.self
     assert isinstance(target.config, attention_masks.AttentionConfig) and target.config._xkernels_config is model.config
     assert target.config.hidden_size == 32 and target.config._attn_implementation == attention_masks.NAME
+    # what Python asks the type: answered as the config answers
+    assert target.config == model.config
+    assert model.config == target.config and target.config != model.config.to_dict()
+    assert list(target.config) == list(model.config) and "hidden_size" in target.config
+    with pytest.raises(TypeError):
+        hash(target.config)
     model.config.__deepcopy__ = lambda memo: None  # a config's copy protocol is not the proxy's
     assert not hasattr(target.config, "__deepcopy__")
     del model.config.__deepcopy__

@@ -131,6 +131,19 @@ class AttentionConfig:
     def __reduce__(self) -> tuple[Any, ...]:
         return _proxy, (self._xkernels_config,)
 
+    # what Python looks up on the type, not through ``__getattr__``: answered as the config answers
+    # (``proxy == model.config``, iteration). ``isinstance(proxy, BertConfig)`` stays ``False``: a
+    # ``__class__`` answering the config's type made Dynamo read the config's ``_attn_implementation``.
+    def __eq__(self, other: object) -> bool:
+        if type(other) is AttentionConfig:
+            other = other._xkernels_config
+        return self._xkernels_config == other
+
+    __hash__ = None  # type: ignore[assignment]  # as a config's: equality by value
+
+    def __iter__(self) -> Any:
+        return iter(self._xkernels_config)
+
     def __repr__(self) -> str:
         return f"AttentionConfig({self._xkernels_config!r})"
 
@@ -166,7 +179,7 @@ def targets(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     out = []
     for name, module in model.named_modules():
         config = module.__dict__.get("config")
-        if (getattr(module, "is_causal", False) is True or config is None or isinstance(config, AttentionConfig)
+        if (getattr(module, "is_causal", False) is True or config is None or type(config) is AttentionConfig
                 or not hasattr(config, "_attn_implementation")):
             continue
         if _passes_mask(type(module)):
@@ -182,5 +195,5 @@ def apply(module: torch.nn.Module) -> None:
 def undo(module: torch.nn.Module) -> None:
     """The module's own config again."""
     config = module.__dict__.get("config")
-    if isinstance(config, AttentionConfig):
+    if type(config) is AttentionConfig:
         module.__dict__["config"] = config._xkernels_config
