@@ -11,6 +11,11 @@ between the ways. ``--json`` writes the rows.
     python tools/probes/kernel_split.py --model-config tools/probes/data/modernbert-base.json --batch 16 --seq 512
     python tools/probes/kernel_split.py --model llama --pass step
     python tools/probes/kernel_split.py --model bert-base --pass step --compile
+    python tools/probes/kernel_split.py --model bert-base --pass step --compile --ops 12
+
+``--ops N`` adds, for the N kernels taking the most time in each way, the operators that launched
+them (the innermost operator around the launch and its parents) with their input shapes, from a
+second profile that records CPU operators and shapes: which op a generic kernel name belongs to.
 """
 
 from __future__ import annotations
@@ -58,6 +63,37 @@ def kernel_ms(call, steps: int) -> dict[str, float]:
     return out
 
 
+def launching_ops(call, steps: int, top: int) -> list[dict]:
+    """The ``top`` kernels by time over ``steps`` calls of ``call``, each with the operators that
+    launched it: (the innermost operator's name, its parents' names, its input shapes) and the
+    kernel ms per call launched under each (torch.profiler with CPU activity and shapes)."""
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts, record_shapes=True) as prof:
+        for _ in range(steps):
+            call()
+        torch.cuda.synchronize()
+    by_kernel: dict[str, dict[str, float]] = {}
+    for e in prof.events():
+        kernels = getattr(e, "kernels", None) or []
+        if not kernels:
+            continue
+        op, chain = e, []
+        while op is not None and op.name.startswith(("cuda", "cu")) and getattr(op, "cpu_parent", None) is not None:
+            op = op.cpu_parent
+        parent = op
+        while parent is not None and len(chain) < 4:
+            chain.append(parent.name[:60])
+            parent = getattr(parent, "cpu_parent", None)
+        where = f"{' < '.join(chain)} {getattr(op, 'input_shapes', '')}"[:300]
+        for k in kernels:
+            ms = getattr(k, "duration", 0) / 1e3 / steps
+            by_kernel.setdefault(k.name, {})
+            by_kernel[k.name][where] = by_kernel[k.name].get(where, 0.0) + ms
+    rows = sorted(({"kernel": n, "ms": sum(w.values()), "ops": dict(sorted(w.items(), key=lambda i: -i[1])[:4])}
+                   for n, w in by_kernel.items()), key=lambda r: -r["ms"])
+    return rows[:top]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="a built-in model (bert-base, gpt2, llama, vit)")
@@ -70,6 +106,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--top", type=int, default=16)
     p.add_argument("--compile", action="store_true", help="both ways under torch.compile (default mode)")
+    p.add_argument("--ops", type=int, default=0, help="name the operators that launched the N longest kernels")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if (args.model is None) == (args.model_config is None):
@@ -127,6 +164,15 @@ def main() -> int:
     print(f"the {args.top} kernels differing most, patch minus torch (ms per {args.which}):")
     for d, n in diff[:args.top]:
         print(f"  {d:+9.4f}  torch {per['torch'].get(n, 0.0):8.4f}  [{group(n)}] {n[:120]}")
+    if args.ops:
+        row["ops"] = {}
+        for w, m in ways.items():
+            row["ops"][w] = launching_ops(lambda m=m: run(m), 2, args.ops)
+            print(f"the {args.ops} longest kernels of {w}, by launching operator (ms per {args.which}):")
+            for r in row["ops"][w]:
+                print(f"  {r['ms']:8.4f}  [{group(r['kernel'])}] {r['kernel'][:100]}")
+                for where, ms in r["ops"].items():
+                    print(f"            {ms:8.4f}  {where}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(row, f, indent=1)
