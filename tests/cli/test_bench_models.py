@@ -256,7 +256,7 @@ def test_under_compile_each_way_runs_on_its_own_copy_patched_once(monkeypatch):
         patches.append(id(model))
         return real_patch(model, *a, **k)
 
-    def fake_runner(mode, model, inputs, target):
+    def fake_runner(mode, model, inputs, target, masks="eager"):
         from xkernels.harness.model_runs import Runner
         return Runner(model, inputs)
 
@@ -280,6 +280,52 @@ def test_under_compile_each_way_runs_on_its_own_copy_patched_once(monkeypatch):
     assert seen == [(id(model), "torch"), (copy_id, "patch"), (copy_id, "patch"), (id(model), "torch")]
     assert _way_state(model) == "torch"
     assert rows[-1]["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6}
+
+
+def test_masks_as_traced_reach_the_captured_and_compiled_runners_and_their_rows(monkeypatch):
+    """``--masks traced``: the compile (and cudagraph) runners leave transformers' mask decisions
+    to the trace, the rows of those modes say so; eager rows have no such column."""
+    require_transformers()
+    from xkernels.harness import resolve_target
+    from xkernels.harness.model_runs import Runner
+
+    got = []
+
+    def fake_runner(mode, model, inputs, target, masks="eager"):
+        got.append((mode, masks))
+        return Runner(model, inputs)
+
+    monkeypatch.setattr(bench_models, "make_runner", fake_runner)
+    monkeypatch.setattr(bench_models, "unavailable_reason", lambda mode, target: None)
+    monkeypatch.setattr(bench_models, "_time", lambda *a: {p: (1.0, 1.0) for p in ("forward", "forward+backward")})
+    rows = bench_models.run(bench_models.zoo_spec("gpt2", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
+                            modes=("eager", "compile"), rounds=1, ways=("torch",), log=lambda s: None, masks="traced")
+    assert got == [("eager", "eager"), ("compile", "traced")]
+    assert [(r["mode"], r.get("masks")) for r in rows] == [("eager", None)] * 2 + [("compile", "traced")] * 2
+    assert "(masks as traced)" in bench_models.format_row(rows[-1])
+    assert "masks" not in bench_models.format_row(rows[0])
+    with pytest.raises(ValueError, match=r"--masks must be among \['eager', 'traced'\], got 'dense'"):
+        bench_models.run(bench_models.zoo_spec("gpt2", "tiny"), torch.float32, resolve_target(backend="cpu"), 1, 4,
+                         modes=("compile",), masks="dense", log=lambda s: None)
+
+
+def test_mask_decisions_are_eager_ones_or_none():
+    """``masks="eager"`` swaps transformers' tracing answers for the call; ``"traced"`` leaves them."""
+    require_transformers()
+    import transformers.masking_utils as mu
+
+    from xkernels.harness import model_runs
+
+    own = mu.is_tracing
+    with model_runs.mask_decisions("eager", {}):
+        assert mu.is_tracing is not own and mu.is_tracing() is False
+    assert mu.is_tracing is own
+    with model_runs.mask_decisions("traced", {}):
+        assert mu.is_tracing is own
+    with pytest.raises(ValueError, match="masks must be among"):
+        model_runs.mask_decisions("dense", {})
+    with pytest.raises(ValueError, match="masks must be among"):
+        model_runs.make_runner("compile", torch.nn.Linear(2, 2), {}, None, masks="dense")
 
 
 def test_alternating_walls_switch_way_every_step():
@@ -342,6 +388,7 @@ def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
     (["--model-config", "/nonexistent/c.json"], "--model-config /nonexistent/c.json: cannot read it"),
     (["--model", "vit", "--config", "tiny", "--seq", "8"], "--seq does not apply to ViTModel"),
     (["--op", "add", "--layers", "2"], "--layers applies to a whole-model bench"),
+    (["--op", "add", "--masks", "traced"], "--masks applies to a whole-model bench"),
 ])
 def test_bad_model_arguments_exit_2(argv, message, capsys):
     require_transformers()

@@ -218,6 +218,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, help="whole model: override num_hidden_layers (e.g. 2 of an 8B model)")
     p.add_argument("--mode", action="append",
                    help="whole model: eager (default), cudagraph, compile; comma-separate several")
+    p.add_argument("--masks", choices=("eager", "traced"),
+                   help="whole model, cudagraph and compile modes: transformers' attention masks decided as eager "
+                        "mode decides them, for every way (default: like for like), or as the capture / trace "
+                        "makes transformers decide them (what a user's captured or compiled model runs)")
     p.add_argument("--way", action="append",
                    help="whole model: the ways timed, of torch, enable, patch, patch+enable (default all)")
     p.add_argument("--fast", action="store_true",
@@ -280,7 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from xkernels.cli import bench_models
 
         return bench_models.main(args, target)
-    whole = [o for o in ("layers", "mode", "way", "config", "batch", "seq", "rounds") if getattr(args, o) is not None]
+    whole = [o for o in ("layers", "mode", "masks", "way", "config", "batch", "seq", "rounds")
+             if getattr(args, o) is not None]
     if whole:
         return _fail(f"--{whole[0]} applies to a whole-model bench (--model without --size, or --model-config)")
     size = args.size or ("small" if target.device.type == "cpu" else "all")

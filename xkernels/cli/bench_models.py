@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from xkernels.harness import Target, model_zoo, perf
-from xkernels.harness.model_runs import MODES, PASSES, make_runner, unavailable_reason
+from xkernels.harness.model_runs import MASKS, MODES, PASSES, make_runner, unavailable_reason
 
 WAYS = ("torch", "enable", "patch", "patch+enable")
 #: short turns, many rounds: an H100 host's speed drifted by tens of percent over seconds (the
@@ -122,10 +122,14 @@ class _nothing:
 def run(spec: Spec, dtype: torch.dtype, target: Target, batch: int | None = None, seq: int | None = None,
         layers: int | None = None, modes: tuple[str, ...] = ("eager",), ways: tuple[str, ...] = WAYS,
         rounds: int | None = None, fast: bool = False, seed: int = 0, log: Callable[[str], None] = print,
-        text_seq_only: bool = False) -> list[dict[str, Any]]:
+        text_seq_only: bool = False, masks: str = "eager") -> list[dict[str, Any]]:
     """Rows of one model's benchmark: per mode, way and pass; a way that fails gives an error row,
     a mode that cannot run here a ``skipped`` row with the reason. ``text_seq_only``: ``seq`` is
-    for text models (a vision model of a multi-model run keeps its own)."""
+    for text models (a vision model of a multi-model run keeps its own). ``masks``: how the
+    captured and compiled modes decide transformers' attention masks (``model_runs.MASKS``), in
+    each of their rows."""
+    if masks not in MASKS:
+        raise ValueError(f"--masks must be among {list(MASKS)}, got {masks!r}")
     built = model_zoo.build(spec.data, spec.source, dtype, target.device, batch, seq, layers, seed,
                             spec.zoo_name, spec.size, text_seq_only)
     log(f"{spec.name}: {built.description}, batch {built.batch}"
@@ -143,7 +147,8 @@ def run(spec: Spec, dtype: torch.dtype, target: Target, batch: int | None = None
             log(f"  {mode}: skipped: {why}")
             rows.append({**base, "mode": mode, "way": "-", "pass": "-", "skipped": why})
             continue
-        rows += _run_mode(mode, built, base, target, ways, settings, rounds, log)
+        rows += _run_mode(mode, built, {**base, "masks": masks} if mode != "eager" else base, target, ways,
+                          settings, rounds, log)
         if mode == "compile":
             torch._dynamo.reset()  # the next model compiles afresh; this one's graphs are freed
     return rows
@@ -187,7 +192,7 @@ def _run_ways(mode: str, built: model_zoo.Built, models: dict[str, torch.nn.Modu
         try:
             xkernels.routing_counts(reset=True)
             with _Way(way, model, log, kept.get(way)) as report:
-                runners[way] = make_runner(mode, model, built.inputs, target)
+                runners[way] = make_runner(mode, model, built.inputs, target, base.get("masks", "eager"))
                 checked[way] = _outputs(runners[way], ref)
                 checked[way]["routed"] = xkernels.routing_counts()
             if report is not None:
@@ -370,6 +375,8 @@ def versions() -> dict[str, str | None]:
 
 def format_row(r: dict[str, Any]) -> str:
     head = f"{r['model']:<16.16} {r['mode']:<9} {r['way']:<12} {r['pass']:<16}"
+    if r.get("masks") == "traced":
+        head += " (masks as traced)"
     if "skipped" in r:
         return f"{head} skipped: {r['skipped']}"
     if "error" in r:
@@ -438,6 +445,9 @@ def main(args: Any, target: Target) -> int:
         return fail(f"--way must be among {list(WAYS)}, got {list(ways)}")
     if args.rounds is not None and args.rounds < 1:
         return fail(f"--rounds must be positive, got {args.rounds}")
+    masks = getattr(args, "masks", None) or "eager"
+    if masks not in MASKS:
+        return fail(f"--masks must be among {list(MASKS)}, got {masks!r}")
     if args.model_config and args.config:
         return fail("--config picks a built-in model's size; with --model-config, shrink the config itself "
                     "(or use --layers)")
@@ -458,7 +468,7 @@ def main(args: Any, target: Target) -> int:
             for spec in specs:
                 try:
                     mine = run(spec, dtype, target, args.batch, args.seq, args.layers, modes, ways, args.rounds,
-                               bool(args.fast), args.seed, text_seq_only=len(specs) > 1)
+                               bool(args.fast), args.seed, text_seq_only=len(specs) > 1, masks=masks)
                 except ValueError as exc:
                     if len(specs) == 1:
                         raise

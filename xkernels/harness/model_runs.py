@@ -20,10 +20,12 @@
   picks the graph of that state again. Routing (``enable()``) changes no guard: the compiled
   graph of the unrouted model runs, its aten calls made by inductor's own code.
 
-Captured and compiled calls run under :func:`eager_mask_decisions`, so that they compute what
-the eager call computes. transformers' SDPA mask helpers skip the attention mask (so that SDPA
-may run its flash kernel) only when they believe nothing is being traced, and their
-``is_tracing()`` is true during a CUDA-graph capture and while dynamo traces. In transformers
+Captured and compiled calls run under :func:`eager_mask_decisions` (``masks="eager"``, the
+default), so that they compute what the eager call computes; ``masks="traced"`` leaves the
+decisions to transformers as a user's captured or compiled model meets them (:data:`MASKS`).
+transformers' SDPA mask helpers skip the attention mask (so that SDPA may run its flash kernel)
+only when they believe nothing is being traced, and their ``is_tracing()`` is true during a
+CUDA-graph capture and while dynamo traces. In transformers
 5.17 (that of results/2026-11-24-h100-model-modes) this held even with no ``attention_mask`` at
 all, which is what the bench passes: eager BERT ran SDPA unmasked, its captured and compiled
 graphs built a dense (batch, 1, seq, seq) mask and ran masked SDPA in all 12 layers, forward and
@@ -49,6 +51,9 @@ from xkernels.harness import Target
 from xkernels.harness.model_zoo import output_of
 
 MODES = ("eager", "cudagraph", "compile")
+#: how captured and compiled calls decide transformers' attention masks: as eager mode decides them
+#: for every way (like for like), or as the capture / trace makes transformers decide them
+MASKS = ("eager", "traced")
 PASSES = ("forward", "forward+backward")
 #: eager calls on the side stream before a capture (allocations, Triton compilation, autotuning)
 GRAPH_WARMUP = 3
@@ -123,17 +128,25 @@ def _one_sequence_per_row(position_ids: torch.Tensor) -> None:
     return None
 
 
-def captured_forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+def mask_decisions(masks: str, inputs: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """The context a captured or compiled call runs in: :func:`eager_mask_decisions` for
+    ``"eager"``, nothing for ``"traced"`` (:data:`MASKS`)."""
+    if masks not in MASKS:
+        raise ValueError(f"masks must be among {list(MASKS)}, got {masks!r}")
+    return eager_mask_decisions(inputs) if masks == "eager" else contextlib.nullcontext()
+
+
+def captured_forward(model: torch.nn.Module, inputs: dict[str, torch.Tensor], masks: str = "eager") -> torch.Tensor:
     """What the ``cudagraph`` mode's forward graph captures (eval, no grad around it): the
-    output tensor, the model's masks decided as in eager (:func:`eager_mask_decisions`)."""
-    with eager_mask_decisions(inputs):
+    output tensor, the model's masks decided as ``masks`` says (:func:`mask_decisions`)."""
+    with mask_decisions(masks, inputs):
         return output_of(model(**inputs))
 
 
-def captured_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """What the ``cudagraph`` mode's training-step graph captures: forward (masks as in eager),
-    loss, backward; the loss detached (its autograd graph released after the backward)."""
-    with eager_mask_decisions(inputs):
+def captured_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor], masks: str = "eager") -> torch.Tensor:
+    """What the ``cudagraph`` mode's training-step graph captures: forward (masks as ``masks``
+    says), loss, backward; the loss detached (its autograd graph released after the backward)."""
+    with mask_decisions(masks, inputs):
         loss = loss_of(model(**inputs))
     loss.backward()
     return loss.detach()
@@ -173,14 +186,16 @@ class Runner:
 class Compiled(Runner):
     mode = "compile"
 
-    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target) -> None:
+    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target,
+                 masks: str = "eager") -> None:
         super().__init__(model, inputs)
         compiled = torch.compile(model)
+        mask_decisions(masks, inputs)  # a bad value raises here, before compiling
 
         def call(*args: Any, **kwargs: Any) -> Any:
             # every call, not only the tracing one: dynamo guards on the helpers it inlined, and
             # a call without them would retrace the mask-materializing path inside the timing
-            with eager_mask_decisions(inputs):
+            with mask_decisions(masks, inputs):
                 return compiled(*args, **kwargs)
 
         self.call = call
@@ -194,16 +209,18 @@ class Compiled(Runner):
 class Graphed(Runner):
     mode = "cudagraph"
 
-    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target) -> None:
+    def __init__(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target,
+                 masks: str = "eager") -> None:
         super().__init__(model, inputs)
+        mask_decisions(masks, inputs)  # a bad value raises here, before capturing
         eager = Runner(model, inputs)
         t0 = time.perf_counter()
         with torch.cuda.device(target.device):
             model.eval()
             with torch.no_grad():
-                self.fwd_graph, self.fwd_out = _capture(eager.forward, lambda: captured_forward(model, inputs))
+                self.fwd_graph, self.fwd_out = _capture(eager.forward, lambda: captured_forward(model, inputs, masks))
             model.train()
-            self.train_graph, self.loss = _capture(eager.train_step, lambda: captured_step(model, inputs),
+            self.train_graph, self.loss = _capture(eager.train_step, lambda: captured_step(model, inputs, masks),
                                                    before=lambda: model.zero_grad(set_to_none=True))
         self._grads = {n: p.grad for n, p in model.named_parameters()}  # the graph's: each replay rewrites them
         target.backend.synchronize(target.device)
@@ -246,14 +263,18 @@ def _capture(warm: Callable[[], Any], body: Callable[[], Any],
     return graph, out
 
 
-def make_runner(mode: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target) -> Runner:
+def make_runner(mode: str, model: torch.nn.Module, inputs: dict[str, torch.Tensor], target: Target,
+                masks: str = "eager") -> Runner:
     """The runner of ``mode`` for the model in its current state (raises if ``mode`` cannot run:
-    see :func:`unavailable_reason`)."""
+    see :func:`unavailable_reason`); ``masks``: how captured and compiled calls decide the
+    model's attention masks (:data:`MASKS`; eager mode decides them itself)."""
+    if masks not in MASKS:
+        raise ValueError(f"masks must be among {list(MASKS)}, got {masks!r}")
     why = unavailable_reason(mode, target)
     if why:
         raise RuntimeError(why)
     if mode == "cudagraph":
-        return Graphed(model, inputs, target)
+        return Graphed(model, inputs, target, masks)
     if mode == "compile":
-        return Compiled(model, inputs, target)
+        return Compiled(model, inputs, target, masks)
     return Runner(model, inputs)
