@@ -389,6 +389,7 @@ def test_a_way_failing_while_timed_is_an_error_row(monkeypatch):
     (["--model", "vit", "--config", "tiny", "--seq", "8"], "--seq does not apply to ViTModel"),
     (["--op", "add", "--layers", "2"], "--layers applies to a whole-model bench"),
     (["--op", "add", "--masks", "traced"], "--masks applies to a whole-model bench"),
+    (["--model", "gpt2", "--config", "tiny", "--masks", "traced"], "--masks traced applies to the cudagraph and compile"),
 ])
 def test_bad_model_arguments_exit_2(argv, message, capsys):
     require_transformers()

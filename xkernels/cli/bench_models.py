@@ -448,6 +448,9 @@ def main(args: Any, target: Target) -> int:
     masks = getattr(args, "masks", None) or "eager"
     if masks not in MASKS:
         return fail(f"--masks must be among {list(MASKS)}, got {masks!r}")
+    if getattr(args, "masks", None) and modes == ("eager",):
+        return fail(f"--masks {masks} applies to the cudagraph and compile modes (eager mode decides its masks "
+                    "itself): add --mode cudagraph or --mode compile")
     if args.model_config and args.config:
         return fail("--config picks a built-in model's size; with --model-config, shrink the config itself "
                     "(or use --layers)")
