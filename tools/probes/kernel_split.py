@@ -78,7 +78,7 @@ def launching_ops(call, steps: int, top: int) -> list[dict]:
         if not kernels:
             continue
         op, chain = e, []
-        while op is not None and op.name.startswith(("cuda", "cu")) and getattr(op, "cpu_parent", None) is not None:
+        while op is not None and op.name.startswith("cu") and getattr(op, "cpu_parent", None) is not None:
             op = op.cpu_parent
         parent = op
         while parent is not None and len(chain) < 4:
