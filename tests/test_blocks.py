@@ -12,7 +12,8 @@ import torch
 import xkernels
 from helpers import TMA_FORMS, assert_model_close, require_transformers
 from xkernels import blocks
-from xkernels.ops.fused import rotary
+from xkernels.block_steps import NormStep
+from xkernels.ops.fused import add_norm_compiled, rotary
 from xkernels.patching import ADD_NORM_SITES, PRE_NORM_SITES
 
 ATTN = {"attn_implementation": "eager"}
@@ -602,10 +603,14 @@ def test_children_replaced_after_patch_take_the_general_way(backend, device):
         _close(got, module, args, module)
 
 
-def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch):
-    """While torch.compile traces, every fused block runs its class's own forward (the compiler
-    fuses adds, norms and gates itself; the fused ops' nodes measured slower there on an H100):
-    no block step is called, and outputs and gradients match the unpatched compiled model."""
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch, train):
+    """While torch.compile traces an inference call, every fused block runs its class's own
+    forward (the compiler fuses adds, norms and gates itself; the fused ops' nodes measured slower
+    there on an H100): no block step is called. A training call reaches the decoder layers' add +
+    norm steps only (``block_steps.norm_block_as_written``), which trace the norm class's own forward
+    where the table has no measured compiled rule (none for the interpreter). Outputs and gradients
+    match the unpatched compiled model."""
     tf = require_transformers()
     torch.manual_seed(0)
     model = _llama_like(tf, "llama").to(device)
@@ -613,21 +618,99 @@ def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch
     ids = torch.randint(0, 64, (2, 7), device=device)
     xkernels.patch(model)
     assert _counts(xkernels.patch(copy.deepcopy(ref))) == EXPECTED["llama"]
+    calls, forms = [], []
+    for m in model.modules():
+        step = m.__dict__.get("_xkernels_block")
+        if step is not None:
+            monkeypatch.setattr(m, "_xkernels_block", lambda *a, _s=step: (calls.append(type(_s)), _s(*a))[1])
+    real_rotary = rotary.RotaryPlan.run  # the rotary fusion hands every traced call to the original
+    monkeypatch.setattr(rotary.RotaryPlan, "run", lambda *a: (calls.append("rotary"), real_rotary(*a))[1])
+    real_form = add_norm_compiled.add_norm
+    monkeypatch.setattr(add_norm_compiled, "add_norm",
+                        lambda *a: (lambda out: (forms.append(out), out)[1])(real_form(*a)))
+    torch._dynamo.reset()
+    got, got_grads = _run(torch.compile(model, backend="aot_eager", fullgraph=False), ids, train)
+    want, want_grads = _run(torch.compile(ref, backend="aot_eager", fullgraph=False), ids, train)
+    torch._dynamo.reset()
+    if not train:
+        assert calls == [] and forms == []
+    else:
+        layers = model.config.num_hidden_layers
+        assert calls == ([NormStep] * layers if xkernels.dispatch.select(device).runs_triton else []), calls
+        assert forms == [None] * len(calls)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "vit"])
+def test_compiled_training_traces_the_fused_forwards_of_post_and_pre_norm_blocks(device, family):
+    """A training step under torch.compile (dropout 0) traces the fused forwards of BERT's output
+    blocks, GPT-2's blocks and ViT's layers (``block_steps.norm_block_as_written``): outputs and
+    every gradient match the unpatched compiled model's."""
+    tf = require_transformers()
+    torch.manual_seed(0)
+    if family == "bert":
+        model = tf.BertModel(tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=64, vocab_size=64, max_position_embeddings=32,
+                                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **ATTN))
+        x = torch.randint(0, 64, (2, 6), device=device)
+    elif family == "gpt2":
+        model = tf.GPT2Model(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32,
+                                           resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ATTN))
+        x = torch.randint(0, 64, (2, 6), device=device)
+    else:
+        model = tf.ViTModel(tf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, image_size=16, patch_size=8, **ATTN),
+                            add_pooling_layer=False)
+        x = torch.randn(2, 3, 16, 16, device=device)
+    model = model.to(device).train()
+    ref = copy.deepcopy(model)
+    xkernels.patch(model)
+
+    def step(m):
+        m.zero_grad(set_to_none=True)
+        out = torch.compile(m, backend="aot_eager")(x).last_hidden_state
+        out.sum().backward()
+        return out, [p.grad for p in m.parameters() if p.grad is not None]
+
+    torch._dynamo.reset()
+    got, got_grads = step(model)
+    want, want_grads = step(ref)
+    torch._dynamo.reset()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert len(got_grads) == len(want_grads)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_training_keeps_the_class_forward_where_a_dropout_is_active(device, monkeypatch):
+    """Under torch.compile a training call reaches a BERT output block's add + norm step only while
+    none of its dropouts is active (Inductor fuses an active dropout into its add + norm and the
+    compiled form's rules were measured without one): in train mode with hidden dropout 0.1 no
+    step is called; in eval mode (dropout inactive, parameters still requiring grad) each of the
+    2 x layers output blocks calls its step, on a backend running Triton."""
+    tf = require_transformers()
+    cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                        vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.1,
+                        attention_probs_dropout_prob=0.0, **ATTN)
+    torch.manual_seed(0)
+    model = tf.BertModel(cfg).to(device)
+    ids = torch.randint(0, 64, (2, 6), device=device)
+    xkernels.patch(model)
     calls = []
     for m in model.modules():
         step = m.__dict__.get("_xkernels_block")
         if step is not None:
-            monkeypatch.setattr(m, "_xkernels_block", lambda *a, _s=step: (calls.append(1), _s(*a))[1])
-    real_rotary = rotary.RotaryPlan.run  # the rotary fusion hands every traced call to the original
-    monkeypatch.setattr(rotary.RotaryPlan, "run", lambda *a: (calls.append(1), real_rotary(*a))[1])
+            monkeypatch.setattr(m, "_xkernels_block", lambda *a, _s=step: (calls.append(type(_s)), _s(*a))[1])
+    want = 2 * cfg.num_hidden_layers if xkernels.dispatch.select(device).runs_triton else 0
+    for mode, expected in (("train", 0), ("eval", want)):
+        getattr(model, mode)()
+        calls.clear()
+        torch._dynamo.reset()
+        torch.compile(model, backend="aot_eager")(ids).last_hidden_state.sum().backward()
+        assert [c for c in calls if c is NormStep] == [NormStep] * expected, (mode, calls)
     torch._dynamo.reset()
-    got, got_grads = _run(torch.compile(model, backend="aot_eager", fullgraph=False), ids, True)
-    want, want_grads = _run(torch.compile(ref, backend="aot_eager", fullgraph=False), ids, True)
-    torch._dynamo.reset()
-    assert calls == []
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    for g, w in zip(got_grads, want_grads):
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),

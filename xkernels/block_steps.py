@@ -24,9 +24,12 @@ gradient is required, nothing compiles and the op has routes, the op call goes t
 own :class:`~xkernels.ops.route.RouteCache`, keyed by every tensor argument's shape, strides,
 dtype and device (``None`` for an absent one) and the eps's type: a repeat runs its route without
 the op's front door; where a gradient is required the same key finds the route the op's recorded
-call takes (``RouteCache.recorded``). Otherwise (``torch.compile``, an op that has no route at
-all, such as any op on a backend running PyTorch) the op itself is called (while compiling, the
-blocks of ``xkernels.blocks`` run their class's own forward and never reach a step). A child
+call takes (``RouteCache.recorded``). Otherwise (an op that has no route at all, such as any op
+on a backend running PyTorch) the op itself is called. While torch.compile traces, the blocks of
+``xkernels.blocks`` run their class's own forward for inference calls and never reach a step; a
+training call reaches :class:`NormStep`, which traces the compiled training form of add + norm
+(``ops/fused/add_norm_compiled.py``) where its rule measured it faster, else the norm class's own
+forward on ``x + residual``. A child
 whose class is no longer the one the step was resolved for (replaced after ``patch``) takes the
 general way: its kind looked up per call (``NormStep``) or the module class's own forward
 (``GatedStep``).
@@ -49,7 +52,7 @@ from xkernels.backends import native
 from xkernels.dispatch import runs_kernels
 from xkernels.ops import add_layer_norm, add_rms_norm, autocast, gated_linear, linear, matmul
 from xkernels.ops.autocast import autocasting
-from xkernels.ops.fused import gated_linear_compiled
+from xkernels.ops.fused import add_norm_compiled, gated_linear_compiled
 from xkernels.ops.fused.add_norm_plan import training_fusion_pays
 from xkernels.ops.matmul import feed_forward
 from xkernels.ops.op import _any_requires_grad, _capturing, _grad_enabled, _is_compiling
@@ -65,6 +68,28 @@ def as_written(x: Any) -> bool:
     at 4 x 64 on a CPU host cost 398 us that way against 86 for ``x + r`` and ``F.layer_norm``).
     Decided once per fused forward, before any step is called: the steps do not ask again."""
     return _is_compiling() or isinstance(x, torch.Tensor) and not runs_kernels(x.device)
+
+
+def norm_block_as_written(x: Any, block: torch.nn.Module) -> bool:
+    """:func:`as_written` for the forwards whose fused step is an add + norm (:class:`NormStep`),
+    except a training call while torch.compile traces on a backend running Triton with no active
+    dropout in ``block``: that traces the fused forward, whose step launches the compiled training
+    form where its table rule measured it faster than the compiler's
+    (``ops/fused/add_norm_compiled.py``) and traces the norm class's own forward elsewhere. An
+    active ``nn.Dropout`` (training, ``p > 0``) keeps the class's forward: Inductor fuses the
+    dropout of the summand into its add + norm kernel and its mask into the backward, two passes
+    the form would add, and the rules were measured without dropout."""
+    if _is_compiling():
+        return not (torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad
+                    and not active_dropout(block) and add_norm_compiled.available(x.device))
+    return isinstance(x, torch.Tensor) and not runs_kernels(x.device)
+
+
+def active_dropout(block: torch.nn.Module) -> bool:
+    """Whether a training-mode ``block`` holds an ``nn.Dropout`` (any of its subclasses) with
+    ``p > 0``."""
+    return block.training and any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+                                  for m in block.modules())
 
 
 # The op itself is called (``direct``) while compiling and while the op has no route at all
@@ -109,11 +134,14 @@ class NormStep:
         b = (params["bias"] if "bias" in params else norm.bias) if self.layer else None
         if not same_math(x, residual, w, b):
             return self.unfused(norm, x, residual)
-        rs, direct = self.return_sum, not self.routes.op._hot or _is_compiling()
+        if _is_compiling():  # a training call (as_written): the compiled form where its rule measured it faster
+            out = add_norm_compiled.add_norm("layer" if self.layer else "rms", x, residual, w, b, eps, self.offset,
+                                             self.return_sum)
+            return out if out is not None else self.unfused(norm, x, residual)
+        rs, direct = self.return_sum, not self.routes.op._hot
         if self.layer:
             training = _grad_enabled() and _any_requires_grad(x, residual, w, b)
-            if _is_compiling() or (training and not self.training_pays(x) and not _capturing(x)):
-                # under torch.compile: PyTorch's add and LayerNorm, which the compiler fuses itself;
+            if training and not self.training_pays(x) and not _capturing(x):
                 # in eager training where the fused op's host cost outweighs the bytes it saves
                 # (not while a CUDA graph is captured: its replays cost no host time)
                 s = x if residual is None else x + residual

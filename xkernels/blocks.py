@@ -87,6 +87,7 @@ from xkernels.block_steps import (
     child_at,
     gated_step,
     hooked,
+    norm_block_as_written,
     norm_step,
     own_forward,
 )
@@ -312,17 +313,20 @@ def add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
 
 
 # -- the fused forwards: children read from ``_modules`` (no ``nn.Module.__getattr__`` frame) ------
-# While torch.compile traces, each runs its class's own forward: the compiler fuses the adds, norms
-# and gates itself, and the fused ops' custom-op nodes measured 0.89x (Llama training) and 0.97x
-# (BERT training) of torch.compile on the unpatched model on an H100
-# (results/2026-11-24-h100-model-modes). So does a call whose input's backend runs no kernels
-# (the cpu backend: block_steps.as_written). Under autocast they run fused: each add + norm step takes
-# the fused op only where the class's own norm would compute the same in fp32
-# (block_steps.same_math), and a gated MLP's training call casts its GEMM operands first.
+# While torch.compile traces an inference call, each runs its class's own forward: the compiler fuses
+# the adds, norms and gates itself, and the fused ops' custom-op nodes measured 0.89x (Llama training)
+# and 0.97x (BERT training) of torch.compile on the unpatched model on an H100
+# (results/2026-11-24-h100-model-modes). A training call traces the fused forward, whose add + norm
+# step launches its kernels as user-defined Triton kernels where a table rule measured that faster
+# than the compiler's and no dropout of the block is active (block_steps.norm_block_as_written).
+# A call whose input's backend runs no kernels runs its class's own forward too (the cpu backend).
+# Under autocast they run fused: each add + norm step takes the fused op only where the class's own
+# norm would compute the same in fp32 (block_steps.same_math), and a gated MLP's training call casts
+# its GEMM operands first.
 def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
                    past_key_values: Any = None, use_cache: Any = False, position_embeddings: Any = None,
                    **kwargs: Any) -> torch.Tensor:
-    if as_written(hidden_states):  # see the note above
+    if norm_block_as_written(hidden_states, self):  # see the note above
         return own_forward(type(self))(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
                                   past_key_values=past_key_values, use_cache=use_cache,
                                   position_embeddings=position_embeddings, **kwargs)
@@ -337,14 +341,14 @@ def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any =
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    if as_written(hidden_states):  # see the note above
+    if norm_block_as_written(hidden_states, self):  # see the note above
         return own_forward(type(self))(self, hidden_states, input_tensor)
     m = self._modules
     return self._xkernels_block(self, m["dropout"](m["dense"](hidden_states)), input_tensor)
 
 
 def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> torch.Tensor:
-    if as_written(hidden_states):  # see the note above
+    if norm_block_as_written(hidden_states, self):  # see the note above
         return own_forward(type(self))(self, hidden_states, attention_mask, **kwargs)
     m = self._modules
     residual = hidden_states
@@ -358,7 +362,8 @@ def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = Non
 def _gpt2_block(self: Any, hidden_states: torch.Tensor, past_key_values: Any = None, attention_mask: Any = None,
                 encoder_hidden_states: Any = None, encoder_attention_mask: Any = None, use_cache: Any = False,
                 **kwargs: Any) -> torch.Tensor:
-    if encoder_hidden_states is not None or as_written(hidden_states):  # cross-attention: between the add and ln_2
+    # cross-attention: between the add and ln_2
+    if encoder_hidden_states is not None or norm_block_as_written(hidden_states, self):
         return own_forward(type(self))(self, hidden_states, past_key_values, attention_mask, encoder_hidden_states,
                                   encoder_attention_mask, use_cache, **kwargs)
     m = self._modules

@@ -164,7 +164,11 @@ def add_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr
                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, STORE_SUM: tl.constexpr,
                     STORE_STATS: tl.constexpr, ONE_CHUNK: tl.constexpr, PERSISTENT: tl.constexpr,
                     INDEX_64: tl.constexpr):
-    """y = norm(x + residual) over rows of length N; s = x + residual stored when STORE_SUM."""
+    """y = norm(x + residual) over rows of length N; s = x + residual stored when STORE_SUM.
+    ``eps`` and ``offset`` are taken as fp32 (Inductor passes a Python float as fp64, which would
+    carry every element's arithmetic to fp64)."""
+    eps = tl.cast(eps, tl.float32)
+    offset = tl.cast(offset, tl.float32)
     pid = tl.program_id(0)
     if PERSISTENT:
         for tile in range(pid, n_tiles, nprog):
@@ -236,6 +240,7 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
     walks its row twice in chunks of ``BLOCK_N`` (pass 1: the two row sums; pass 2: d(s)), and
     the d(w)/d(b) partials are atomically added into this program's own (zeroed) part row:
     coherent where a plain store read back by another thread of the program would not be."""
+    offset = tl.cast(offset, tl.float32)  # fp32 whoever launches it (as add_norm_kernel)
     pid = tl.program_id(0)
     pbase = pid * part_row
     if INDEX_64:
