@@ -257,3 +257,24 @@ TMA_TINY = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2, "TMA": Tr
 TMA_FORMS = [TMA_TINY, {**TMA_TINY, "PERSISTENT": True, "EPILOGUE_SUBTILE": True},
              {**TMA_TINY, "PERSISTENT": True, "PROGRAMS_PER_SM": 2, "EPILOGUE_SUBTILE": True}]
 TMA_FORM_IDS = ["one tile each", "persistent + subtile", "persistent x2 + subtile"]
+
+
+def sm90_planning_backend(tensor_descriptors: bool = True):
+    """A cuda backend that plans for an sm90 part (132 SMs, no grid limit) with no device needed:
+    the object ``dispatch.select`` is made to return where a test checks sm90 table decisions."""
+    from xkernels.backends.cuda import CudaBackend
+
+    class Sm90Planning(CudaBackend):
+        def arch(self, device=None) -> str:
+            return "sm90"
+
+        def compute_units(self, device=None) -> int:
+            return 132
+
+        def max_programs(self, unit="vector", device=None) -> int:
+            return 2**31 - 1
+
+        def tensor_descriptors(self, device=None) -> bool:
+            return tensor_descriptors
+
+    return Sm90Planning()

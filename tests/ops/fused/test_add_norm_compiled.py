@@ -12,26 +12,12 @@ import pytest
 import torch
 
 import xkernels
-from helpers import assert_close, assert_model_close, rand, require_transformers
+from helpers import assert_close, assert_model_close, rand, require_transformers, sm90_planning_backend
 from xkernels import dispatch, tuning
-from xkernels.backends.cuda import CudaBackend
 from xkernels.ops.fused import add_norm_bwd, add_norm_kernels
 from xkernels.ops.fused import add_norm_compiled as compiled
 
 _CUDA = torch.device("cuda", 0)
-
-
-class _H200(CudaBackend):
-    """The cuda backend's planning for an sm90 part (132 SMs), no device needed."""
-
-    def arch(self, device=None) -> str:
-        return "sm90"
-
-    def compute_units(self, device=None) -> int:
-        return 132
-
-    def max_programs(self, unit="vector", device=None) -> int:
-        return 2**31 - 1
 
 
 def _clear():
@@ -41,7 +27,7 @@ def _clear():
 
 @pytest.fixture
 def sm90(monkeypatch):
-    be = _H200()
+    be = sm90_planning_backend()
     monkeypatch.setattr(dispatch, "select", lambda device: be)
     _clear()
     yield be

@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import xkernels
-from helpers import assert_close, rand, require_transformers
+from helpers import assert_close, rand, require_transformers, sm90_planning_backend
 from xkernels import dispatch, tuning
-from xkernels.backends.cuda import CudaBackend
 from xkernels.ops.fused import gated_linear_compiled as compiled
 from xkernels.ops.fused.gated_linear import reference_gated_linear
 
@@ -21,25 +20,9 @@ _CUDA = torch.device("cuda", 0)
 _LLAMA_8B = (4096, 14336)  # H, I
 
 
-class _H100(CudaBackend):
-    """The cuda backend's planning for an sm90 part (132 SMs), no device needed."""
-
-    def arch(self, device=None) -> str:
-        return "sm90"
-
-    def compute_units(self, device=None) -> int:
-        return 132
-
-    def max_programs(self, unit="vector", device=None) -> int:
-        return 2**31 - 1
-
-    def tensor_descriptors(self, device=None) -> bool:
-        return True
-
-
 @pytest.fixture
 def sm90(monkeypatch):
-    be = _H100()
+    be = sm90_planning_backend()
     monkeypatch.setattr(dispatch, "select", lambda device: be)
     compiled._spec.cache_clear()
     yield be
