@@ -603,6 +603,20 @@ def test_children_replaced_after_patch_take_the_general_way(backend, device):
         _close(got, module, args, module)
 
 
+def _a_compiled_rule_everywhere(monkeypatch):
+    """Stand in for a device whose add_norm table holds a compiled rule (sm90's): a backend running
+    Triton traces the fused forwards of compiled training calls; the form itself then finds no
+    rule for the interpreter's arch (and no ``@triton.jit`` kernel to launch) and traces the norm
+    class's forward. The real ``available`` says no on every CPU backend."""
+    for name in ("cpu", "interpreter", "interpreter-npu"):
+        be = xkernels.dispatch.get_backend(name)
+        if be.unavailable_reason() is None:
+            with xkernels.dispatch.use_backend(be):
+                assert not add_norm_compiled.available(torch.device("cpu")), name
+    stand_in = torch.compiler.assume_constant_result(lambda device: xkernels.dispatch.select(device).runs_triton)
+    monkeypatch.setattr(add_norm_compiled, "available", stand_in)  # a Dynamo constant, as the real one
+
+
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
 def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch, train):
     """While torch.compile traces an inference call, every fused block runs its class's own
@@ -612,6 +626,7 @@ def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch
     where the table has no measured compiled rule (none for the interpreter). Outputs and gradients
     match the unpatched compiled model."""
     tf = require_transformers()
+    _a_compiled_rule_everywhere(monkeypatch)
     torch.manual_seed(0)
     model = _llama_like(tf, "llama").to(device)
     ref = copy.deepcopy(model)
@@ -644,11 +659,13 @@ def test_compiled_patched_models_trace_the_original_forwards(device, monkeypatch
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2", "vit"])
-def test_compiled_training_traces_the_fused_forwards_of_post_and_pre_norm_blocks(device, family):
-    """A training step under torch.compile (dropout 0) traces the fused forwards of BERT's output
-    blocks, GPT-2's blocks and ViT's layers (``block_steps.norm_block_as_written``): outputs and
-    every gradient match the unpatched compiled model's."""
+def test_compiled_training_traces_the_fused_forwards_of_post_and_pre_norm_blocks(device, family, monkeypatch):
+    """A training step under torch.compile (dropout 0) where a compiled rule exists traces the
+    fused forwards of BERT's output blocks, GPT-2's blocks and ViT's layers
+    (``block_steps.norm_block_as_written``): outputs and every gradient match the unpatched
+    compiled model's."""
     tf = require_transformers()
+    _a_compiled_rule_everywhere(monkeypatch)
     torch.manual_seed(0)
     if family == "bert":
         model = tf.BertModel(tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
@@ -689,7 +706,8 @@ def test_compiled_training_keeps_the_class_forward_where_a_dropout_is_active(dev
     none of its dropouts is active (Inductor fuses an active dropout into its add + norm and the
     compiled form's rules were measured without one): in train mode with hidden dropout 0.1 no
     step is called; in eval mode (dropout inactive, parameters still requiring grad) each of the
-    2 x layers output blocks calls its step, on a backend running Triton."""
+    2 x layers output blocks calls its step, on a backend running Triton, where a compiled rule
+    exists (none for the CPU backends' arch: no step called)."""
     tf = require_transformers()
     cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                         vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.1,
@@ -704,7 +722,9 @@ def test_compiled_training_keeps_the_class_forward_where_a_dropout_is_active(dev
         if step is not None:
             monkeypatch.setattr(m, "_xkernels_block", lambda *a, _s=step: (calls.append(type(_s)), _s(*a))[1])
     want = 2 * cfg.num_hidden_layers if xkernels.dispatch.select(device).runs_triton else 0
-    for mode, expected in (("train", 0), ("eval", want)):
+    for mode, expected in (("eval", 0), ("train", 0), ("eval", want)):
+        if expected:
+            _a_compiled_rule_everywhere(monkeypatch)
         getattr(model, mode)()
         calls.clear()
         torch._dynamo.reset()

@@ -72,8 +72,9 @@ def as_written(x: Any) -> bool:
 
 def norm_block_as_written(x: Any, block: torch.nn.Module) -> bool:
     """:func:`as_written` for the forwards whose fused step is an add + norm (:class:`NormStep`),
-    except a training call while torch.compile traces on a backend running Triton with no active
-    dropout in ``block``: that traces the fused forward, whose step launches the compiled training
+    except a training call while torch.compile traces, on a device whose add_norm table has
+    compiled rules (``add_norm_compiled.available``), with no active dropout in ``block``: that
+    traces the fused forward, whose step launches the compiled training
     form where its table rule measured it faster than the compiler's
     (``ops/fused/add_norm_compiled.py``) and traces the norm class's own forward elsewhere. An
     active ``nn.Dropout`` (training, ``p > 0``) keeps the class's forward: Inductor fuses the

@@ -226,6 +226,13 @@ def lookup(op: str, backend: Backend, arch: str, key: dict[str, Any], default: d
     return Choice(dict(default), f"built-in default of op {op!r} (no table rule matched)")
 
 
+def rules(op: str, backend: Backend, arch: str) -> Iterator[dict[str, Any]]:
+    """Every rule of ``op``'s tables for ``backend``/``arch``, in lookup order (what
+    :func:`lookup` may match)."""
+    for _, arch_key, table in _tables(op, backend, arch):
+        yield from table["archs"].get(arch_key, ())
+
+
 def candidates(op: str, backend: Backend, arch: str, key: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
     """The candidate configs of ``op`` for bucket ``key``, and where they came from: every
     group of the first table section ``"candidates"[arch key]`` that has a group matching

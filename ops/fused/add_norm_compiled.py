@@ -22,7 +22,9 @@ are), from the plans eager mode makes for the same call. The form is used where
 * the add_norm table has a measured ``"pass": "compiled"`` rule for the call's norm, dtype, width
   and rows whose config says ``"compiled": "kernels"`` and whose ``worst_ratio`` (kernel time of
   this form's forward + backward over Inductor's, ``tools/probes/norm_backward_compiled.py``) is
-  at least :data:`MIN_RATIO`; no rule (other GPUs, the NPU, shapes not measured) keeps Inductor's;
+  at least :data:`MIN_RATIO`; no rule (other GPUs, the NPU, shapes not measured) keeps Inductor's
+  (where the device's arch has no compiled rule at all, :func:`available` says so and the block
+  traces its class's forward, as before the form existed);
 * x and residual are contiguous, of one shape and one dtype, which the weight and bias share,
   every dim static, the kernels launchable from Inductor's code (the backend's launchable form of
   a kernel is the ``@triton.jit`` function itself), the backward's route the kernel, no forced
@@ -82,8 +84,10 @@ def _backend(device: torch.device) -> Any:
 
 
 def available(device: torch.device) -> bool:
-    """Whether ``device``'s backend runs Triton, so a compiled training call may take this form
-    (its rule decides per call). A Dynamo constant."""
+    """Whether a compiled training call on ``device`` may take this form: its backend runs Triton
+    and its add_norm tables hold a ``"pass": "compiled"`` rule for the device's arch (a rule
+    decides per call). Elsewhere a patched block traces its class's forward as before. A Dynamo
+    constant."""
     return _available(device, dispatch.override_name())
 
 
@@ -92,7 +96,10 @@ available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 @functools.lru_cache(maxsize=64)
 def _available(device: torch.device, override: str | None) -> bool:
-    return _backend(device) is not None
+    backend = _backend(device)
+    return backend is not None and any(
+        r.get("when", {}).get("pass") == "compiled" and r.get("config", {}).get("compiled") == "kernels"
+        for r in tuning.rules("add_norm", backend, backend.arch(device)))
 
 
 def rule(kind: str, rows: int, n: int, dtype: torch.dtype, device: torch.device) -> Any:

@@ -40,6 +40,7 @@ def _fwd(kind="layer", rows=8192, n=768, dtype=torch.bfloat16):
 
 def test_measured_shapes_take_the_compiled_form(sm90):
     """BERT's, ViT's, GPT-2's and a Llama-3-8B stack's rows in bf16: the table's measured rules."""
+    assert compiled.available(_CUDA)
     for kind, rows, n in (("layer", 8192, 768), ("layer", 12608, 768), ("layer", 8192, 1024),
                           ("rms", 2048, 4096), ("rms", 8192, 896)):
         spec = _fwd(kind, rows, n)
@@ -70,7 +71,7 @@ def test_a_forced_config_other_backends_and_a_torch_backward_keep_the_class_norm
     interp = xkernels.dispatch.get_backend("interpreter")
     monkeypatch.setattr(dispatch, "select", lambda device: interp)
     _clear()
-    assert _fwd() is None  # no measured compiled rule in the interpreter's tables
+    assert _fwd() is None and not compiled.available(_CUDA)  # no compiled rule for the interpreter's arch
     monkeypatch.setattr(dispatch, "select", lambda device: sm90)
     monkeypatch.setattr(add_norm_bwd, "route", lambda *a: "torch")
     _clear()
