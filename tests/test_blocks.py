@@ -613,7 +613,8 @@ def _a_compiled_rule_everywhere(monkeypatch):
         if be.unavailable_reason() is None:
             with xkernels.dispatch.use_backend(be):
                 assert not add_norm_compiled.available(torch.device("cpu")), name
-    stand_in = torch.compiler.assume_constant_result(lambda device: xkernels.dispatch.select(device).runs_triton)
+    stand_in = torch.compiler.assume_constant_result(
+        lambda device, dropout=False: xkernels.dispatch.select(device).runs_triton)
     monkeypatch.setattr(add_norm_compiled, "available", stand_in)  # a Dynamo constant, as the real one
 
 
@@ -701,37 +702,113 @@ def test_compiled_training_traces_the_fused_forwards_of_post_and_pre_norm_blocks
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
-def test_compiled_training_keeps_the_class_forward_where_a_dropout_is_active(device, monkeypatch):
-    """Under torch.compile a training call reaches a BERT output block's add + norm step only while
-    none of its dropouts is active (Inductor fuses an active dropout into its add + norm and the
-    compiled form's rules were measured without one): in train mode with hidden dropout 0.1 no
-    step is called; in eval mode (dropout inactive, parameters still requiring grad) each of the
-    2 x layers output blocks calls its step, on a backend running Triton, where a compiled rule
-    exists (the device's own tables first: none for the CPU backends' arch, no step called; then
-    with a rule standing in everywhere)."""
+class _CountedStep:
+    """A block's step that records how the fused forward called it: ``"call"`` or ``"dropped"``."""
+
+    def __init__(self, step, calls):
+        self.step, self.calls = step, calls
+
+    def __call__(self, *args):
+        self.calls.append("call")
+        return self.step(*args)
+
+    def dropped(self, *args):
+        self.calls.append("dropped")
+        return self.step.dropped(*args)
+
+
+def _count_norm_steps(model, monkeypatch):
+    calls = []
+    for m in model.modules():
+        step = m.__dict__.get("_xkernels_block")
+        if isinstance(step, NormStep):
+            monkeypatch.setattr(m, "_xkernels_block", _CountedStep(step, calls))
+    return calls
+
+
+def test_compiled_training_hands_bert_output_dropout_to_the_step(device, monkeypatch):
+    """Under torch.compile a training call reaches a BERT output block's add + norm step where its
+    only active dropout is its own ``dropout`` child, a plain ``nn.Dropout`` without hooks, which the
+    fused forward hands to the step (``NormStep.dropped``: inside the compiled form's kernels where a
+    ``compiled_dropout`` rule takes the call): in eval mode (dropout inactive, parameters still
+    requiring grad) each of the 2 x layers output blocks calls its step; in train mode with hidden
+    dropout 0.1 each hands its dropout over; with a hook on a dropout, or the dropout a subclass,
+    that block keeps its class's forward. On a backend running Triton, where a compiled rule exists
+    (the device's own tables first: none for the CPU backends' arch, no step called; then with a
+    rule standing in everywhere). Outputs and gradients equal the unpatched compiled model's under
+    the same seed (the CPU backends have no dropout rule: the step applies the module, then the norm)."""
     tf = require_transformers()
     cfg = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                         vocab_size=64, max_position_embeddings=32, hidden_dropout_prob=0.1,
                         attention_probs_dropout_prob=0.0, **ATTN)
     torch.manual_seed(0)
     model = tf.BertModel(cfg).to(device)
+    ref = copy.deepcopy(model)
     ids = torch.randint(0, 64, (2, 6), device=device)
     xkernels.patch(model)
-    calls = []
-    for m in model.modules():
-        step = m.__dict__.get("_xkernels_block")
-        if step is not None:
-            monkeypatch.setattr(m, "_xkernels_block", lambda *a, _s=step: (calls.append(type(_s)), _s(*a))[1])
-    want = 2 * cfg.num_hidden_layers if xkernels.dispatch.select(device).runs_triton else 0
-    ruled = want if add_norm_compiled.available(device) else 0  # the device's own tables (sm90: rules)
-    for mode, expected in (("eval", ruled), ("train", 0), ("eval", want)):
-        if mode == "train":  # from here a compiled rule stands in everywhere
-            _a_compiled_rule_everywhere(monkeypatch)
-        getattr(model, mode)()
-        calls.clear()
+    calls = _count_norm_steps(model, monkeypatch)
+    sites = 2 * cfg.num_hidden_layers if xkernels.dispatch.select(device).runs_triton else 0
+    ruled = sites if add_norm_compiled.available(device) else 0  # the device's own tables (sm90: rules)
+
+    def step(m, seed=5):
         torch._dynamo.reset()
-        torch.compile(model, backend="aot_eager")(ids).last_hidden_state.sum().backward()
-        assert [c for c in calls if c is NormStep] == [NormStep] * expected, (mode, calls)
+        m.zero_grad(set_to_none=True)
+        torch.manual_seed(seed)
+        out = torch.compile(m, backend="aot_eager")(ids).last_hidden_state
+        out.sum().backward()
+        return out, [q.grad for q in m.parameters() if q.grad is not None]
+
+    model.eval()
+    calls.clear()
+    step(model)
+    assert calls == ["call"] * ruled, calls
+    _a_compiled_rule_everywhere(monkeypatch)  # from here a compiled rule stands in everywhere
+    for mode, expected in (("eval", ["call"] * sites), ("train", ["dropped"] * sites)):
+        getattr(model, mode)()
+        ref.train(mode == "train")
+        calls.clear()
+        got, got_grads = step(model)
+        assert calls == expected, (mode, calls)
+        want, want_grads = step(ref)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert len(got_grads) == len(want_grads)
+        for g, w in zip(got_grads, want_grads):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    first = model.encoder.layer[0]
+    handle = first.output.dropout.register_forward_hook(lambda *a: None)
+    calls.clear()
+    step(model)
+    assert calls == ["dropped"] * (sites - 1), calls  # the hooked block: its class's forward
+    handle.remove()
+
+    class OwnDropout(torch.nn.Dropout):
+        pass
+
+    first.attention.output.dropout = OwnDropout(0.1)
+    calls.clear()
+    step(model)
+    assert calls == ["dropped"] * (sites - 1), calls
+    torch._dynamo.reset()
+
+
+def test_compiled_training_keeps_gpt2s_class_forward_where_its_dropout_is_active(device, monkeypatch):
+    """GPT-2's residual dropout runs inside its attention and MLP modules, not in the block's own
+    forward: with it active a compiled training call keeps the block's class forward (no step is
+    called), and reaches the steps with it at 0."""
+    tf = require_transformers()
+    _a_compiled_rule_everywhere(monkeypatch)
+    for pdrop, expected in ((0.1, 0), (0.0, 2)):
+        torch.manual_seed(0)
+        model = tf.GPT2Model(tf.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32,
+                                           resid_pdrop=pdrop, embd_pdrop=0.0, attn_pdrop=0.0, **ATTN))
+        model = model.to(device).train()
+        xkernels.patch(model)
+        calls = _count_norm_steps(model, monkeypatch)
+        torch._dynamo.reset()
+        torch.compile(model, backend="aot_eager")(torch.randint(0, 64, (2, 6), device=device)).last_hidden_state.sum(
+        ).backward()
+        runs = expected if xkernels.dispatch.select(device).runs_triton else 0
+        assert calls == ["call"] * runs, (pdrop, calls)
     torch._dynamo.reset()
 
 

@@ -70,27 +70,38 @@ def as_written(x: Any) -> bool:
     return _is_compiling() or isinstance(x, torch.Tensor) and not runs_kernels(x.device)
 
 
-def norm_block_as_written(x: Any, block: torch.nn.Module) -> bool:
+def norm_block_as_written(x: Any, block: torch.nn.Module, dropout: str | None = None) -> bool:
     """:func:`as_written` for the forwards whose fused step is an add + norm (:class:`NormStep`),
     except a training call while torch.compile traces, on a device whose add_norm table has
-    compiled rules (``add_norm_compiled.available``), with no active dropout in ``block``: that
-    traces the fused forward, whose step launches the compiled training
-    form where its table rule measured it faster than the compiler's
-    (``ops/fused/add_norm_compiled.py``) and traces the norm class's own forward elsewhere. An
+    compiled rules (``add_norm_compiled.available``), with no active dropout in ``block`` but the
+    one its fused forward hands to the step (``dropout``: the child applied to the summand right
+    before the add, BERT's output blocks'): that traces the fused forward, whose step launches the
+    compiled training form where its table rule measured it faster than the compiler's
+    (``ops/fused/add_norm_compiled.py``; with that dropout inside its kernels, under the
+    ``compiled_dropout`` rules) and traces the norm class's own forward elsewhere. Any other
     active ``nn.Dropout`` (training, ``p > 0``) keeps the class's forward: Inductor fuses the
-    dropout of the summand into its add + norm kernel and its mask into the backward, two passes
-    the form would add, and the rules were measured without dropout."""
+    dropout of the summand into its add + norm kernel and its mask into the backward, passes the
+    form would add."""
     if _is_compiling():
-        return not (torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad
-                    and not active_dropout(block) and add_norm_compiled.available(x.device))
+        if not (torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad):
+            return True
+        fused = dropout is not None and fusable_dropout(block._modules.get(dropout))
+        return active_dropout(block, dropout if fused else None) or not add_norm_compiled.available(x.device, fused)
     return isinstance(x, torch.Tensor) and not runs_kernels(x.device)
 
 
-def active_dropout(block: torch.nn.Module) -> bool:
+def active_dropout(block: torch.nn.Module, skip: str | None = None) -> bool:
     """Whether a training-mode ``block`` holds an ``nn.Dropout`` (any of its subclasses) with
-    ``p > 0``."""
-    return block.training and any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+    ``p > 0``, other than its child ``skip``."""
+    other = block._modules.get(skip) if skip is not None else None
+    return block.training and any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m is not other
                                   for m in block.modules())
+
+
+def fusable_dropout(m: Any) -> bool:
+    """Whether ``m`` is an active ``torch.nn.Dropout`` (the class itself, training, ``0 < p < 1``,
+    no hooks) that the compiled add + norm form may apply inside its kernels."""
+    return type(m) is torch.nn.Dropout and m.training and 0 < m.p < 1 and not hooked(m)
 
 
 # The op itself is called (``direct``) while compiling and while the op has no route at all
@@ -168,6 +179,24 @@ class NormStep:
         if _grad_enabled() and _any_requires_grad(x, residual, w):
             return self.routes.recorded(key, (x, residual, w, eps, off, rs))
         return self.routes.run(key, (x, residual, w, eps, off, rs))
+
+    def dropped(self, block: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+                dropout: torch.nn.Module) -> Any:
+        """``norm(dropout(x) + residual)`` of a training call while torch.compile traces, for a
+        :func:`fusable_dropout`: the compiled form with the dropout inside its kernels where it
+        takes the call; else the dropout module's own call, then :meth:`__call__`, as the block's
+        forward does it."""
+        norm = block if self.norm is None else block._modules[self.norm]
+        if type(norm) is self.cls:
+            params = norm._parameters
+            w = (params["weight"] if "weight" in params else norm.weight) if self.weighted else None
+            b = (params["bias"] if "bias" in params else norm.bias) if self.layer else None
+            if same_math(x, residual, w, b):
+                out = add_norm_compiled.add_norm("layer" if self.layer else "rms", x, residual, w, b,
+                                                 getattr(norm, self.eps_attr), self.offset, self.return_sum, dropout.p)
+                if out is not None:
+                    return out
+        return self(block, dropout(x), residual)
 
     def unfused(self, norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | None) -> Any:
         """``norm(x + residual)`` as written: the add, then the norm class's own forward."""

@@ -85,6 +85,7 @@ from xkernels.block_steps import (
     as_written,
     checkpointed,
     child_at,
+    fusable_dropout,
     gated_step,
     hooked,
     norm_block_as_written,
@@ -318,7 +319,8 @@ def add_norm(norm: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor | No
 # and 0.97x (BERT training) of torch.compile on the unpatched model on an H100
 # (results/2026-11-24-h100-model-modes). A training call traces the fused forward, whose add + norm
 # step launches its kernels as user-defined Triton kernels where a table rule measured that faster
-# than the compiler's and no dropout of the block is active (block_steps.norm_block_as_written).
+# than the compiler's and no dropout of the block is active but BERT's output blocks' own, which
+# the kernels then apply (block_steps.norm_block_as_written).
 # A call whose input's backend runs no kernels runs its class's own forward too (the cpu backend).
 # Under autocast they run fused: each add + norm step takes the fused op only where the class's own
 # norm would compute the same in fp32 (block_steps.same_math), and a gated MLP's training call casts
@@ -341,10 +343,13 @@ def _decoder_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any =
 
 
 def _bert_output(self: Any, hidden_states: torch.Tensor, input_tensor: torch.Tensor) -> torch.Tensor:
-    if norm_block_as_written(hidden_states, self):  # see the note above
+    if norm_block_as_written(hidden_states, self, "dropout"):  # see the note above
         return own_forward(type(self))(self, hidden_states, input_tensor)
     m = self._modules
-    return self._xkernels_block(self, m["dropout"](m["dense"](hidden_states)), input_tensor)
+    dropout = m["dropout"]
+    if _is_compiling() and fusable_dropout(dropout):  # a training call: the dropout in the form's kernels where it can
+        return self._xkernels_block.dropped(self, m["dense"](hidden_states), input_tensor, dropout)
+    return self._xkernels_block(self, dropout(m["dense"](hidden_states)), input_tensor)
 
 
 def _vit_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> torch.Tensor:

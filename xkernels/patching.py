@@ -103,7 +103,8 @@ LINEAR_TRAINING = ("in eager training, PyTorch's F.linear where xkernels' host c
 #: the report's note on the fused blocks (``block_steps.as_written``)
 BLOCKS_AS_WRITTEN = ("each runs the code it replaces while torch.compile traces (but a training call's residual "
                      "add + norm, whose kernels launch from the graph where the add_norm table's compiled rule "
-                     "measured them faster and no dropout of the block is active) and where the input's backend "
+                     "measured them faster and no dropout of the block is active but a BERT output block's own, "
+                     "which they apply) and where the input's backend "
                      "runs no kernels (the cpu backend: PyTorch's ops either way)")
 
 

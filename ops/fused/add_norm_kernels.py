@@ -31,6 +31,14 @@ statistics, written once as d(x) / d(residual); d(w)/d(b) partial sums per progr
 ``part_sum_kernel`` sums over the programs and writes in the parameters' dtypes (host side and
 traffic: ``add_norm_bwd.py``).
 
+``add_norm_dropout_kernel`` / ``add_norm_dropout_bwd_kernel`` are the same two with
+``norm(dropout(x, p) + residual)``: each element of x kept with probability ``1 - p`` by a
+Philox-4x32-10 draw under an int64 seed read from memory (:func:`_keep`: one draw, Triton's
+``tl.rand4x`` bit for bit, serves four neighbouring columns), scaled by ``1 / (1 - p)`` and
+rounded to x's dtype as torch's dropout rounds it; the mask is never stored: the backward draws
+it again and writes d(x) through it, d(residual) apart. The compiled training form launches them
+(``add_norm_compiled.py``).
+
 Rules for kernels here (they also run under the in-process interpreter): call only helpers of
 this module and ``tl`` builtins, take the program count as an argument, no ``tl.cdiv``.
 """
@@ -64,9 +72,68 @@ def _round_to(s, S_TY: tl.constexpr):
 
 
 @triton.jit
-def _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES: tl.constexpr, S_TY: tl.constexpr):
-    """s = x + residual on one tile, rounded to s's dtype, returned in fp32 (0 where masked)."""
+def _uniform4(k0, k1, ctr, INDEX_64: tl.constexpr):
+    """Four uniform floats in [0, 1) per counter in ``ctr``: the four words of Philox-4x32-10 at
+    counter ``(ctr, 0, 0, 0)`` (``(lo, hi, 0, 0)`` for 64-bit counters) under the key ``(k0, k1)``,
+    each converted to a float: Triton's ``tl.rand4x`` bit for bit (written here with ``tl``
+    builtins: the in-process interpreter runs only this module's helpers)."""
+    if INDEX_64:
+        c0 = (ctr & 0xFFFFFFFF).to(tl.uint32)
+        c1 = (ctr >> 32).to(tl.uint32)
+    else:
+        c0 = ctr.to(tl.uint32, bitcast=True)
+        c1 = c0 * 0
+    c2 = c0 * 0
+    c3 = c0 * 0
+    for _ in tl.static_range(10):
+        a0 = c0
+        a2 = c2
+        c0 = tl.umulhi(0xCD9E8D57, a2) ^ c1 ^ k0
+        c2 = tl.umulhi(0xD2511F53, a0) ^ c3 ^ k1
+        c1 = a2 * 0xCD9E8D57  # uint32: wraps (no tl.mul(sanitize_overflow=...) in every Triton)
+        c3 = a0 * 0xD2511F53
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    return _to_uniform(c0), _to_uniform(c1), _to_uniform(c2), _to_uniform(c3)
+
+
+@triton.jit
+def _to_uniform(c):
+    v = c.to(tl.int32, bitcast=True)
+    v = tl.where(v < 0, -v - 1, v)
+    return v * 4.6566127342e-10
+
+
+@triton.jit
+def _keep(k0, k1, p, qoff, cols, INDEX_64: tl.constexpr):
+    """A dropout's keep mask on one tile of rows x ``cols`` (a chunk of ``BLOCK_N`` columns):
+    each element kept with probability ``1 - p``, as torch's dropout keeps. Column ``col`` of a
+    row takes word ``col % 4`` of the Philox draw at counter ``qoff[row] + col // 4`` (``qoff``:
+    the row's first counter plus the chunk's first column / 4), so one draw serves four
+    elements, as torch's own dropout kernel uses all four words."""
+    QN: tl.constexpr = cols.shape[0] // 4
+    u0, u1, u2, u3 = _uniform4(k0, k1, qoff[:, None] + tl.arange(0, QN)[None, :], INDEX_64)
+    u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), (qoff.shape[0], cols.shape[0]))
+    return u >= p
+
+
+@triton.jit
+def _seed_keys(seed_ptr):
+    """The Philox key of a dropout call: the two 32-bit halves of the int64 at ``seed_ptr``."""
+    seed = tl.load(seed_ptr)
+    return (seed & 0xFFFFFFFF).to(tl.uint32), ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+
+
+@triton.jit
+def _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, qoff, k0, k1, p, HAS_RES: tl.constexpr, S_TY: tl.constexpr,
+              DROPOUT: tl.constexpr, INDEX_64: tl.constexpr):
+    """s = x + residual on one tile, rounded to s's dtype, returned in fp32 (0 where masked).
+    ``DROPOUT``: x is dropped first, as torch's ``dropout(x, p)`` computes it (kept elements
+    times ``1 / (1 - p)`` rounded to x's dtype, the others 0; the mask :func:`_keep`'s)."""
     s = tl.load(x_ptr + xoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if DROPOUT:
+        kept = _round_to(s * (1.0 / (1.0 - p)), x_ptr.dtype.element_ty)
+        s = tl.where(_keep(k0, k1, p, qoff, cols, INDEX_64), kept, 0.0)
     if HAS_RES:
         r = tl.load(r_ptr + roff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         s = _round_to(s + r, S_TY)
@@ -89,9 +156,9 @@ def _scale_shift(yhat, w_ptr, b_ptr, cols, cmask, offset,
 
 @triton.jit
 def _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R, N, sx, sr, ss, sy, eps, offset,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_RES: tl.constexpr,
+          k0, k1, p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_RES: tl.constexpr,
           HAS_W: tl.constexpr, HAS_B: tl.constexpr, STORE_SUM: tl.constexpr, STORE_STATS: tl.constexpr,
-          ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr):
+          ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr, DROPOUT: tl.constexpr):
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < R
     if INDEX_64:
@@ -100,12 +167,13 @@ def _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R,
     roff = rows * sr
     soff = rows * ss
     yoff = rows * sy
+    qoff = rows * ((N + 3) // 4)  # each row's first Philox counter (the dropout's: 4 columns a draw)
     S_TY = y_ptr.dtype.element_ty  # y has s's dtype
     if ONE_CHUNK:
         cols = tl.arange(0, BLOCK_N)
         cmask = cols < N
         mask = rmask[:, None] & cmask[None, :]
-        s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+        s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, qoff, k0, k1, p, HAS_RES, S_TY, DROPOUT, INDEX_64)
         if STORE_SUM:
             tl.store(s_ptr + soff[:, None] + cols[None, :], s.to(S_TY), mask=mask)
         if RMS:
@@ -125,7 +193,8 @@ def _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R,
             cols = c + tl.arange(0, BLOCK_N)
             cmask = cols < N
             mask = rmask[:, None] & cmask[None, :]
-            s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+            s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, qoff + c // 4, k0, k1, p, HAS_RES, S_TY, DROPOUT,
+                          INDEX_64)
             if STORE_SUM:
                 tl.store(s_ptr + soff[:, None] + cols[None, :], s.to(S_TY), mask=mask)
             if RMS:
@@ -144,7 +213,8 @@ def _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R,
             cols = c + tl.arange(0, BLOCK_N)
             cmask = cols < N
             mask = rmask[:, None] & cmask[None, :]
-            s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+            s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, qoff + c // 4, k0, k1, p, HAS_RES, S_TY, DROPOUT,
+                          INDEX_64)
             if RMS:
                 yhat = s * rstd[:, None]
             else:
@@ -158,27 +228,55 @@ def _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R,
 
 
 @triton.jit
+def _add_norm(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, R, N, sx, sr, ss, sy, eps, offset,
+              n_tiles, nprog, k0, k1, p, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr,
+              HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, STORE_SUM: tl.constexpr,
+              STORE_STATS: tl.constexpr, ONE_CHUNK: tl.constexpr, PERSISTENT: tl.constexpr,
+              INDEX_64: tl.constexpr, DROPOUT: tl.constexpr):
+    """The body of both forward kernels: ``eps``, ``offset`` and ``p`` taken as fp32 (Inductor
+    passes a Python float as fp64, which would carry every element's arithmetic to fp64)."""
+    eps = tl.cast(eps, tl.float32)
+    offset = tl.cast(offset, tl.float32)
+    p = tl.cast(p, tl.float32)
+    pid = tl.program_id(0)
+    if PERSISTENT:
+        for tile in range(pid, n_tiles, nprog):
+            _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R, N, sx, sr, ss, sy,
+                  eps, offset, k0, k1, p, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
+                  ONE_CHUNK, INDEX_64, DROPOUT)
+    else:
+        _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, pid, R, N, sx, sr, ss, sy,
+              eps, offset, k0, k1, p, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
+              ONE_CHUNK, INDEX_64, DROPOUT)
+
+
+@triton.jit
 def add_norm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr,
                     R, N, sx, sr, ss, sy, eps, offset, n_tiles, nprog,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_W: tl.constexpr, HAS_B: tl.constexpr, STORE_SUM: tl.constexpr,
                     STORE_STATS: tl.constexpr, ONE_CHUNK: tl.constexpr, PERSISTENT: tl.constexpr,
                     INDEX_64: tl.constexpr):
-    """y = norm(x + residual) over rows of length N; s = x + residual stored when STORE_SUM.
-    ``eps`` and ``offset`` are taken as fp32 (Inductor passes a Python float as fp64, which would
-    carry every element's arithmetic to fp64)."""
-    eps = tl.cast(eps, tl.float32)
-    offset = tl.cast(offset, tl.float32)
-    pid = tl.program_id(0)
-    if PERSISTENT:
-        for tile in range(pid, n_tiles, nprog):
-            _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, tile, R, N, sx, sr, ss, sy,
-                  eps, offset, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
-                  ONE_CHUNK, INDEX_64)
-    else:
-        _tile(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, pid, R, N, sx, sr, ss, sy,
-              eps, offset, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
-              ONE_CHUNK, INDEX_64)
+    """y = norm(x + residual) over rows of length N; s = x + residual stored when STORE_SUM."""
+    _add_norm(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, R, N, sx, sr, ss, sy, eps, offset,
+              n_tiles, nprog, 0, 0, 0.0, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
+              ONE_CHUNK, PERSISTENT, INDEX_64, False)
+
+
+@triton.jit
+def add_norm_dropout_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, seed_ptr,
+                            R, N, sx, sr, ss, sy, eps, offset, p, n_tiles, nprog,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr,
+                            HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+                            STORE_SUM: tl.constexpr, STORE_STATS: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                            PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
+    """y = norm(dropout(x, p) + residual), s = dropout(x, p) + residual (``add_norm_kernel``'s
+    flags): the mask drawn per element from the int64 seed at ``seed_ptr`` (:func:`_keep`) and
+    never stored; the backward draws it again from the same seed. Needs HAS_RES."""
+    k0, k1 = _seed_keys(seed_ptr)
+    _add_norm(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, R, N, sx, sr, ss, sy, eps, offset,
+              n_tiles, nprog, k0, k1, p, BLOCK_M, BLOCK_N, RMS, HAS_RES, HAS_W, HAS_B, STORE_SUM, STORE_STATS,
+              ONE_CHUNK, PERSISTENT, INDEX_64, True)
 
 
 # -- backward -------------------------------------------------------------------------------------
@@ -190,14 +288,14 @@ def _colsum(v):
 
 @triton.jit
 def _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols, cmask, mask, mean, rstd, offset,
-              RMS: tl.constexpr, HAS_S: tl.constexpr, HAS_RES: tl.constexpr, HAS_W: tl.constexpr,
-              S_TY: tl.constexpr):
+              qoff, k0, k1, p, RMS: tl.constexpr, HAS_S: tl.constexpr, HAS_RES: tl.constexpr,
+              HAS_W: tl.constexpr, S_TY: tl.constexpr, DROPOUT: tl.constexpr, INDEX_64: tl.constexpr):
     """(xhat, dy, g = dy * w) of one tile in fp32, 0 where masked: s read (``HAS_S``) or
     recomputed from x + residual, rounded to s's dtype as the forward rounded it."""
     if HAS_S:
         s = tl.load(s_ptr + soff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     else:
-        s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, HAS_RES, S_TY)
+        s = _load_sum(x_ptr, r_ptr, xoff, roff, cols, mask, qoff, k0, k1, p, HAS_RES, S_TY, DROPOUT, INDEX_64)
     if RMS:
         xhat = s * rstd[:, None]
     else:
@@ -213,24 +311,31 @@ def _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols,
 
 
 @triton.jit
-def _bwd_store(d, ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols, mask,
-               HAS_DS: tl.constexpr, STORE_X: tl.constexpr, STORE_R: tl.constexpr):
-    """d(s) (+ the returned sum's gradient) stored as d(x) and/or d(residual), each in its dtype."""
+def _bwd_store(d, ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols, mask, qoff, k0, k1, p,
+               HAS_DS: tl.constexpr, STORE_X: tl.constexpr, STORE_R: tl.constexpr, DROPOUT: tl.constexpr,
+               INDEX_64: tl.constexpr):
+    """d(s) (+ the returned sum's gradient) stored as d(x) and/or d(residual), each in its dtype.
+    ``DROPOUT``: d(x) is dropout's backward of d(s) rounded to its dtype (kept elements times
+    ``1 / (1 - p)``, the others 0; the forward's mask, drawn again)."""
     if HAS_DS:
         d += tl.load(ds_ptr + dsoff[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if STORE_X:
-        tl.store(dx_ptr + dxoff[:, None] + cols[None, :], d.to(dx_ptr.dtype.element_ty), mask=mask)
+        dx = d
+        if DROPOUT:
+            DX_TY = dx_ptr.dtype.element_ty
+            dx = tl.where(_keep(k0, k1, p, qoff, cols, INDEX_64), _round_to(d, DX_TY) * (1.0 / (1.0 - p)), 0.0)
+        tl.store(dx_ptr + dxoff[:, None] + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
     if STORE_R:
         tl.store(dr_ptr + droff[:, None] + cols[None, :], d.to(dr_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, part_ptr,
-                        R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, db_at, part_row, n_tiles, nprog,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_S: tl.constexpr,
-                        HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, STORE_X: tl.constexpr,
-                        STORE_R: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
-                        ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr, S_TY: tl.constexpr):
+def _add_norm_bwd(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, part_ptr,
+                  R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, db_at, part_row, n_tiles, nprog, k0, k1, p,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_S: tl.constexpr,
+                  HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, STORE_X: tl.constexpr,
+                  STORE_R: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+                  ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr, S_TY: tl.constexpr, DROPOUT: tl.constexpr):
     """d(s) = rstd * (g - mean(g) - xhat * mean(g * xhat)) + ds per row (RMSNorm: no mean(g));
     d(w) / d(b) partial sums of dy * xhat / dy over this program's rows into ``part_ptr[pid]``.
 
@@ -241,6 +346,7 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
     the d(w)/d(b) partials are atomically added into this program's own (zeroed) part row:
     coherent where a plain store read back by another thread of the program would not be."""
     offset = tl.cast(offset, tl.float32)  # fp32 whoever launches it (as add_norm_kernel)
+    p = tl.cast(p, tl.float32)
     pid = tl.program_id(0)
     pbase = pid * part_row
     if INDEX_64:
@@ -260,11 +366,13 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
             mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0).to(tl.float32)
         soff, xoff, roff, dyoff = rows * ss, rows * sx, rows * sr, rows * sdy
         dsoff, dxoff, droff = rows * sds, rows * sdx, rows * sdr
+        qoff = rows * ((N + 3) // 4)  # as the forward's
         if ONE_CHUNK:
             cmask = cols0 < N
             mask = rmask[:, None] & cmask[None, :]
             xhat, dy, g = _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols0, cmask, mask,
-                                    mean, rstd, offset, RMS, HAS_S, HAS_RES, HAS_W, S_TY)
+                                    mean, rstd, offset, qoff, k0, k1, p, RMS, HAS_S, HAS_RES, HAS_W, S_TY, DROPOUT,
+                                    INDEX_64)
             if NEED_DW:
                 acc_w += _colsum(dy * xhat)
             if NEED_DB:
@@ -274,8 +382,8 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
                 d = g - xhat * c1[:, None]
                 if not RMS:
                     d = d - (_rowsum(g) / N)[:, None]
-                _bwd_store(d * rstd[:, None], ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols0, mask,
-                           HAS_DS, STORE_X, STORE_R)
+                _bwd_store(d * rstd[:, None], ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols0, mask, qoff, k0, k1, p,
+                           HAS_DS, STORE_X, STORE_R, DROPOUT, INDEX_64)
         else:
             c1 = tl.full((BLOCK_M,), 0.0, tl.float32)
             c2 = tl.full((BLOCK_M,), 0.0, tl.float32)
@@ -284,7 +392,8 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
                 cmask = cols < N
                 mask = rmask[:, None] & cmask[None, :]
                 xhat, dy, g = _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols, cmask,
-                                        mask, mean, rstd, offset, RMS, HAS_S, HAS_RES, HAS_W, S_TY)
+                                        mask, mean, rstd, offset, qoff + c // 4, k0, k1, p, RMS, HAS_S, HAS_RES, HAS_W, S_TY,
+                                        DROPOUT, INDEX_64)
                 c1 += _rowsum(g * xhat)
                 c2 += _rowsum(g)
                 if NEED_DW:
@@ -299,18 +408,53 @@ def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rs
                     cmask = cols < N
                     mask = rmask[:, None] & cmask[None, :]
                     xhat, dy, g = _bwd_load(s_ptr, x_ptr, r_ptr, dy_ptr, w_ptr, soff, xoff, roff, dyoff, cols, cmask,
-                                            mask, mean, rstd, offset, RMS, HAS_S, HAS_RES, HAS_W, S_TY)
+                                            mask, mean, rstd, offset, qoff + c // 4, k0, k1, p, RMS, HAS_S, HAS_RES, HAS_W,
+                                            S_TY, DROPOUT, INDEX_64)
                     d = g - xhat * c1[:, None]
                     if not RMS:
                         d = d - c2[:, None]
                     _bwd_store(d * rstd[:, None], ds_ptr, dx_ptr, dr_ptr, dsoff, dxoff, droff, cols, mask,
-                               HAS_DS, STORE_X, STORE_R)
+                               qoff + c // 4, k0, k1, p, HAS_DS, STORE_X, STORE_R, DROPOUT, INDEX_64)
     if ONE_CHUNK:
         cmask = cols0 < N
         if NEED_DW:
             tl.store(part_ptr + pbase + cols0, acc_w, mask=cmask)
         if NEED_DB:
             tl.store(part_ptr + pbase + db_at + cols0, acc_b, mask=cmask)
+
+
+@triton.jit
+def add_norm_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, part_ptr,
+                        R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, db_at, part_row, n_tiles, nprog,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RMS: tl.constexpr, HAS_S: tl.constexpr,
+                        HAS_RES: tl.constexpr, HAS_W: tl.constexpr, HAS_DS: tl.constexpr, STORE_X: tl.constexpr,
+                        STORE_R: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+                        ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr, S_TY: tl.constexpr):
+    """d(s) = rstd * (g - mean(g) - xhat * mean(g * xhat)) + ds per row (RMSNorm: no mean(g));
+    d(w) / d(b) partial sums of dy * xhat / dy over this program's rows into ``part_ptr[pid]``
+    (:func:`_add_norm_bwd`)."""
+    _add_norm_bwd(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, part_ptr,
+                  R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, db_at, part_row, n_tiles, nprog, 0, 0, 0.0,
+                  BLOCK_M, BLOCK_N, RMS, HAS_S, HAS_RES, HAS_W, HAS_DS, STORE_X, STORE_R, NEED_DW, NEED_DB,
+                  ONE_CHUNK, INDEX_64, S_TY, False)
+
+
+@triton.jit
+def add_norm_dropout_bwd_kernel(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr,
+                                part_ptr, seed_ptr, R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, p, db_at,
+                                part_row, n_tiles, nprog, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                                RMS: tl.constexpr, HAS_S: tl.constexpr, HAS_RES: tl.constexpr,
+                                HAS_W: tl.constexpr, HAS_DS: tl.constexpr, STORE_X: tl.constexpr,
+                                STORE_R: tl.constexpr, NEED_DW: tl.constexpr, NEED_DB: tl.constexpr,
+                                ONE_CHUNK: tl.constexpr, INDEX_64: tl.constexpr, S_TY: tl.constexpr):
+    """The backward of ``add_norm_dropout_kernel``: as ``add_norm_bwd_kernel``, with d(x) the
+    dropout's backward of d(s) (the mask drawn again from the forward's seed at ``seed_ptr``) and
+    d(residual) = d(s): stored apart (``STORE_X`` and ``STORE_R``)."""
+    k0, k1 = _seed_keys(seed_ptr)
+    _add_norm_bwd(s_ptr, x_ptr, r_ptr, dy_ptr, ds_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr, part_ptr,
+                  R, N, ss, sx, sr, sdy, sds, sdx, sdr, offset, db_at, part_row, n_tiles, nprog, k0, k1, p,
+                  BLOCK_M, BLOCK_N, RMS, HAS_S, HAS_RES, HAS_W, HAS_DS, STORE_X, STORE_R, NEED_DW, NEED_DB,
+                  ONE_CHUNK, INDEX_64, S_TY, True)
 
 
 @triton.jit

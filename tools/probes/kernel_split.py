@@ -16,6 +16,12 @@ between the ways. ``--json`` writes the rows.
 ``--ops N`` adds, for the N kernels taking the most time in each way, the operators that launched
 them (the innermost operator around the launch and its parents) with their input shapes, from a
 second profile that records CPU operators and shapes: which op a generic kernel name belongs to.
+``--dropout P`` sets every ``nn.Dropout`` module's probability to P and trains in train mode
+(fine-tuning's hidden dropout; the model zoo builds with every random part off): the outputs of
+the ways then differ by their masks, so their deviation says nothing. ``--masks eager`` runs
+each call under ``harness.model_runs.eager_mask_decisions`` (transformers' attention masks decided
+as in eager mode, as ``bench --mode compile`` decides them for every way: like for like); the
+default is what a user's own compiled model runs.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import sys
 import torch
 
 import xkernels
-from xkernels.harness import model_zoo
+from xkernels.harness import model_runs, model_zoo
 
 
 def group(name: str) -> str:
@@ -107,6 +113,9 @@ def main() -> int:
     p.add_argument("--top", type=int, default=16)
     p.add_argument("--compile", action="store_true", help="both ways under torch.compile (default mode)")
     p.add_argument("--ops", type=int, default=0, help="name the operators that launched the N longest kernels")
+    p.add_argument("--dropout", type=float, default=0.0, help="every nn.Dropout's p (train mode)")
+    p.add_argument("--masks", choices=("traced", "eager"), default="traced",
+                   help="eager: transformers' masks decided as in eager mode (bench --mode compile's default)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if (args.model is None) == (args.model_config is None):
@@ -118,14 +127,26 @@ def main() -> int:
     else:
         data, source, zoo = model_zoo.read_config(args.model_config), f"--model-config {args.model_config}", None
     built = model_zoo.build(data, source, dtype, device, args.batch, args.seq, args.layers, zoo_name=zoo)
+    if args.dropout:
+        for m in built.model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = args.dropout
+        built.model.train()
     ways = {"torch": built.model, "patch": copy.deepcopy(built.model)}
     report = xkernels.patch(ways["patch"])
     if args.compile:
         ways = {w: torch.compile(m) for w, m in ways.items()}
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}; {source}, {built.tokens} tokens, "
-          f"{args.dtype}, {args.which}{' compiled' if args.compile else ''}; patch: {report.counts()}")
+          f"{args.dtype}, {args.which}{' compiled' if args.compile else ''}"
+          f"{f', dropout {args.dropout}' if args.dropout else ''}, {args.masks} masks; patch: {report.counts()}")
 
     def run(m):
+        if args.masks == "eager":
+            with model_runs.eager_mask_decisions(built.inputs):
+                return plain_run(m)
+        return plain_run(m)
+
+    def plain_run(m):
         if args.which == "forward":
             with torch.no_grad():
                 return m(**built.inputs)
@@ -147,7 +168,8 @@ def main() -> int:
             run(m)
     torch.cuda.synchronize()
     per = {w: kernel_ms(lambda m=m: run(m), args.steps) for w, m in ways.items()}
-    row = {"source": source, "tokens": built.tokens, "pass": args.which, "compiled": args.compile, "max_dev": dev,
+    row = {"source": source, "tokens": built.tokens, "pass": args.which, "compiled": args.compile,
+           "dropout": args.dropout, "masks": args.masks, "max_dev": dev,
            "patch": report.counts(),
            "kernel_ms": {w: sum(k.values()) for w, k in per.items()},
            "groups": {w: {} for w in per}, "kernels": per}

@@ -17,6 +17,12 @@ against float64. Kernel time: torch.profiler, CUDA activity, summed per step; th
 shape is compiled (mix order on) over the compiled form.
 
     python tools/probes/norm_backward_compiled.py --norms layer rms --shapes 8192x768 12608x768
+
+``--dropout P``: ``norm(dropout(x, P) + residual)`` instead (BERT's output blocks in training):
+torch's ways apply ``F.dropout`` (Inductor fuses it into its add + norm and the mask into the
+backward), the compiled form its own dropout kernels (the measurement of the
+``"pass": "compiled_dropout"`` rules). Masks are random, so no way's gradients are checked here
+(``tests/ops/fused/test_add_norm_compiled.py`` checks the form's on a known mask).
 """
 
 from __future__ import annotations
@@ -47,30 +53,37 @@ def main() -> int:
     p.add_argument("--norms", nargs="+", choices=["layer", "rms"], default=["layer"])
     p.add_argument("--shapes", nargs="+", default=["8192x768", "12608x768"])
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--dropout", type=float, default=0.0)
     args = p.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; kernel ms per forward + backward")
 
     add_norm_compiled.rule = lambda *a: True  # the form for every shape: what its rules are written from
+    drop = args.dropout
+    if drop:
+        print(f"dropout p = {drop} on x before the add (no gradient check: random masks)")
+
+    def dropped(x):
+        return F.dropout(x, drop, training=True) if drop else x
 
     def layer(x, r, w, b):
-        return F.layer_norm(x + r, (x.shape[-1],), w, b, 1e-12)
+        return F.layer_norm(dropped(x) + r, (x.shape[-1],), w, b, 1e-12)
 
     def rms(x, r, w, b):  # Llama's RMSNorm of the sum
-        s = (x + r).float()
+        s = (dropped(x) + r).float()
         return w * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
 
     def ours_layer(x, r, w, b):
-        return xkernels.ops.add_layer_norm(x, r, w, b, 1e-12, return_sum=False)
+        return xkernels.ops.add_layer_norm(dropped(x), r, w, b, 1e-12, return_sum=False)
 
     def ours_rms(x, r, w, b):
-        return xkernels.ops.add_rms_norm(x, r, w, 1e-6, return_sum=False)
+        return xkernels.ops.add_rms_norm(dropped(x), r, w, 1e-6, return_sum=False)
 
     def form_layer(x, r, w, b):
-        return add_norm_compiled.add_norm("layer", x, r, w, b, 1e-12, 0.0, False)
+        return add_norm_compiled.add_norm("layer", x, r, w, b, 1e-12, 0.0, False, drop)
 
     def form_rms(x, r, w, b):
-        return add_norm_compiled.add_norm("rms", x, r, w, None, 1e-6, 0.0, False)
+        return add_norm_compiled.add_norm("rms", x, r, w, None, 1e-6, 0.0, False, drop)
 
     ways = {"layer": (layer, ours_layer, form_layer), "rms": (rms, ours_rms, form_rms)}
     for norm in args.norms:
@@ -86,7 +99,7 @@ def main() -> int:
             leaves = [t for t in (x, r, w, b) if t is not None]
             ref_in = [t.detach().double().requires_grad_() if t is not None else None for t in (x, r, w, b)]
             eager(*ref_in).backward(dy.double())
-            ref = [t.grad for t in ref_in if t is not None]
+            ref = [t.grad for t in ref_in if t is not None]  # (random masks: not compared where drop)
             torch._dynamo.reset()
             mixed = torch.compile(eager)
             mixed(x, r, w, b).backward(dy)  # compiled forward and backward, Inductor's default
@@ -103,7 +116,8 @@ def main() -> int:
                     fn(x, r, w, b).backward(dy)
                 for _ in range(3):
                     step()
-                errs = [((t.grad.double() - e).abs().max() / e.abs().max()).item() for t, e in zip(leaves, ref)]
+                errs = [float("nan") if drop else ((t.grad.double() - e).abs().max() / e.abs().max()).item()
+                        for t, e in zip(leaves, ref)]
                 ms, rows = kernels_ms(step, args.steps)
                 times[name] = ms
                 print(f"{norm:5s} {shape:>10s}  {name:24s} {ms * 1e3:8.1f} us  rel err "
