@@ -271,7 +271,7 @@ def add_norm_dropout_kernel(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, 
                             STORE_SUM: tl.constexpr, STORE_STATS: tl.constexpr, ONE_CHUNK: tl.constexpr,
                             PERSISTENT: tl.constexpr, INDEX_64: tl.constexpr):
     """y = norm(dropout(x, p) + residual), s = dropout(x, p) + residual (``add_norm_kernel``'s
-    flags): the mask drawn per element from the int64 seed at ``seed_ptr`` (:func:`_keep`) and
+    flags): the mask drawn from the int64 seed at ``seed_ptr`` (:func:`_keep`: one draw per four columns) and
     never stored; the backward draws it again from the same seed. Needs HAS_RES."""
     k0, k1 = _seed_keys(seed_ptr)
     _add_norm(x_ptr, r_ptr, w_ptr, b_ptr, s_ptr, y_ptr, mean_ptr, rstd_ptr, R, N, sx, sr, ss, sy, eps, offset,
