@@ -11,10 +11,12 @@ import torch
 
 import xkernels
 from helpers import TMA_FORMS, assert_model_close, require_transformers
-from xkernels import blocks
+from xkernels import blocks, mask_decisions
 from xkernels.block_steps import NormStep
 from xkernels.ops.fused import add_norm_compiled, rotary
 from xkernels.patching import ADD_NORM_SITES, PRE_NORM_SITES
+
+MASKS = mask_decisions.FUSION
 
 ATTN = {"attn_implementation": "eager"}
 
@@ -46,6 +48,8 @@ EXPECTED = {
     "gemma": {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5, "rotary embedding": 2},
     "phi3": {"residual add + norm (pre-norm)": 2, "gated mlp (gate_up)": 2, "rms norm": 5, "rotary embedding": 2},
 }
+for _counted in EXPECTED.values():
+    _counted[MASKS] = 1  # the model-level module that creates the masks
 
 def _counts(report) -> dict[str, int]:
     return {k: v for k, v in report.counts().items() if k not in ("linear", "linear + activation")}
@@ -75,7 +79,8 @@ def test_decoder_families(backend, device, family):
     ref, ref_grads = _run(ref64, ids, train)
     report = xkernels.patch(model)
     assert _counts(report) == EXPECTED[family], str(report)
-    assert not [b.note for b in report.blocks if b.note and b.note != f"{ADD_NORM_SITES}; {PRE_NORM_SITES}"], \
+    assert not [b.note for b in report.blocks
+                if b.note and b.fusion != MASKS and b.note != f"{ADD_NORM_SITES}; {PRE_NORM_SITES}"], \
         "RMSNorm blocks always train fused"
     assert list(model.state_dict()) == keys
     got, got_grads = _run(model, ids, train)
@@ -117,10 +122,11 @@ def test_bert_output_blocks_and_training(backend, device):
     report = xkernels.patch(model)
     assert _counts(report) == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
                                "residual add + norm (post-norm)": 1,  # the embeddings' last add and LayerNorm
-                               "attention mask by rows": 2}  # the self-attention's pre-hook
+                               "attention mask by rows": 2,  # the self-attention's config proxy
+                               MASKS: 1}  # BertModel's mask creation
     assert {b.name for b in report.blocks} == {f"encoder.layer.{i}{w}" for i in range(2)
                                                for w in (".attention.output", ".output", "", ".attention.self")
-                                               } | {"embeddings"}
+                                               } | {"embeddings", "(root)"}
     got, got_grads = run(model)
     assert_model_close(got, want.detach(), ref.detach())
     assert len(got_grads) == len(want_grads)
@@ -215,9 +221,10 @@ def test_gpt2_and_vit_blocks(backend, device):
                                    image_size=16, patch_size=8, **ATTN), add_pooling_layer=False).to(device).eval()
     ids = torch.randint(0, 64, (2, 6), device=device)
     pixels = torch.randn(2, 3, 16, 16, device=device)
-    for model, x, fusion, extra in ((gpt2, ids, "residual add + norm (GPT-2 block)", {}),
+    for model, x, fusion, extra in ((gpt2, ids, "residual add + norm (GPT-2 block)", {MASKS: 1}),
                                     (vit, pixels, "residual add + norm (ViT layer)", {"feed-forward (training)": 2,
-                                                                                      "attention mask by rows": 2})):
+                                                                                      "attention mask by rows": 2,
+                                                                                      MASKS: 1})):
         ref64 = copy.deepcopy(model).double()
         with torch.no_grad():
             want = model(x).last_hidden_state

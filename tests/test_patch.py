@@ -127,7 +127,8 @@ def test_tiny_bert(backend, device):
     assert len(report.replaced) == 2 * 6 + 1 and report.left == []  # q, k, v, out, up, down per layer + pooler
     assert report.counts() == {"linear + activation": 2, "linear": 11, "residual add + norm (output block)": 4,
                                "feed-forward (training)": 2, "residual add + norm (post-norm)": 1,  # the embeddings
-                               "attention mask by rows": 2}  # the self-attention modules' pre-hook
+                               "attention mask by rows": 2,  # the self-attention modules' config proxy
+                               "attention masks decided as in eager mode": 1}  # BertModel's mask creation
     assert type(model.encoder.layer[0].attention.self.query) is xkernels.nn.Linear
     report.undo()
     assert all(type(m) is not xkernels.nn.Linear for m in model.modules())

@@ -15,7 +15,7 @@ import torch
 
 import xkernels
 from helpers import assert_model_close, require_transformers
-from xkernels import attention_masks, blocks, patch_saving
+from xkernels import attention_masks, blocks, mask_decisions, patch_saving
 from xkernels.block_steps import FeedForwardStep
 
 LM = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -71,7 +71,8 @@ def test_a_saved_patched_model_loads_patched(backend, device, family, way):
     model = _build(family, device)
     report = xkernels.patch(model)
     made = patch_saving.fused(model)
-    forwards = [b for b in report.blocks if b.fusion != attention_masks.FUSION]  # a pre-hook, not a forward
+    # a config proxy and hooks, not forwards
+    forwards = [b for b in report.blocks if b.fusion not in (attention_masks.FUSION, mask_decisions.FUSION)]
     assert made and len(made) == len(forwards), (made, report)
     ids = torch.randint(3, 64, (2, 7), device=device)
     want = _step(model, ids)  # also fills the original's route caches

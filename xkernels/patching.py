@@ -36,6 +36,12 @@ Rules, in order:
    masks while ``torch.compile`` traces) as no mask with the masked rows zeroed, so SDPA's fused
    kernels run instead of its float32 math path. Reported under ``blocks`` as
    ``attention mask by rows``.
+5. *Mask decisions* (``xkernels/mask_decisions.py``): a module that creates transformers' attention
+   masks (a decoder's or encoder's model-level module) gets hooks under which, while a graph is
+   traced or captured, transformers decides its masks as in eager mode: positions the module made
+   itself are one sequence per row and only ``torch.export`` exports, so a compiled decoder's causal
+   mask without padding runs as SDPA's ``is_causal``. Reported as ``attention masks decided as in
+   eager mode``.
 
 Parameters are shared, never copied: ``state_dict`` keys and an optimiser built before the patch
 stay valid. Known module classes are looked up only among modules already imported.
@@ -48,7 +54,7 @@ from typing import Any
 
 import torch
 
-from xkernels import attention_masks, blocks, experts_gates, patch_saving, rotary_fusion
+from xkernels import attention_masks, blocks, experts_gates, mask_decisions, patch_saving, rotary_fusion
 from xkernels import nn as xnn
 from xkernels.activation_forms import linear_activation_pairs
 from xkernels.block_steps import FeedForwardStep, child_at, hooked
@@ -125,6 +131,8 @@ class PatchReport:
     _forwards: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
     #: the attention modules given a config proxy (``xkernels/attention_masks.py``)
     _configs: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
+    #: the modules given the mask-decision hooks (``xkernels/mask_decisions.py``)
+    _mask_hooks: list[torch.nn.Module] = field(default_factory=list, repr=False, compare=False)
     #: (parent, attribute, the module patch found there), in the order patch replaced them
     _originals: list[tuple[torch.nn.Module, str, torch.nn.Module]] = field(default_factory=list, repr=False,
                                                                          compare=False)
@@ -142,6 +150,8 @@ class PatchReport:
             blocks.restore(module)
         while self._configs:
             attention_masks.undo(self._configs.pop())
+        while self._mask_hooks:
+            mask_decisions.undo(self._mask_hooks.pop())
 
     @property
     def fused(self) -> list[Replaced]:
@@ -332,6 +342,12 @@ def patch(model: torch.nn.Module) -> PatchReport:
         report._configs.append(module)
         report.blocks.append(FusedBlock(name or "(root)", type(module).__name__, attention_masks.FUSION,
                                         attention_masks.NOTE))
+    # 5. mask decisions: transformers' masks decided while tracing as in an eager call
+    for name, module, index in mask_decisions.targets(model):
+        mask_decisions.apply(module, index)
+        report._mask_hooks.append(module)
+        report.blocks.append(FusedBlock(name or "(root)", type(module).__name__, mask_decisions.FUSION,
+                                        mask_decisions.NOTE))
     if isinstance(model, swappable) or isinstance(model, xnn.Linear | xnn.Conv1D):
         report.left.append(Left("(root)", type(model).__name__, "the root module cannot be replaced in place; use "
                                                                 "xkernels.nn.Linear.from_linear"))

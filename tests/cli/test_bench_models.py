@@ -13,6 +13,7 @@ import torch
 from helpers import require_transformers
 from xkernels.cli import bench, bench_models
 from xkernels.harness import model_zoo
+from xkernels.mask_decisions import FUSION as MASKS
 
 pytestmark = pytest.mark.uses_interpreter
 
@@ -60,7 +61,7 @@ def test_tiny_llama_patched_on_the_interpreter(tmp_path, capsys):
     for r in rows[2:]:  # q, k, v, o, gate (+ silu), up, down per layer, and the LM head
         assert (r["patch_replaced"], r["patch_fused"], r["patch_left"]) == (11, 0, 0)  # q, k, v, o, down x 2 + lm_head
         assert r["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
-                                "rotary embedding": 2, "linear": 11}
+                                "rotary embedding": 2, "linear": 11, MASKS: 1}
         assert r["rounds"] == r["wall_steps"] == 1 and r["wall_round_ms"] == [r["wall_ms"]]  # tiny: one round
     assert "gated mlp 2" in out and "llama            eager     patch        forward " in out
 
@@ -95,8 +96,8 @@ def test_every_way_and_both_outputs_on_cpu(tmp_path, capsys):
         (w, p) for w in bench_models.WAYS for p in ("forward", "forward+backward")]
     _check_timed(rows, tokens=4)
     assert all(("routed" in r) == r["way"].endswith("enable") for r in rows)
-    assert all(r["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6}
-               for r in rows if r["way"].startswith("patch"))
+    assert all(r["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6,
+                                MASKS: 1} for r in rows if r["way"].startswith("patch"))
     with open(csv_path, newline="") as f:
         lines = list(csv.DictReader(f))
     assert [(x["way"], x["pass"]) for x in lines] == [(r["way"], r["pass"]) for r in rows]
@@ -124,7 +125,8 @@ def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
     assert len(rows) == 4 and all(r["model"] == "Qwen2ForCausalLM" and r["layers"] == 2 for r in rows)
     _check_timed(rows, tokens=8)
     assert rows[-1]["fusions"] == {"residual add + norm (pre-norm decoder layer)": 2, "gated mlp": 2, "rms norm": 5,
-                                   "rotary embedding": 2, "linear": 11}  # Qwen2: q, k, v, o, down x 2 + lm_head
+                                   "rotary embedding": 2, "linear": 11,  # Qwen2: q, k, v, o, down x 2 + lm_head
+                                   MASKS: 1}
     assert "Qwen2ForCausalLM (architectures[0] Qwen2ForCausalLM; 2 layers, hidden 64" in out
     vit = _write(tmp_path, "vit.json", {
         "model_type": "vit", "architectures": ["ViTModel"], "hidden_size": 64, "num_hidden_layers": 2,
@@ -134,7 +136,7 @@ def test_model_config_files_qwen2_and_vit(tmp_path, capsys):
     assert all(r["class"] == "ViTModel" and r["seq"] is None for r in rows)
     _check_timed(rows, tokens=2 * 16)  # 2 images of (32 / 8)^2 patches
     assert rows[-1]["fusions"] == {"residual add + norm (ViT layer)": 2, "feed-forward (training)": 2,
-                                   "attention mask by rows": 2, "linear + activation": 2, "linear": 11}
+                                   "attention mask by rows": 2, "linear + activation": 2, "linear": 11, MASKS: 1}
 
 
 def test_several_model_configs_run_in_one_process_and_one_that_cannot_be_built_is_its_own_error_row(
@@ -197,7 +199,7 @@ def test_compile_mode_on_cpu(tmp_path, capsys):
     assert all(r["setup_s"] > 0 for r in rows)
     assert rows[-1]["fusions"] == {"residual add + norm (output block)": 4, "feed-forward (training)": 2,
                                    "residual add + norm (post-norm)": 1, "attention mask by rows": 2,
-                                   "linear + activation": 2, "linear": 11}
+                                   "linear + activation": 2, "linear": 11, MASKS: 1}
 
 
 def _way_state(model):
@@ -279,7 +281,8 @@ def test_under_compile_each_way_runs_on_its_own_copy_patched_once(monkeypatch):
     copy_id = patches[0]
     assert seen == [(id(model), "torch"), (copy_id, "patch"), (copy_id, "patch"), (id(model), "torch")]
     assert _way_state(model) == "torch"
-    assert rows[-1]["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6}
+    assert rows[-1]["fusions"] == {"residual add + norm (GPT-2 block)": 2, "linear + activation": 2, "linear": 6,
+                                   MASKS: 1}
 
 
 def test_masks_as_traced_reach_the_captured_and_compiled_runners_and_their_rows(monkeypatch):
