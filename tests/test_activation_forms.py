@@ -9,6 +9,7 @@ import torch
 import xkernels
 from helpers import patch_matches_float64, require_transformers
 from xkernels.activation_forms import linear_activation_pairs
+from xkernels.mask_decisions import FUSION as MASKS
 
 
 class Inline(torch.nn.Module):
@@ -125,7 +126,8 @@ def test_opts_decoder_layer_fuses_fc1_with_its_activation():
     cfg = tf.OPTConfig(hidden_size=32, ffn_dim=48, num_attention_heads=4, num_hidden_layers=2, vocab_size=64,
                        word_embed_proj_dim=32, max_position_embeddings=64)
     report = xkernels.patch(tf.OPTForCausalLM(cfg))
-    assert report.counts() == {"residual add + norm (post-norm)": 2, "linear + activation": 2, "linear": 11}
+    assert report.counts() == {"residual add + norm (post-norm)": 2, "linear + activation": 2, "linear": 11,
+                               MASKS: 1}  # the decoder's mask creation
     assert [e.name for e in report.replaced if e.activation == "relu"] == [
         "model.decoder.layers.0.fc1", "model.decoder.layers.1.fc1"]
 
@@ -135,7 +137,7 @@ def test_blooms_mlp_fuses_its_tanh_gelu():
     derivative as its backward) straight to ``dense_h_to_4h``'s output."""
     tf = require_transformers()
     report = xkernels.patch(tf.BloomForCausalLM(tf.BloomConfig(hidden_size=32, n_head=4, n_layer=2, vocab_size=64)))
-    assert report.counts() == {"linear + activation": 2, "linear": 7} and not report.left
+    assert report.counts() == {"linear + activation": 2, "linear": 7, MASKS: 1} and not report.left
     assert {e.activation for e in report.replaced if e.activation} == {"gelu_tanh"}
 
 

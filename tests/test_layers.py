@@ -26,7 +26,7 @@ LAYERS = {
     "xkernels.routing": 2, "xkernels.nn": 2,
     "xkernels.patching": 2, "xkernels.patterns": 2, "xkernels.blocks": 2, "xkernels.block_steps": 2,
     "xkernels.gated_forms": 2, "xkernels.add_norm_forms": 2, "xkernels.linear_forms": 2, "xkernels.activation_forms": 2,
-    "xkernels.rotary_fusion": 2, "xkernels.attention_masks": 2,
+    "xkernels.rotary_fusion": 2, "xkernels.attention_masks": 2, "xkernels.mask_decisions": 2,
     "xkernels.patch_saving": 2, "xkernels.source_forms": 2, "xkernels.experts_gates": 2,
     "xkernels.experts_forward": 2,
     "xkernels.cli": 3, "xkernels.bench": 3, "xkernels.check": 3, "xkernels.tune": 3, "xkernels.npu_compile": 3,

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 import xkernels
 from helpers import patch_matches_float64, require_transformers
 from xkernels.linear_forms import computes_linear
+from xkernels.mask_decisions import FUSION as MASKS
 
 
 class Functional(torch.nn.Linear):
@@ -123,5 +124,5 @@ def test_falcon_feed_forward_and_linears_fuse():
     report = xkernels.patch(tf.FalconForCausalLM(cfg))
     assert not report.left, report
     assert report.counts() == {"feed-forward (training)": 2, "rotary embedding": 2, "linear + activation": 2,
-                               "linear": 7}
+                               "linear": 7, MASKS: 1}
     assert {e.old for e in report.replaced} == {"FalconLinear", "Linear"}

@@ -206,3 +206,27 @@ def test_undo_copies_exceptions_and_threads():
     assert "_xkernels_mask_hooks" not in model.__dict__ and not model.model._forward_pre_hooks
     _, seen = _traced_attention(model, input_ids=ids)
     assert seen == [(True, False)] * 2
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_sliding_window_masks_are_still_built(family):
+    """A sliding window shorter than the sequence needs its mask (transformers' own rule, kept):
+    Mistral's every layer keeps a mask; Qwen2 with a full-attention layer under its sliding ones
+    runs that one causal. Outputs are the unpatched model's."""
+    tf = require_transformers()
+    common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, vocab_size=64, sliding_window=4, use_cache=False, attn_implementation="sdpa",
+                  pad_token_id=0)
+    torch.manual_seed(0)
+    if family == "mistral":
+        model, want = tf.MistralForCausalLM(tf.MistralConfig(**common)), [(True, False)] * 2
+    else:
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, use_sliding_window=True, max_window_layers=1))
+        want = [(False, True), (True, False)]  # layer 0 full attention, layer 1 sliding
+    model.eval()
+    patched = copy.deepcopy(model)
+    xkernels.patch(patched)
+    ids = torch.randint(0, 64, (2, 8))
+    out, seen = _traced_attention(patched, input_ids=ids)
+    assert seen == want
+    torch.testing.assert_close(out, model(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
