@@ -230,3 +230,26 @@ def test_sliding_window_masks_are_still_built(family):
     out, seen = _traced_attention(patched, input_ids=ids)
     assert seen == want
     torch.testing.assert_close(out, model(input_ids=ids).logits, rtol=1e-5, atol=1e-6)
+
+
+def test_a_saved_model_loaded_where_patch_never_ran_decides_as_eager(monkeypatch):
+    """Loading installs the replacements: a process that loads a saved patched model has not run
+    ``patch()`` (here: transformers' own functions put back before the load)."""
+    import io
+
+    from transformers import masking_utils
+
+    model = _llama()
+    xkernels.patch(model)
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    for name, original in mask_decisions._ORIGINALS.items():
+        monkeypatch.setattr(masking_utils, name, original)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert masking_utils.find_packed_sequence_indices is mask_decisions.find_packed_sequence_indices
+    assert masking_utils.is_torchdynamo_exporting is mask_decisions.is_torchdynamo_exporting
+    ids = torch.randint(0, 64, (2, 8))
+    out, seen = _traced_attention(loaded, input_ids=ids)
+    assert seen == [(False, True)] * 2
+    torch.testing.assert_close(out, model(input_ids=ids).logits, rtol=1e-5, atol=1e-6)

@@ -113,12 +113,26 @@ def _install() -> bool:
     return True
 
 
-def _enter(index: int | None, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    made = False
-    if index is not None:
-        given = kwargs[_POSITIONS] if _POSITIONS in kwargs else (args[index] if len(args) > index else None)
-        made = given is None
-    _CALLS.stack.append(made)
+class _Enter:
+    """The pre-hook: pushes whether the call left ``position_ids`` to the module (its positional
+    index ``index``; ``None``: the module does not make them). Unpickled (a saved model loaded in
+    another process, a copy) it installs the replacements, which ``patch()`` did in the process that
+    saved it."""
+
+    def __init__(self, index: int | None) -> None:
+        self.index = index
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _install()
+
+    def __call__(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        made = False
+        index = self.index
+        if index is not None:
+            given = kwargs[_POSITIONS] if _POSITIONS in kwargs else (args[index] if len(args) > index else None)
+            made = given is None
+        _CALLS.stack.append(made)
 
 
 def _leave(module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -205,7 +219,7 @@ def apply(module: torch.nn.Module, index: int | None) -> None:
     """Give ``module`` the hooks (installing the replacements)."""
     if not _install():
         return
-    pre = module.register_forward_pre_hook(functools.partial(_enter, index), with_kwargs=True, prepend=True)
+    pre = module.register_forward_pre_hook(_Enter(index), with_kwargs=True, prepend=True)
     post = module.register_forward_hook(_leave, always_call=True)
     module._xkernels_mask_hooks = (pre, post)
 
